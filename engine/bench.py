@@ -1,0 +1,287 @@
+"""`strata-bench`: make models, run prompts through the split (arms x sizes x repeats), list devices."""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import logging
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import prompt as prompts
+from . import synth
+from .config import ConfigError, EngineConfig, parse_setting
+from .events import RunReport, format_timing
+from .gguf_model import GGUFError, load
+from .pipeline import Cancelled, Session, StageError
+
+log = logging.getLogger("strata.bench")
+
+SETTING_FLAGS = {  # CLI flag -> setting
+    "devices": "devices", "layer_split": "layer_split", "prefill": "prefill", "pf_depth": "pf_depth",
+    "prefill_main": "prefill_main", "pin_limit_gib": "pin_limit_gib", "gpu_order": "gpu_order",
+    "expert_cache": "expert_cache", "handoff": "handoff", "dtype": "dtype", "timing": "timing",
+    "check_nan": "check_nan",
+}
+
+
+def open_model(spec: str, device_hint: str = "cpu"):
+    """A GGUF path, `demo` (the built-in demo model) or `synthetic:PRESET[:key=value,...]`."""
+    if spec == "demo":
+        return load(synth.demo_model_path())
+    if spec.startswith("synthetic:"):
+        parts = spec.split(":", 2)
+        changes: dict[str, Any] = {}
+        if len(parts) == 3:
+            for kv in parts[2].split(","):
+                k, _, v = kv.partition("=")
+                changes[k.strip()] = type(getattr(synth.PRESETS[parts[1]], k.strip()))(v)
+        recipe = synth.recipe_from_args(parts[1], **changes)
+        return synth.SyntheticSource(recipe, device_hint)
+    return load(Path(spec))
+
+
+def parse_arm(text: str) -> dict[str, Any]:
+    """`"pf_depth=0 prefill=2048"` -> {"pf_depth": 0, "prefill": 2048} (validated)."""
+    out: dict[str, Any] = {}
+    for item in shlex.split(text.replace(";", " ")):
+        k, sep, v = item.partition("=")
+        k = k.strip().replace("-", "_")
+        if not sep:
+            raise ConfigError("arm", text, "space-separated setting=value pairs such as pf_depth=0")
+        out[k] = parse_setting(k, v)
+    return out
+
+
+@dataclass
+class Point:
+    arm: str
+    prompt_tokens: int
+    reports: list[RunReport] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> list[float]:
+        return [r.prefill_tok_s for r in self.reports]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.tok_s) if self.reports else 0.0
+
+    @property
+    def spread(self) -> float:
+        """Half the range, as a share of the median."""
+        v = self.tok_s
+        return (max(v) - min(v)) / 2 / self.median if len(v) > 1 and self.median else 0.0
+
+
+def _hist(h: Sequence[float]) -> str:
+    return "/".join(f"{x * 100:.0f}" for x in h)
+
+
+def _row(p: Point, base: Point | None) -> dict[str, Any]:
+    r = p.reports[-1]
+    return {
+        "row": "summary", "arm": p.arm, "prompt_tokens": p.prompt_tokens, "chunk": r.plan.chunk,
+        "n_chunks": r.plan.n_chunks, "stages": len(r.plan.stages), "handoff": r.handoff,
+        "prefill_tok_s": p.median, "prefill_tok_s_all": p.tok_s, "spread": p.spread,
+        "decode_tok_s": statistics.median([x.decode_tok_s for x in p.reports]),
+        "ratio": p.median / base.median if base and base.median else 1.0,
+        "busy_histogram": r.busy_histogram, "digest": r.digest,
+        "per_stage": [vars(t) for t in r.per_stage],
+    }
+
+
+def render(points: list[Point], arms: list[str], fmt: str) -> str:
+    bases = {p.prompt_tokens: p for p in points if p.arm == arms[0]}
+    rows = [_row(p, bases.get(p.prompt_tokens)) for p in points]
+    if fmt == "json":
+        return "\n".join(json.dumps(r) for r in rows)
+    cols = ["arm", "prompt", "chunk", "stages", "prefill tok/s", "±", "decode tok/s", "ratio",
+            "busy 0/1/..% ", "handoff", "digest"]
+    table = [[r["arm"], r["prompt_tokens"], f"{r['chunk']}x{r['n_chunks']}", r["stages"],
+              f"{r['prefill_tok_s']:.1f}", f"{r['spread'] * 100:.1f}%", f"{r['decode_tok_s']:.1f}",
+              f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), r["handoff"], r["digest"][:12]] for r in rows]
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(cols)
+        w.writerows(table)
+        return buf.getvalue().rstrip()
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in table]
+    return "\n".join(lines)
+
+
+def _base_settings(ns: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(ns, k) for k in SETTING_FLAGS if getattr(ns, k, None) is not None}
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    base = _base_settings(ns)
+    arm_texts = ns.arm or [""]
+    arms = [(t or "base", {**base, **parse_arm(t)}) for t in arm_texts]
+    configs = [(name, EngineConfig.from_sources(s)) for name, s in arms]
+    first_dev = configs[0][1].devices[0]
+    model = open_model(ns.model, first_dev)
+    log.info("model: %s", model.describe())
+    # prompts
+    sizes: list[int | None]
+    fixed_ids: list[int] | None = None
+    if ns.prompt_ids:
+        fixed_ids = prompts.read_ids(ns.prompt_ids)
+        sizes = [len(fixed_ids)]
+    elif ns.prompt is not None:
+        fixed_ids = prompts.tokenize(model, ns.prompt)
+        sizes = [len(fixed_ids)]
+    else:
+        sizes = [int(x) for x in str(ns.prompt_tokens).split(",")]
+    sessions = []
+    for name, cfg in configs:
+        sessions.append((name, Session(model, cfg, events=not ns.no_events)))
+    points: list[Point] = []
+    last = None
+    try:
+        for name, sess in sessions:
+            for _ in range(ns.warmup):
+                sess.run(prompts.synthetic(min(sizes[0], 512), model.spec.vocab, nonce=-1), 0)
+        for n in sizes:
+            pts = {name: Point(name, n) for name, _ in sessions}
+            for rep in range(ns.repeat):
+                ids = fixed_ids if fixed_ids is not None else prompts.synthetic(
+                    n, model.spec.vocab, prompts.sweep_nonce(n, rep))
+                for name, sess in sessions:
+                    res = sess.run(ids, ns.decode_tokens, logits_all=bool(ns.logits_out))
+                    pts[name].reports.append(res.report)
+                    last = (sess, res)
+                    if sess.config.timing:
+                        print(f"# timing: arm {name}, {n} tokens, repeat {rep}\n{format_timing(res.report.per_stage)}",
+                              file=sys.stderr)
+                    if ns.format == "json":
+                        r = res.report
+                        print(json.dumps({
+                            "row": "run", "arm": name, "prompt_tokens": n, "repeat": rep, "chunk": r.plan.chunk,
+                            "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
+                            "digest": r.digest, "generated": r.generated, "busy_histogram": r.busy_histogram,
+                            "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff,
+                            "device_order": r.device_order}), flush=True)
+            points.extend(pts[name] for name, _ in sessions)
+    finally:
+        for _, sess in sessions:
+            sess.close()
+    if ns.format != "json" or len(points) > 1:
+        print(render(points, [a for a, _ in arms], ns.format))
+    if ns.format != "json" and last is not None and len(points) == 1:
+        r = last[1].report
+        print(f"\ngenerated: {r.generated}\ndigest: {r.digest}")
+    if ns.logits_out and last is not None:
+        np.save(ns.logits_out, last[1].logits.numpy().astype(np.float32))
+        log.info("wrote logits %s to %s", tuple(last[1].logits.shape), ns.logits_out)
+    if ns.trace and last is not None:
+        from . import trace
+
+        sess, res = last
+        names = {s.stage: f"stage {s.stage} · {s.device} (layers {s.first_layer}-{s.end_layer - 1})"
+                 for s in res.report.plan.stages}
+        trace.save(ns.trace, sess.events, {"report": res.report}, stage_names=names)
+        log.info("wrote trace %s", ns.trace)
+    return 0
+
+
+def cmd_make_model(ns: argparse.Namespace) -> int:
+    changes = {k: getattr(ns, k) for k in ("arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim",
+                                           "n_experts", "n_experts_used", "expert_ffn", "ffn", "vocab",
+                                           "context_length", "seed", "quant")}
+    recipe = synth.recipe_from_args(ns.preset, **changes)
+    path = synth.write_model(ns.path, recipe)
+    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB): {load(path).describe()}")
+    return 0
+
+
+def cmd_devices(ns: argparse.Namespace) -> int:
+    from . import topology
+
+    print(topology.render_devices(topology.discover(probe=ns.probe), ns.format))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="strata-bench", description=__doc__)
+    ap.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="prefill (and decode) prompts through the split; print a table")
+    r.add_argument("--model", default="demo", help="GGUF path, 'demo', or synthetic:PRESET[:key=val,...]")
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--prompt-tokens", default="512", help="synthetic prompt size(s), comma-separated")
+    g.add_argument("--prompt-ids", help="file of token ids (whitespace or commas)")
+    g.add_argument("--prompt", help="text, tokenised with the file's own vocabulary")
+    r.add_argument("--decode-tokens", type=int, default=0)
+    r.add_argument("--devices")
+    r.add_argument("--layer-split", dest="layer_split")
+    r.add_argument("--prefill", help="chunk size: auto or N")
+    r.add_argument("--pf-depth", dest="pf_depth", help="1 overlap (default), 0 join")
+    r.add_argument("--prefill-main", dest="prefill_main", action="store_const", const=True)
+    r.add_argument("--pin-limit-gib", dest="pin_limit_gib")
+    r.add_argument("--gpu-order", dest="gpu_order")
+    r.add_argument("--expert-cache", dest="expert_cache")
+    r.add_argument("--handoff", help="auto, peer or host")
+    r.add_argument("--dtype")
+    r.add_argument("--timing", action="store_const", const=True, help="per-stage wall/compute/wait (stderr)")
+    r.add_argument("--check-nan", dest="check_nan", action="store_const", const=True)
+    r.add_argument("--arm", action="append", help='settings of one arm, e.g. "pf_depth=0" (repeatable)')
+    r.add_argument("--repeat", type=int, default=1)
+    r.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per arm")
+    r.add_argument("--format", choices=("md", "csv", "json"), default="md")
+    r.add_argument("--logits-out", help="save logits of every prompt position (float32 [tokens, vocab])")
+    r.add_argument("--trace", help="write the last run's Chrome trace (.json or .json.gz)")
+    r.add_argument("--no-events", action="store_true", help="no timing events (measures their overhead)")
+    r.set_defaults(func=cmd_run)
+
+    m = sub.add_parser("make-model", help="write a GGUF model with random weights")
+    m.add_argument("path")
+    m.add_argument("--preset", default="demo", choices=sorted(synth.PRESETS))
+    m.add_argument("--arch", choices=("qwen3moe", "qwen3", "qwen2", "llama"))
+    m.add_argument("--layers", dest="n_layers", type=int)
+    m.add_argument("--hidden", type=int)
+    m.add_argument("--heads", dest="n_heads", type=int)
+    m.add_argument("--kv-heads", dest="n_kv_heads", type=int)
+    m.add_argument("--head-dim", dest="head_dim", type=int)
+    m.add_argument("--experts", dest="n_experts", type=int)
+    m.add_argument("--experts-used", dest="n_experts_used", type=int)
+    m.add_argument("--expert-ffn", dest="expert_ffn", type=int)
+    m.add_argument("--ffn", type=int)
+    m.add_argument("--vocab", type=int)
+    m.add_argument("--context", dest="context_length", type=int)
+    m.add_argument("--seed", type=int)
+    m.add_argument("--quant", choices=("q8_0", "f16", "f32"))
+    m.set_defaults(func=cmd_make_model)
+
+    d = sub.add_parser("devices", help="GPU topology: PCIe links, link class, peer access")
+    d.add_argument("--probe", action="store_true", help="measure pinned host<->device GB/s")
+    d.add_argument("--format", choices=("md", "json"), default="md")
+    d.set_defaults(func=cmd_devices)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if ns.verbose or getattr(ns, "timing", False) else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if getattr(ns, "arm", None) is not None and ns.cmd == "run" and ns.repeat < 1:
+            raise ConfigError("repeat", ns.repeat, "an integer >= 1")
+        return ns.func(ns)
+    except (ConfigError, GGUFError, StageError, Cancelled) as exc:
+        print(f"strata-bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The event contract between engine and GUI, and the statistics every consumer shares.
+
+A `StageEvent` is one interval of one stage: computing a chunk, waiting on its successor,
+copying activations, streaming experts, or a decode step.  Times are host
+`time.perf_counter_ns()`; GPU work is mapped onto that clock (see `pipeline`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+KINDS = ("compute", "wait", "copy", "stream", "decode")
+
+
+@dataclass(frozen=True, slots=True)
+class StageEvent:
+    run_id: str
+    stage: int
+    device: str
+    chunk: int
+    kind: str
+    start_ns: int
+    end_ns: int
+    tokens: int = 0
+    nbytes: int = 0
+    note: str = ""
+
+    @property
+    def dur_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+EventSink = Callable[[StageEvent], None]
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stage: int
+    device: str
+    first_layer: int
+    end_layer: int  # exclusive
+
+    @property
+    def n_layers(self) -> int:
+        return self.end_layer - self.first_layer
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run is about to do: known before the first chunk, so a GUI can size its progress."""
+
+    run_id: str
+    stages: tuple[StagePlan, ...]
+    prompt_tokens: int
+    chunk: int
+    n_chunks: int
+    decode_tokens: int
+    handoff: str
+    prefill_main: bool
+    pf_depth: int
+    chunk_reason: str = ""
+
+
+@dataclass
+class StageTotals:
+    stage: int
+    device: str
+    wall_ns: int = 0
+    compute_ns: int = 0
+    wait_ns: int = 0
+    copy_ns: int = 0
+    stream_ns: int = 0
+    chunks: int = 0
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    plan: RunPlan
+    prefill_tok_s: float
+    decode_tok_s: float
+    prefill_s: float
+    decode_s: float
+    digest: str
+    generated: list[int]
+    per_stage: list[StageTotals]
+    busy_histogram: list[float]
+    handoff: str
+    device_order: list[str]
+    order_reason: str = ""
+    cancelled: bool = False
+    expert_stats: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        d = asdict(self)
+        return d
+
+
+def stage_totals(events: Iterable[StageEvent], n_stages: int | None = None,
+                 kinds: Sequence[str] = ("compute", "wait", "copy", "stream")) -> list[StageTotals]:
+    """Per stage: wall (first start to last end of its prefill events) and time per kind."""
+    by_stage: dict[int, StageTotals] = {}
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    chunks: dict[int, set[int]] = {}
+    for ev in events:
+        if ev.kind not in kinds:
+            continue
+        t = by_stage.get(ev.stage)
+        if t is None:
+            t = by_stage[ev.stage] = StageTotals(ev.stage, ev.device)
+            first[ev.stage], last[ev.stage] = ev.start_ns, ev.end_ns
+            chunks[ev.stage] = set()
+        first[ev.stage] = min(first[ev.stage], ev.start_ns)
+        last[ev.stage] = max(last[ev.stage], ev.end_ns)
+        setattr(t, f"{ev.kind}_ns", getattr(t, f"{ev.kind}_ns") + ev.dur_ns)
+        if ev.kind == "compute":
+            chunks[ev.stage].add(ev.chunk)
+    out = []
+    count = n_stages if n_stages is not None else (max(by_stage) + 1 if by_stage else 0)
+    for s in range(count):
+        t = by_stage.get(s, StageTotals(s, ""))
+        if s in first:
+            t.wall_ns = last[s] - first[s]
+            t.chunks = len(chunks[s])
+        out.append(t)
+    return out
+
+
+def busy_histogram(events: Iterable[StageEvent], n_stages: int) -> list[float]:
+    """Share of wall time with exactly k stages computing, k = 0..n_stages.
+
+    Wall runs from the first compute start to the last compute end.  Overlapping compute
+    intervals of the SAME stage (which the pipeline never produces) count once.
+    """
+    marks: list[tuple[int, int, int]] = []  # (time, +1/-1, stage)
+    for ev in events:
+        if ev.kind == "compute" and ev.end_ns > ev.start_ns:
+            marks.append((ev.start_ns, 1, ev.stage))
+            marks.append((ev.end_ns, -1, ev.stage))
+    hist = [0.0] * (n_stages + 1)
+    if not marks:
+        return hist
+    marks.sort(key=lambda m: (m[0], m[1]))  # ends before starts at equal times
+    active: dict[int, int] = {}
+    t_prev = marks[0][0]
+    t_end = max(m[0] for m in marks)
+    durations = [0] * (n_stages + 1)
+    for t, delta, stage in marks:
+        k = min(len(active), n_stages)
+        durations[k] += t - t_prev
+        t_prev = t
+        n = active.get(stage, 0) + delta
+        if n <= 0:
+            active.pop(stage, None)
+        else:
+            active[stage] = n
+    wall = t_end - marks[0][0]
+    if wall <= 0:
+        return hist
+    return [d / wall for d in durations]
+
+
+def format_timing(totals: Sequence[StageTotals]) -> str:
+    """The STRATA_PREFILL_TIMING report: per-stage wall, compute and wait."""
+    lines = ["stage  device    wall ms  compute ms  wait ms  copy ms  chunks"]
+    for t in totals:
+        lines.append(
+            f"{t.stage:>5}  {t.device:<8} {t.wall_ns / 1e6:>8.1f}  {t.compute_ns / 1e6:>10.1f}"
+            f"  {t.wait_ns / 1e6:>7.1f}  {t.copy_ns / 1e6:>7.1f}  {t.chunks:>6}"
+        )
+    return "\n".join(lines)

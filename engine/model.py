@@ -1,0 +1,252 @@
+"""The transformer in plain torch: one `Layer` per block, each callable on its own.
+
+A layer takes a chunk of hidden states at a position, appends its keys/values to its own
+`LayerKV` and returns the new hidden states, so layers can live on different devices.
+Architectures: qwen3moe (MoE, q/k norm), qwen3 (dense, q/k norm), qwen2 (dense, qkv bias),
+llama (dense, GGUF's permuted q/k handled by rotating adjacent pairs).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from .gguf_model import ModelSpec
+from .kv import LayerKV
+
+log = logging.getLogger(__name__)
+
+
+class WeightSource(Protocol):
+    """Anything that yields a model's spec and its float32 tensors by GGUF name."""
+
+    spec: ModelSpec
+
+    def tensor(self, name: str) -> torch.Tensor: ...
+
+
+def resolve_dtype(device: torch.device, name: str = "auto") -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm with fp32 accumulation; returns x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+class Rope:
+    """Cos/sin tables for one device, grown on demand."""
+
+    def __init__(self, head_dim: int, base: float, style: str, device: torch.device) -> None:
+        self.head_dim, self.base, self.style, self.device = head_dim, base, style, device
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
+        self.cos = torch.empty(0, head_dim // 2, device=device)
+        self.sin = torch.empty(0, head_dim // 2, device=device)
+
+    def _ensure(self, n: int) -> None:
+        if n <= self.cos.shape[0]:
+            return
+        cap = max(n, 2 * self.cos.shape[0], 256)
+        t = torch.arange(cap, dtype=torch.float64, device=self.device)
+        ang = torch.outer(t, self.inv_freq)
+        self.cos, self.sin = ang.cos().float(), ang.sin().float()
+
+    def apply(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+        """x: [n, heads, head_dim] at positions pos..pos+n-1."""
+        n = x.shape[0]
+        self._ensure(pos + n)
+        cos = self.cos[pos:pos + n, None, :]
+        sin = self.sin[pos:pos + n, None, :]
+        xf = x.float()
+        if self.style == "neox":
+            x1, x2 = xf.chunk(2, dim=-1)
+            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:  # "norm": adjacent pairs (2i, 2i+1), as llama GGUF files store q/k
+            x1, x2 = xf[..., 0::2], xf[..., 1::2]
+            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        return out.to(x.dtype)
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    wo: torch.Tensor
+    ffn_norm: torch.Tensor
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    bq: torch.Tensor | None = None
+    bk: torch.Tensor | None = None
+    bv: torch.Tensor | None = None
+    router: torch.Tensor | None = None  # [E, d]
+    gate_exps: torch.Tensor | None = None  # [E, f, d]
+    up_exps: torch.Tensor | None = None  # [E, f, d]
+    down_exps: torch.Tensor | None = None  # [E, d, f]
+    gate: torch.Tensor | None = None
+    up: torch.Tensor | None = None
+    down: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
+
+
+def load_layer_weights(src: WeightSource, i: int, device: torch.device, dtype: torch.dtype) -> LayerWeights:
+    s = src.spec
+    b = f"blk.{i}."
+
+    def get(name: str, keep_fp32: bool = False) -> torch.Tensor:
+        t = src.tensor(b + name)
+        return t.to(device=device, dtype=torch.float32 if keep_fp32 else dtype).contiguous()
+
+    w = LayerWeights(
+        attn_norm=get("attn_norm.weight", True),
+        wq=get("attn_q.weight"), wk=get("attn_k.weight"), wv=get("attn_v.weight"),
+        wo=get("attn_output.weight"), ffn_norm=get("ffn_norm.weight", True),
+    )
+    if s.qk_norm:
+        w.q_norm, w.k_norm = get("attn_q_norm.weight", True), get("attn_k_norm.weight", True)
+    if s.qkv_bias:
+        w.bq, w.bk, w.bv = get("attn_q.bias"), get("attn_k.bias"), get("attn_v.bias")
+    if s.is_moe:
+        w.router = get("ffn_gate_inp.weight", True)
+        w.gate_exps, w.up_exps = get("ffn_gate_exps.weight"), get("ffn_up_exps.weight")
+        w.down_exps = get("ffn_down_exps.weight")
+    else:
+        w.gate, w.up, w.down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
+    return w
+
+
+def _grouped_mm_ok(x: torch.Tensor) -> bool:
+    return (x.device.type == "cuda" and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+            and torch.cuda.get_device_capability(x.device)[0] >= 9)
+
+
+class Layer:
+    """One transformer block on one device."""
+
+    def __init__(self, spec: ModelSpec, index: int, weights: LayerWeights, rope: Rope) -> None:
+        self.spec, self.index, self.w, self.rope = spec, index, weights, rope
+        self.use_grouped_mm: bool | None = None  # decided on first call
+
+    # ------------------------------------------------------------------ attention
+    def attention(self, x: torch.Tensor, kv: LayerKV, pos: int) -> torch.Tensor:
+        s, w = self.spec, self.w
+        n = x.shape[0]
+        h = rms_norm(x, w.attn_norm, s.rms_eps)
+        q = F.linear(h, w.wq, w.bq).view(n, s.n_heads, s.head_dim)
+        k = F.linear(h, w.wk, w.bk).view(n, s.n_kv_heads, s.head_dim)
+        v = F.linear(h, w.wv, w.bv).view(n, s.n_kv_heads, s.head_dim)
+        if w.q_norm is not None:
+            q = rms_norm(q, w.q_norm, s.rms_eps)
+            k = rms_norm(k, w.k_norm, s.rms_eps)
+        q = self.rope.apply(q, pos)
+        k = self.rope.apply(k, pos)
+        keys, values = kv.append(k, v, pos)
+        total = pos + n
+        qt = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
+        kt = keys.transpose(0, 1).unsqueeze(0)  # [1, KV, L, hd]
+        vt = values.transpose(0, 1).unsqueeze(0)
+        gqa = s.n_heads != s.n_kv_heads
+        if n == 1:
+            o = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
+        elif n == total:
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+        else:
+            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=causal_lower_right(n, total), enable_gqa=gqa)
+        o = o.squeeze(0).transpose(0, 1).reshape(n, s.n_heads * s.head_dim)
+        return F.linear(o, w.wo)
+
+    # ------------------------------------------------------------------------ FFN
+    def moe(self, h: torch.Tensor) -> torch.Tensor:
+        """fp32 softmax router -> top-k -> renormalise -> SiLU-gated experts, weighted sum.
+
+        Only experts that received tokens are computed.  Tokens are sorted by expert once; the
+        per-(token, slot) outputs are put back in order and summed over slots, which keeps the
+        result deterministic (no atomic adds)."""
+        s, w = self.spec, self.w
+        n, k = h.shape[0], s.n_experts_used
+        logits = F.linear(h.float(), w.router)
+        probs = torch.softmax(logits, dim=-1)
+        top_w, top_i = torch.topk(probs, k, dim=-1)
+        top_w = top_w / top_w.sum(-1, keepdim=True)
+        flat = top_i.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        token_of = order // k
+        xs = h[token_of]
+        counts = torch.bincount(flat, minlength=s.n_experts)
+        if self.use_grouped_mm is None:
+            self.use_grouped_mm = _grouped_mm_ok(h)
+        if self.use_grouped_mm:
+            offs = torch.cumsum(counts, 0, dtype=torch.int32)
+            g = torch._grouped_mm(xs, w.gate_exps.transpose(-2, -1), offs=offs)
+            u = torch._grouped_mm(xs, w.up_exps.transpose(-2, -1), offs=offs)
+            ys = torch._grouped_mm(F.silu(g) * u, w.down_exps.transpose(-2, -1), offs=offs)
+        else:
+            ys = torch.empty_like(xs)
+            start = 0
+            for e, c in enumerate(counts.tolist()):
+                if c == 0:
+                    continue
+                seg = xs[start:start + c]
+                a = F.silu(F.linear(seg, w.gate_exps[e])) * F.linear(seg, w.up_exps[e])
+                ys[start:start + c] = F.linear(a, w.down_exps[e])
+                start += c
+        y = torch.empty_like(ys)
+        y[order] = ys
+        y = y.view(n, k, s.hidden).float() * top_w.unsqueeze(-1)
+        return y.sum(1).to(h.dtype)
+
+    def dense(self, h: torch.Tensor) -> torch.Tensor:
+        w = self.w
+        return F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
+
+    def forward(self, x: torch.Tensor, kv: LayerKV, pos: int) -> torch.Tensor:
+        x = x + self.attention(x, kv, pos)
+        h = rms_norm(x, self.w.ffn_norm, self.spec.rms_eps)
+        return x + (self.moe(h) if self.spec.is_moe else self.dense(h))
+
+    __call__ = forward
+
+
+@dataclass
+class Head:
+    """Embedding (first stage) or final norm + LM head (last stage), on one device."""
+
+    embed: torch.Tensor | None
+    norm: torch.Tensor | None
+    out: torch.Tensor | None
+    eps: float
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        assert self.embed is not None
+        return F.embedding(ids.to(self.embed.device), self.embed)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.norm is not None
+        return rms_norm(x, self.norm, self.eps)
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        assert self.out is not None
+        return F.linear(normed, self.out).float()
+
+
+def load_head(src: WeightSource, device: torch.device, dtype: torch.dtype,
+              embed: bool, final: bool) -> Head:
+    s = src.spec
+    emb = src.tensor("token_embd.weight").to(device=device, dtype=dtype) if (embed or (final and s.tied_embeddings)) else None
+    norm = out = None
+    if final:
+        norm = src.tensor("output_norm.weight").to(device=device, dtype=torch.float32)
+        out = emb if s.tied_embeddings else src.tensor("output.weight").to(device=device, dtype=dtype)
+    return Head(embed=emb if embed else None, norm=norm, out=out, eps=s.rms_eps)

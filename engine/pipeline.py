@@ -1,0 +1,579 @@
+"""The layer-split prefill pipeline (seeds 000/001/002/004).
+
+A `Stage` owns a contiguous layer range on one device, the KV of those layers, ONE set of chunk
+buffers and one worker thread.  `Stage.run(chunk)` computes its layers, reaps its previous
+successor job (one outstanding job per successor), hands the activations over and submits
+`successor.run(chunk)`.  With depth 1 ("overlap") it returns right away; with depth 0 ("join")
+it returns only after the successor's run for the same chunk returned.  The outermost prefill
+never returns with chunks in flight: a guard calls `finish()` on every path.
+
+Stage 0 runs in the caller's thread (the root `prefill`), every later stage in its own worker.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from . import chunking
+from .config import ConfigError, EngineConfig
+from .events import EventSink, RunPlan, RunReport, StageEvent, StagePlan, busy_histogram, format_timing, stage_totals
+from .kv import LayerKV
+from .model import Head, Layer, Rope, WeightSource, load_head, load_layer_weights, resolve_dtype
+
+log = logging.getLogger(__name__)
+
+
+class Cancelled(Exception):
+    """The run was stopped at a chunk boundary; the split was drained."""
+
+
+class StageError(RuntimeError):
+    """An exception inside a stage, with where it happened."""
+
+    def __init__(self, stage: int, device: str, chunk: int, layer: int | None, cause: BaseException) -> None:
+        self.stage, self.device, self.chunk, self.layer = stage, device, chunk, layer
+        where = f"stage {stage} ({device}), chunk {chunk}" + (f", layer {layer}" if layer is not None else "")
+        super().__init__(f"{where}: {type(cause).__name__}: {cause}")
+        self.__cause__ = cause
+
+
+class NonFiniteError(RuntimeError):
+    pass
+
+
+@dataclass
+class PipelineHooks:
+    """Test and fault-injection seams.  after_layer(stage, layer, chunk) runs after each layer."""
+
+    after_layer: Callable[[int, int, int], None] | None = None
+
+
+@dataclass
+class RunResult:
+    report: RunReport
+    logits: torch.Tensor | None  # [prompt_tokens, vocab] float32 on CPU when asked for
+    last_logits: torch.Tensor  # [vocab] float32 on CPU
+
+
+def split_layers(n_layers: int, n_stages: int, split: str | list[int]) -> list[tuple[int, int]]:
+    """Layer ranges per stage: explicit counts, or balanced (all blocks cost the same; the
+    remainder goes to the earliest stages, the last stage also carries the LM head)."""
+    if isinstance(split, list):
+        counts = split
+    else:
+        base, extra = divmod(n_layers, n_stages)
+        counts = [base + (1 if i < extra else 0) for i in range(n_stages)]
+    ranges, start = [], 0
+    for c in counts:
+        ranges.append((start, start + c))
+        start += c
+    return ranges
+
+
+class _Clock:
+    """Maps CUDA event times onto host perf_counter_ns through an anchor per device."""
+
+    def __init__(self) -> None:
+        self.anchors: dict[torch.device, tuple[torch.cuda.Event, int]] = {}
+
+    def anchor(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            return
+        torch.cuda.synchronize(device)
+        with torch.cuda.device(device):
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        ev.synchronize()
+        self.anchors[device] = (ev, time.perf_counter_ns())
+
+    def to_host_ns(self, device: torch.device, ev: "torch.cuda.Event") -> int:
+        a, host = self.anchors[device]
+        return host + int(a.elapsed_time(ev) * 1e6)
+
+
+class Stage:
+    def __init__(self, session: "Session", index: int, device: torch.device, first: int, end: int) -> None:
+        self.session = session
+        self.index = index
+        self.device = device
+        self.name = str(device)
+        self.first, self.end = first, end
+        self.layers: list[Layer] = []
+        self.kvs: list[LayerKV] = []
+        self.head: Head | None = None
+        self.successor: "Stage | None" = None
+        self.pending: Future | None = None
+        self.executor: ThreadPoolExecutor | None = None
+        self.input_buf: torch.Tensor | None = None  # this stage's ONE chunk input buffer
+        self.host_buf: torch.Tensor | None = None  # pinned staging for a host hand-off to the successor
+        self.handoff = "none"
+
+    # ------------------------------------------------------------------ helpers
+    def _event(self, chunk: int, kind: str, start: int, end: int, tokens: int = 0, nbytes: int = 0,
+               note: str = "") -> None:
+        self.session._emit(StageEvent(self.session.run_id, self.index, self.name, chunk, kind,
+                                      start, end, tokens, nbytes, note))
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def compute(self, x: torch.Tensor, layers: Sequence[Layer], kvs: Sequence[LayerKV], pos: int,
+                chunk: int, tokens: int, note: str = "") -> torch.Tensor:
+        """Run layers on x, timed on the device clock, with the NaN check and test hook."""
+        s = self.session
+        timed = s.events_on
+        cuda = self.device.type == "cuda"
+        if timed and cuda:
+            with torch.cuda.device(self.device):
+                ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                ev0.record()
+        t0 = time.perf_counter_ns()
+        hook = s.hooks.after_layer
+        for layer, kv in zip(layers, kvs):
+            try:
+                x = layer(x, kv, pos)
+                if hook is not None:
+                    hook(self.index, layer.index, chunk)
+                if s.config.check_nan and not bool(torch.isfinite(x).all()):
+                    raise NonFiniteError(f"non-finite value after layer {layer.index}")
+            except StageError:
+                raise
+            except Exception as exc:
+                raise StageError(self.index, self.name, chunk, layer.index, exc) from exc
+        if timed:
+            if cuda:
+                with torch.cuda.device(self.device):
+                    ev1.record()
+                ev1.synchronize()
+                start, end = s.clock.to_host_ns(self.device, ev0), s.clock.to_host_ns(self.device, ev1)
+            else:
+                start, end = t0, time.perf_counter_ns()
+            self._event(chunk, "compute", start, end, tokens=tokens, note=note)
+        return x
+
+    # --------------------------------------------------------------- the pipeline
+    def run(self, chunk: int, pos: int, n: int) -> None:
+        """Compute this stage's layers for one chunk, then hand it on (see module doc)."""
+        try:
+            with torch.inference_mode():
+                self._run(chunk, pos, n)
+        except (StageError, Cancelled):
+            raise
+        except Exception as exc:
+            raise StageError(self.index, self.name, chunk, None, exc) from exc
+
+    def _run(self, chunk: int, pos: int, n: int) -> None:
+        s = self.session
+        if self.index == 0:
+            x = self.head.embed_tokens(s.prompt_ids[pos:pos + n])
+        else:
+            x = self.input_buf[:n]
+        x = self.compute(x, self.layers, self.kvs, pos, chunk, n)
+        if self.successor is None:
+            s._finish_chunk(self, x, chunk, pos, n)
+            return
+        self.reap(chunk)
+        self.hand_off(x, chunk, n)
+        self.pending = self.successor.executor.submit(self.successor.run, chunk, pos, n)
+        if s.config.pf_depth == 0:
+            self.reap(chunk, note="join")
+
+    def reap(self, chunk: int, note: str = "reap") -> None:
+        """Wait for the one outstanding successor job; its exception surfaces here."""
+        fut, self.pending = self.pending, None
+        if fut is None:
+            return
+        t0 = time.perf_counter_ns()
+        try:
+            fut.result()
+        finally:
+            t1 = time.perf_counter_ns()
+            if self.session.events_on and t1 - t0 > 0:
+                self._event(chunk, "wait", t0, t1, note=note)
+
+    def hand_off(self, x: torch.Tensor, chunk: int, n: int) -> None:
+        """Copy activations into the successor's input buffer (peer, host-staged or same device)."""
+        dst = self.successor.input_buf[:n]
+        t0 = time.perf_counter_ns()
+        if self.handoff == "host":
+            stage = self.host_buf[:n]
+            stage.copy_(x)  # D2H into pinned memory (synchronous)
+            dst.copy_(stage, non_blocking=True)
+        else:
+            dst.copy_(x)
+        if self.session.events_on:
+            self._sync()
+            self.successor._sync()
+            self._event(chunk, "copy", t0, time.perf_counter_ns(), tokens=n,
+                        nbytes=x.numel() * x.element_size(), note=self.handoff)
+
+    def finish(self) -> None:
+        """Join this stage's outstanding successor job (and, through it, the chain below)."""
+        self.reap(-1, note="finish")
+
+
+class Session:
+    """A model split over devices, ready to prefill prompts and decode through the split."""
+
+    def __init__(self, source: WeightSource, config: EngineConfig | None = None,
+                 sink: EventSink | None = None, hooks: PipelineHooks | None = None,
+                 events: bool = True,
+                 progress: Callable[[str, float], None] | None = None) -> None:
+        self.source = source
+        self.spec = source.spec
+        self.config = config or EngineConfig()
+        self.config.validate()
+        self.config.check_layers(self.spec.n_layers)
+        self.sink = sink
+        self.hooks = hooks or PipelineHooks()
+        self.events_on = events
+        self.clock = _Clock()
+        self.run_id = ""
+        self.events: list[StageEvent] = []
+        self._events_lock = threading.Lock()
+        self.notes: list[str] = []
+        self._progress = progress or (lambda what, frac: None)
+        self._chunk_cost: chunking.ChunkCost | None = None
+        self.order_reason = ""
+        self.device_order = self._order_devices(self.config.devices)
+        self.devices = [torch.device(d) for d in self.device_order]
+        for d in self.devices:
+            if d.type == "cuda":
+                if not torch.cuda.is_available():
+                    raise ConfigError("devices", str(d), "cpu (this torch build or machine has no CUDA)")
+                if (d.index or 0) >= torch.cuda.device_count():
+                    raise ConfigError("devices", str(d), f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
+        self.dtypes = {d: resolve_dtype(d, self.config.dtype) for d in self.devices}
+        ranges = split_layers(self.spec.n_layers, len(self.devices), self.config.layer_split)
+        self.stages = [Stage(self, i, d, a, b) for i, (d, (a, b)) in enumerate(zip(self.devices, ranges))]
+        for a, b in zip(self.stages, self.stages[1:]):
+            a.successor = b
+        self._main_extra: list[Layer] | None = None  # prefill-main: later layers on the main device
+        self._main_head: Head | None = None
+        self._load_weights()
+        self._choose_handoffs()
+
+    # ------------------------------------------------------------------- set-up
+    def _order_devices(self, devices: list[str]) -> list[str]:
+        cudas = [d for d in devices if d.startswith("cuda")]
+        if self.config.gpu_order != "pcie" or len(cudas) < 2 or len(set(devices)) != len(devices):
+            self.order_reason = "configured order" if self.config.gpu_order == "configured" else \
+                "order kept (fewer than two distinct GPUs)"
+            return list(devices)
+        try:
+            from . import topology
+
+            res = topology.order_devices(list(devices), "pcie", topology.discover())
+            self.order_reason = res.reason
+            return list(res.devices)
+        except Exception as exc:  # ordering must never break a run
+            self.order_reason = f"configured order kept: PCIe probe failed ({exc})"
+            log.warning(self.order_reason)
+            return list(devices)
+
+    def _load_weights(self) -> None:
+        n = self.spec.n_layers
+        ropes: dict[torch.device, Rope] = {}
+        done = 0
+        for st in self.stages:
+            dt = self.dtypes[st.device]
+            rope = ropes.setdefault(st.device, Rope(self.spec.head_dim, self.spec.rope_base,
+                                                    self.spec.rope_style, st.device))
+            for i in range(st.first, st.end):
+                st.layers.append(Layer(self.spec, i, load_layer_weights(self.source, i, st.device, dt), rope))
+                done += 1
+                self._progress(f"loading layer {i} to {st.name}", done / n)
+            st.head = load_head(self.source, st.device, dt, embed=st.index == 0,
+                                final=st.successor is None)
+
+    def _choose_handoffs(self) -> None:
+        want = self.config.handoff
+        for a in self.stages[:-1]:
+            b = a.successor
+            if a.device == b.device:
+                a.handoff = "same-device"
+            elif a.device.type == "cuda" and b.device.type == "cuda":
+                peer = torch.cuda.can_device_access_peer(a.device.index or 0, b.device.index or 0)
+                if want == "peer" and not peer:
+                    raise ConfigError("handoff", "peer", "auto or host",
+                                      f"{a.name} cannot access {b.name} peer-to-peer")
+                a.handoff = "peer" if (peer and want != "host") else "host"
+            else:
+                a.handoff = "host"
+
+    @property
+    def handoff_kind(self) -> str:
+        kinds = [s.handoff for s in self.stages[:-1]]
+        if not kinds:
+            return "none (one stage)"
+        return kinds[0] if len(set(kinds)) == 1 else ",".join(kinds)
+
+    def _emit(self, ev: StageEvent) -> None:
+        with self._events_lock:
+            self.events.append(ev)
+        if self.sink is not None:
+            self.sink(ev)
+
+    # ---------------------------------------------------------------- chunking
+    def chunk_cost(self) -> chunking.ChunkCost:
+        """Measured per-stage chunk cost (fixed + per-token) from timing one layer on the main device."""
+        if self._chunk_cost is None:
+            st = self.stages[0]
+            layer = st.layers[0]
+            cuda = st.device.type == "cuda"
+            sizes = (512, 2048, 8192) if cuda else (16, 64, 256)
+            kv = LayerKV(max(sizes), self.spec.n_kv_heads, self.spec.head_dim, st.device, self.dtypes[st.device])
+            samples = []
+            gen = torch.Generator().manual_seed(0)
+            with torch.inference_mode():
+                for n in sizes:
+                    x = torch.randn(n, self.spec.hidden, generator=gen).to(st.device, self.dtypes[st.device])
+                    best = float("inf")
+                    for _ in range(3):
+                        kv.reset()
+                        st._sync()
+                        t0 = time.perf_counter()
+                        layer(x, kv, 0)
+                        st._sync()
+                        best = min(best, time.perf_counter() - t0)
+                    samples.append((n, best))
+            per_layer = chunking.ChunkCost.fit(samples)
+            depth = max(s.end - s.first for s in self.stages)
+            self._chunk_cost = chunking.ChunkCost(per_layer.fixed_s * depth, per_layer.per_token_s * depth)
+            log.info("measured chunk cost on %s: %s", st.name, self._chunk_cost)
+        return self._chunk_cost
+
+    def choose_chunk(self, n_tokens: int) -> tuple[int, str]:
+        c = self.config.prefill
+        if isinstance(c, int):
+            return c, f"fixed {c}"
+        n_stages = 1 if self.config.prefill_main else len(self.stages)
+        cands = chunking.GPU_CANDIDATES if self.devices[0].type == "cuda" else chunking.CPU_CANDIDATES
+        return chunking.choose_chunk(n_tokens, n_stages, self.chunk_cost(), cands)
+
+    def plan(self, n_tokens: int, decode_tokens: int = 0) -> RunPlan:
+        chunk, why = self.choose_chunk(n_tokens)
+        return RunPlan(
+            run_id=self.run_id or "",
+            stages=tuple(StagePlan(s.index, s.name, s.first, s.end) for s in self.stages),
+            prompt_tokens=n_tokens, chunk=chunk, n_chunks=len(chunking.chunk_bounds(n_tokens, chunk)),
+            decode_tokens=decode_tokens, handoff=self.handoff_kind, prefill_main=self.config.prefill_main,
+            pf_depth=self.config.pf_depth, chunk_reason=why)
+
+    # --------------------------------------------------------------- per-run state
+    def _prepare(self, capacity: int, chunk: int) -> None:
+        s = self.spec
+        for st in self.stages:
+            dt = self.dtypes[st.device]
+            if not st.kvs or st.kvs[0].capacity < capacity:
+                st.kvs = []  # free before allocating the larger cache
+                st.kvs = [LayerKV(capacity, s.n_kv_heads, s.head_dim, st.device, dt) for _ in st.layers]
+            for kv in st.kvs:
+                kv.reset()
+            if st.index > 0 and (st.input_buf is None or st.input_buf.shape[0] < chunk):
+                st.input_buf = torch.empty(chunk, s.hidden, device=st.device, dtype=dt)
+            if st.handoff == "host" and (st.host_buf is None or st.host_buf.shape[0] < chunk):
+                st.host_buf = torch.empty(chunk, s.hidden, dtype=dt, pin_memory=torch.cuda.is_available())
+
+    def _prepare_main(self, capacity: int) -> tuple[list[Layer], list[LayerKV]]:
+        """Prefill-main: every later layer also on the main device, with main-device KV."""
+        main = self.stages[0]
+        dt = self.dtypes[main.device]
+        if self._main_extra is None:
+            rope = main.layers[0].rope
+            self._main_extra = [Layer(self.spec, i, load_layer_weights(self.source, i, main.device, dt), rope)
+                                for i in range(main.end, self.spec.n_layers)]
+            last = self.stages[-1]
+            self._main_head = main.head if last is main else load_head(self.source, main.device, dt, True, True)
+        kvs = [LayerKV(capacity, self.spec.n_kv_heads, self.spec.head_dim, main.device, dt)
+               for _ in self._main_extra]
+        return main.layers + self._main_extra, main.kvs + kvs
+
+    # -------------------------------------------------------------------- running
+    def run(self, prompt_ids: Sequence[int] | torch.Tensor, decode_tokens: int = 0,
+            cancel: threading.Event | None = None, logits_all: bool = False,
+            on_plan: Callable[[RunPlan], None] | None = None) -> RunResult:
+        """Prefill the prompt through the split, then greedily decode `decode_tokens` tokens.
+
+        generated[0] comes from the prompt's last logits; each further token is one decode
+        step through the split."""
+        ids = torch.as_tensor(list(prompt_ids) if not isinstance(prompt_ids, torch.Tensor) else prompt_ids,
+                              dtype=torch.long).flatten()
+        n = int(ids.numel())
+        if n == 0:
+            raise ConfigError("prompt", "", "at least one token")
+        if decode_tokens < 0:
+            raise ConfigError("decode_tokens", decode_tokens, "an integer >= 0")
+        if ids.min() < 0 or ids.max() >= self.spec.vocab:
+            raise ConfigError("prompt", f"token id {int(ids.max() if ids.max() >= self.spec.vocab else ids.min())}",
+                              f"ids in 0..{self.spec.vocab - 1} (the model's vocabulary)")
+        self.run_id = uuid.uuid4().hex[:12]
+        with self._events_lock:
+            self.events = []
+        self.notes = []
+        plan = self.plan(n, decode_tokens)
+        if on_plan is not None:
+            on_plan(plan)
+        capacity = n + max(decode_tokens, 1)
+        with torch.inference_mode():
+            self._prepare(capacity, plan.chunk)
+            for d in set(self.devices):
+                self.clock.anchor(d)
+            t0 = time.perf_counter()
+            cancelled = False
+            try:
+                last_logits, all_logits, digest = self.prefill(ids, plan.chunk, cancel, logits_all)
+            except Cancelled:
+                cancelled = True
+                last_logits, all_logits, digest = None, None, ""
+            t1 = time.perf_counter()
+            generated: list[int] = []
+            if not cancelled and decode_tokens > 0:
+                try:
+                    generated = self.decode(int(last_logits.argmax()), decode_tokens, n, cancel)
+                except Cancelled:
+                    cancelled = True
+            t2 = time.perf_counter()
+        steps = max(len(generated) - 1, 0)
+        events = list(self.events)
+        prefill_events = [e for e in events if e.kind != "decode"]
+        report = RunReport(
+            run_id=self.run_id, plan=plan,
+            prefill_tok_s=n / (t1 - t0) if not cancelled else 0.0,
+            decode_tok_s=steps / (t2 - t1) if steps and t2 > t1 else 0.0,
+            prefill_s=t1 - t0, decode_s=t2 - t1, digest=digest, generated=generated,
+            per_stage=stage_totals(prefill_events, len(self.stages)),
+            busy_histogram=busy_histogram(prefill_events, len(self.stages)),
+            handoff=self.handoff_kind, device_order=list(self.device_order),
+            order_reason=self.order_reason, cancelled=cancelled, notes=list(self.notes))
+        if self.config.timing:
+            log.info("prefill timing (run %s):\n%s", self.run_id, format_timing(report.per_stage))
+        if cancelled:
+            raise Cancelled(f"run {self.run_id} cancelled at a chunk boundary; the split was drained")
+        return RunResult(report, all_logits, last_logits)
+
+    def prefill(self, ids: torch.Tensor, chunk: int, cancel: threading.Event | None,
+                logits_all: bool) -> tuple[torch.Tensor, torch.Tensor | None, str]:
+        self.prompt_ids = ids.to(self.devices[0])
+        self._md5 = hashlib.md5()
+        self._logits: list[torch.Tensor] = []
+        self._last_logits: torch.Tensor | None = None
+        self._logits_all = logits_all
+        self._n_prompt = int(ids.numel())
+        bounds = chunking.chunk_bounds(self._n_prompt, chunk)
+        if self.config.prefill_main and len(self.stages) > 1:
+            self._prefill_main(bounds, cancel)
+        else:
+            self._start_workers()
+            try:
+                for c, (pos, n) in enumerate(bounds):
+                    if cancel is not None and cancel.is_set():
+                        raise Cancelled()
+                    self.stages[0].run(c, pos, n)
+                self.finish()
+            finally:
+                self._guard()
+        logits = torch.cat(self._logits) if logits_all else None
+        return self._last_logits, logits, self._md5.hexdigest()
+
+    def _finish_chunk(self, st: Stage, x: torch.Tensor, chunk: int, pos: int, n: int,
+                      head: Head | None = None) -> None:
+        """Last stage: final norm, digest (md5 of the normed hidden state bytes), logits."""
+        head = head or st.head
+        normed = head.final_norm(x)
+        self._md5.update(normed.float().cpu().numpy().tobytes())
+        if self._logits_all:
+            self._logits.append(head.logits(normed).cpu())
+        if pos + n == self._n_prompt:
+            self._last_logits = head.logits(normed[-1:]).cpu()[0]
+
+    def _prefill_main(self, bounds: list[tuple[int, int]], cancel: threading.Event | None) -> None:
+        main = self.stages[0]
+        layers, kvs = self._prepare_main(self._n_prompt + 1)
+        note = f"prefill-main: layers 0-{self.spec.n_layers - 1}"
+        for c, (pos, n) in enumerate(bounds):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+            x = main.head.embed_tokens(self.prompt_ids[pos:pos + n])
+            x = main.compute(x, layers, kvs, pos, c, n, note=note)
+            self._finish_chunk(main, x, c, pos, n, head=self._main_head)
+        # hand the KV of layers [K, n) to the stages that own them (peer copy where available)
+        extra = kvs[len(main.layers):]
+        for st in self.stages[1:]:
+            t0 = time.perf_counter_ns()
+            nbytes = 0
+            for i, kv in zip(range(st.first, st.end), st.kvs):
+                nbytes += kv.copy_from(extra[i - main.end])
+            st._sync()
+            if self.events_on:
+                st._event(-1, "copy", t0, time.perf_counter_ns(), nbytes=nbytes,
+                          note=f"kv layers {st.first}-{st.end - 1} from {main.name}")
+        del extra, kvs
+
+    def _start_workers(self) -> None:
+        for st in self.stages[1:]:
+            st.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"strata-stage{st.index}")
+
+    def finish(self) -> None:
+        """Join the whole split: each stage reaps its outstanding job, first to last."""
+        for st in self.stages:
+            st.finish()
+
+    def _guard(self) -> None:
+        """Drain every in-flight chunk whatever happened, then stop the workers."""
+        for st in self.stages:
+            try:
+                st.finish()
+            except BaseException as exc:  # already surfacing (or secondary): never leave chunks running
+                log.debug("drained stage %d after error: %s", st.index, exc)
+        for st in self.stages[1:]:
+            if st.executor is not None:
+                st.executor.shutdown(wait=True)
+                st.executor = None
+
+    def decode(self, first_token: int, steps: int, pos: int, cancel: threading.Event | None) -> list[int]:
+        """Greedy decode through the split; generated[0] = first_token."""
+        out = [first_token]
+        tok = first_token
+        for i in range(1, steps):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+            x: torch.Tensor | None = None
+            for st in self.stages:
+                t0 = time.perf_counter_ns()
+                if st.index == 0:
+                    x = st.head.embed_tokens(torch.tensor([tok]))
+                else:
+                    x = x.to(st.device)
+                for layer, kv in zip(st.layers, st.kvs):
+                    try:
+                        x = layer(x, kv, pos)
+                    except Exception as exc:
+                        raise StageError(st.index, st.name, -1, layer.index, exc) from exc
+                if st.successor is None:
+                    tok = int(st.head.logits(st.head.final_norm(x)).argmax())
+                if self.events_on:
+                    st._sync()
+                    st._event(i, "decode", t0, time.perf_counter_ns(), tokens=1)
+            out.append(tok)
+            pos += 1
+        return out
+
+    def close(self) -> None:
+        """Free device memory held by this session."""
+        self._guard()
+        for st in self.stages:
+            st.layers, st.kvs, st.head, st.input_buf, st.host_buf = [], [], None, None, None
+        self._main_extra = None
+        self._main_head = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

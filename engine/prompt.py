@@ -1,0 +1,69 @@
+"""Prompts as token ids: synthetic (deterministic, nonce first), from a file, or from text."""
+from __future__ import annotations
+
+import logging
+import re
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from .config import ConfigError
+from .gguf_model import GGUFError, LoadedModel
+
+log = logging.getLogger(__name__)
+
+NONCE_TOKENS = 8
+
+
+def synthetic(n_tokens: int, vocab: int, nonce: int = 0) -> list[int]:
+    """Deterministic ids; the first NONCE_TOKENS come from `nonce`, so prompts that share a
+    nonce are identical (arms of a sweep) and prompts with different nonces differ from the
+    start (repeats), defeating any prefix cache."""
+    if n_tokens <= 0:
+        raise ConfigError("prompt_tokens", n_tokens, "a positive token count")
+    body = (np.arange(n_tokens, dtype=np.int64) * 7919 + 13) % max(vocab - 1, 1)
+    k = min(NONCE_TOKENS, n_tokens)
+    rng = np.random.default_rng(zlib.crc32(f"nonce:{nonce}".encode()))
+    body[:k] = rng.integers(0, vocab, size=k)
+    return body.tolist()
+
+
+def sweep_nonce(prompt_tokens: int, repeat: int) -> int:
+    """Nonce for one point of a sweep: the same for every arm, different per repeat."""
+    return prompt_tokens * 1000 + repeat
+
+
+def read_ids(path: Path | str) -> list[int]:
+    """Integers separated by whitespace and/or commas."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError("prompt_ids", str(p), "a readable file of token ids", str(exc)) from None
+    parts = [t for t in re.split(r"[\s,]+", text.strip()) if t]
+    try:
+        ids = [int(t) for t in parts]
+    except ValueError as exc:
+        raise ConfigError("prompt_ids", str(p), "integers separated by whitespace or commas", str(exc)) from None
+    if not ids:
+        raise ConfigError("prompt_ids", str(p), "at least one token id")
+    return ids
+
+
+def tokenize(model: LoadedModel, text: str) -> list[int]:
+    """Tokenise with the file's own vocabulary through transformers' GGUF tokenizer support."""
+    if not model.has_vocab():
+        raise GGUFError(model.path, "the file has no vocabulary (tokenizer.ggml.tokens): pass token ids instead")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:  # pragma: no cover - transformers is a dependency
+        raise GGUFError(model.path, f"text prompts need transformers ({exc})") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(str(model.path.parent), gguf_file=model.path.name)
+    except Exception as exc:
+        raise GGUFError(model.path, f"cannot build a tokenizer from the file's vocabulary: {exc}") from None
+    ids = tok.encode(text, add_special_tokens=False)
+    if not ids:
+        raise ConfigError("prompt", text, "text that yields at least one token")
+    return ids

@@ -1,0 +1,258 @@
+"""Generated models: real GGUF files with random weights (deterministic from a seed).
+
+`write_model` makes a file any GGUF reader opens (ours, transformers, llama.cpp's tools);
+`demo_model_path` makes the built-in demo model on first use in the user's cache directory.
+`SyntheticSource` yields the same kind of weights straight into memory on any device, for
+benchmarks whose shapes (e.g. Qwen3-30B-A3B) would take minutes to write as a file.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import zlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import gguf
+from gguf import GGMLQuantizationType, GGUFWriter
+
+from .gguf_model import ModelSpec, expected_shapes
+
+log = logging.getLogger(__name__)
+
+DEMO_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    arch: str = "qwen3moe"
+    n_layers: int = 4
+    hidden: int = 128
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 32
+    n_experts: int = 8
+    n_experts_used: int = 2
+    expert_ffn: int = 64
+    ffn: int = 256
+    vocab: int = 0  # 0: the byte-level vocabulary below decides
+    context_length: int = 4096
+    rope_base: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    seed: int = 0
+    quant: str = "q8_0"  # storage of the large matrices: q8_0, f16, f32
+    tied: bool = False
+
+    def spec(self) -> ModelSpec:
+        moe = self.arch == "qwen3moe"
+        return ModelSpec(
+            arch=self.arch, n_layers=self.n_layers, hidden=self.hidden, n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
+            n_experts=self.n_experts if moe else 0, n_experts_used=self.n_experts_used if moe else 0,
+            expert_ffn=self.expert_ffn if moe else 0, ffn=0 if moe else self.ffn,
+            rope_base=self.rope_base, rms_eps=self.rms_eps,
+            vocab=self.vocab or len(byte_vocab()[0]), context_length=self.context_length,
+            qk_norm=self.arch in ("qwen3", "qwen3moe"), qkv_bias=self.arch == "qwen2",
+            rope_style="norm" if self.arch == "llama" else "neox", tied_embeddings=self.tied,
+        )
+
+
+# The demo model: 4 MoE layers, small enough for seconds on 2 CPU cores.
+DEMO_RECIPE = ModelRecipe()
+
+# Qwen3-30B-A3B shapes (fewer layers): the benchmark model.
+QWEN3_30B_A3B = ModelRecipe(arch="qwen3moe", n_layers=48, hidden=2048, n_heads=32, n_kv_heads=4,
+                            head_dim=128, n_experts=128, n_experts_used=8, expert_ffn=768,
+                            vocab=151936, context_length=131072, quant="f16")
+
+PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B}
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable-character map."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+_MERGE_WORDS = ["the", "and", "ing", "ion", "GPU", "chunk", "stage", "token", "layer", "expert",
+                "prefill", "pipeline", "split", "model", "hello", "world"]
+
+
+def byte_vocab() -> tuple[list[str], list[int], list[str]]:
+    """A minimal gpt2-style vocabulary: 256 byte tokens, merges of a few words, control tokens."""
+    b2u = _bytes_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    merges: list[str] = []
+    have = set(tokens)
+    for word in _MERGE_WORDS:
+        for w in (word, "Ġ" + word):
+            cur = w[0]
+            for ch in w[1:]:
+                nxt = cur + ch
+                if nxt not in have:
+                    merges.append(f"{cur} {ch}")
+                    tokens.append(nxt)
+                    have.add(nxt)
+                cur = nxt
+    types = [1] * len(tokens)
+    for ctl in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
+        tokens.append(ctl)
+        types.append(3)
+    return tokens, types, merges
+
+
+def _random_tensors(spec: ModelSpec, seed: int):
+    """Yields (name, float32 array) in a fixed order, scaled so activations stay tame."""
+    rng = np.random.default_rng(seed)
+    for name, shape in expected_shapes(spec).items():
+        if name.endswith("norm.weight"):
+            arr = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
+        elif name.endswith(".bias"):
+            arr = 0.1 * rng.standard_normal(shape, dtype=np.float32)
+        elif "ffn_gate_inp" in name:
+            arr = rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1]) * 4.0
+        elif name == "token_embd.weight":
+            arr = rng.standard_normal(shape, dtype=np.float32)
+        else:
+            arr = rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])
+        yield name, arr.astype(np.float32)
+
+
+def _storage(name: str, quant: str, arr: np.ndarray) -> tuple[np.ndarray, GGMLQuantizationType | None]:
+    """Large matrices in the recipe's storage type; norms, biases and the router in F32."""
+    big = arr.ndim >= 2 and "ffn_gate_inp" not in name and name != "token_embd.weight"
+    if not big or quant == "f32":
+        return arr, None
+    if quant == "f16":
+        return arr.astype(np.float16), None
+    if quant == "q8_0":
+        if arr.shape[-1] % 32:
+            return arr, None
+        return gguf.quants.quantize(arr, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
+    raise ValueError(f"unknown storage {quant!r}: use q8_0, f16 or f32")
+
+
+def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE) -> Path:
+    """Write a GGUF file with random weights; atomic (temp file + rename)."""
+    path = Path(path)
+    spec = recipe.spec()
+    tokens, types, merges = byte_vocab()
+    if spec.vocab != len(tokens):
+        # a larger vocabulary is padded with unused tokens, as real models do
+        pad = spec.vocab - len(tokens)
+        if pad < 0:
+            raise ValueError(f"vocab {spec.vocab} is smaller than the byte vocabulary ({len(tokens)})")
+        tokens = tokens + [f"<|unused_{i}|>" for i in range(pad)]
+        types = types + [5] * pad
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
+    os.close(fd)
+    a = spec.arch
+    try:
+        w = GGUFWriter(tmp, a)
+        w.add_name(f"strata-{a}-random-seed{recipe.seed}")
+        w.add_uint32(f"{a}.block_count", spec.n_layers)
+        w.add_uint32(f"{a}.context_length", spec.context_length)
+        w.add_uint32(f"{a}.embedding_length", spec.hidden)
+        w.add_uint32(f"{a}.attention.head_count", spec.n_heads)
+        w.add_uint32(f"{a}.attention.head_count_kv", spec.n_kv_heads)
+        w.add_uint32(f"{a}.attention.key_length", spec.head_dim)
+        w.add_uint32(f"{a}.attention.value_length", spec.head_dim)
+        w.add_float32(f"{a}.rope.freq_base", spec.rope_base)
+        w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", spec.rms_eps)
+        if spec.is_moe:
+            w.add_uint32(f"{a}.feed_forward_length", spec.expert_ffn)
+            w.add_uint32(f"{a}.expert_count", spec.n_experts)
+            w.add_uint32(f"{a}.expert_used_count", spec.n_experts_used)
+            w.add_uint32(f"{a}.expert_feed_forward_length", spec.expert_ffn)
+        else:
+            w.add_uint32(f"{a}.feed_forward_length", spec.ffn)
+        w.add_string("tokenizer.ggml.model", "gpt2")
+        w.add_string("tokenizer.ggml.pre", "qwen2")
+        w.add_array("tokenizer.ggml.tokens", tokens)
+        w.add_array("tokenizer.ggml.token_type", types)
+        w.add_array("tokenizer.ggml.merges", merges)
+        eos = tokens.index("<|endoftext|>")
+        w.add_uint32("tokenizer.ggml.eos_token_id", eos)
+        w.add_uint32("tokenizer.ggml.bos_token_id", eos)
+        w.add_uint32("tokenizer.ggml.padding_token_id", eos)
+        for name, arr in _random_tensors(spec, recipe.seed):
+            data, raw = _storage(name, recipe.quant, arr)
+            if raw is None:
+                w.add_tensor(name, data)
+            else:
+                w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    log.info("wrote %s (%s, %.1f MiB)", path, a, path.stat().st_size / 2**20)
+    return path
+
+
+def demo_model_path(cache_dir: Path | None = None) -> Path:
+    """The built-in demo model, generated on first use into the user's cache directory."""
+    if cache_dir is None:
+        import platformdirs
+
+        cache_dir = Path(platformdirs.user_cache_dir("strata-gui", appauthor=False))
+    path = Path(cache_dir) / f"demo-qwen3moe-v{DEMO_VERSION}.gguf"
+    if not path.exists():
+        log.info("generating the demo model at %s", path)
+        write_model(path, DEMO_RECIPE)
+    return path
+
+
+class SyntheticSource:
+    """Random weights of a recipe generated on a device, without a file (benchmarks only).
+
+    Same scaling as the files `write_model` writes; generated per tensor on `device`, so a
+    model with Qwen3-30B-A3B shapes is ready in seconds on a GPU."""
+
+    def __init__(self, recipe: ModelRecipe, device: str = "cpu") -> None:
+        self.recipe = recipe
+        self.spec = recipe.spec()
+        self.device = torch.device(device)
+        self.path = Path(f"synthetic:{recipe.arch}-{recipe.n_layers}L")
+        self._shapes = expected_shapes(self.spec)
+
+    def describe(self) -> str:
+        s = self.spec
+        return f"synthetic {s.arch}: {s.n_layers} layers, hidden {s.hidden}, {s.n_experts} experts"
+
+    def tensor(self, name: str) -> torch.Tensor:
+        shape = self._shapes[name]
+        g = torch.Generator(device=self.device)
+        g.manual_seed(zlib.crc32(name.encode()) ^ self.recipe.seed)
+        t = torch.randn(shape, generator=g, device=self.device, dtype=torch.float32)
+        if name.endswith("norm.weight"):
+            return 1.0 + 0.1 * t
+        if name.endswith(".bias"):
+            return 0.1 * t
+        if "ffn_gate_inp" in name:
+            return t * (4.0 / shape[-1] ** 0.5)
+        if name == "token_embd.weight":
+            return t
+        return t / shape[-1] ** 0.5
+
+
+def recipe_from_args(preset: str = "demo", **changes) -> ModelRecipe:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}: choose from {', '.join(PRESETS)}")
+    changes = {k: v for k, v in changes.items() if v is not None}
+    return replace(PRESETS[preset], **changes)
