@@ -13,6 +13,7 @@ import tempfile
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -143,8 +144,12 @@ def _storage(name: str, quant: str, arr: np.ndarray) -> tuple[np.ndarray, GGMLQu
     raise ValueError(f"unknown storage {quant!r}: use q8_0, f16 or f32")
 
 
-def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE) -> Path:
-    """Write a GGUF file with random weights; atomic (temp file + rename)."""
+def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
+                edit: Callable[[str, np.ndarray], np.ndarray | None] | None = None) -> Path:
+    """Write a GGUF file with random weights; atomic (temp file + rename).
+
+    `edit(name, data)` may replace a tensor's stored data or drop it (None): how tests and the
+    fuzzer make defective files through the same writer."""
     path = Path(path)
     spec = recipe.spec()
     tokens, types, merges = byte_vocab()
@@ -189,6 +194,12 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE) -> Path:
         w.add_uint32("tokenizer.ggml.padding_token_id", eos)
         for name, arr in _random_tensors(spec, recipe.seed):
             data, raw = _storage(name, recipe.quant, arr)
+            if edit is not None:
+                edited = edit(name, data)
+                if edited is None:
+                    continue
+                if edited is not data:
+                    data, raw = edited, None
             if raw is None:
                 w.add_tensor(name, data)
             else:

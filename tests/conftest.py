@@ -1,0 +1,40 @@
+"""Shared fixtures: generated GGUF models (real files, random weights) and headless Qt."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from engine import synth  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def demo_path(model_dir: Path) -> Path:
+    """The built-in demo model, generated the way the app does on first use."""
+    return synth.demo_model_path(model_dir)
+
+
+@pytest.fixture(scope="session")
+def make_arch(model_dir: Path):
+    """Write (once) a small model of an architecture: make_arch("qwen3") -> Path."""
+    cache: dict[tuple, Path] = {}
+
+    def make(arch: str, **changes) -> Path:
+        key = (arch, tuple(sorted(changes.items())))
+        if key not in cache:
+            recipe = synth.recipe_from_args("demo", arch=arch, **changes)
+            name = f"{arch}-" + "-".join(f"{k}{v}" for k, v in sorted(changes.items())) + ".gguf"
+            cache[key] = synth.write_model(model_dir / name, recipe)
+        return cache[key]
+
+    return make

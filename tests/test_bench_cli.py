@@ -1,0 +1,95 @@
+"""strata-bench as a user runs it: make-model, run (md/json, arms, sweeps), prompt inputs."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine import bench, gguf_model
+
+
+def run_cli(capsys, *argv):
+    rc = bench.main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_make_model_is_deterministic_and_loadable(tmp_path, capsys):
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    for p in (a, b):
+        rc, out, _ = run_cli(capsys, "make-model", str(p), "--layers", "3", "--experts", "4", "--seed", "5")
+        assert rc == 0 and "qwen3moe: 3 layers" in out
+    assert a.read_bytes() == b.read_bytes()
+    rc, _, _ = run_cli(capsys, "make-model", str(tmp_path / "l.gguf"), "--arch", "llama", "--quant", "f16")
+    assert gguf_model.load(tmp_path / "l.gguf").spec.arch == "llama"
+
+
+def test_run_json_has_the_fields(demo_path, capsys):
+    rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu", "--prompt-tokens", "48",
+                         "--decode-tokens", "4", "--prefill", "16", "--format", "json", "--warmup", "0")
+    assert rc == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    run = rows[0]
+    assert run["row"] == "run" and run["prefill_tok_s"] > 0 and run["decode_tok_s"] > 0
+    assert len(run["digest"]) == 32 and len(run["generated"]) == 4 and run["chunk"] == 16
+
+
+def test_arms_and_sweep_share_prompts(demo_path, capsys):
+    rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu,cpu", "--prefill", "32",
+                         "--prompt-tokens", "64,96", "--arm", "pf_depth=0", "--arm", "pf_depth=1",
+                         "--repeat", "2", "--format", "json", "--warmup", "0")
+    assert rc == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    runs = [r for r in rows if r["row"] == "run"]
+    summary = [r for r in rows if r["row"] == "summary"]
+    assert len(runs) == 8 and len(summary) == 4
+    for r in summary:
+        assert {"arm", "prompt_tokens", "chunk", "busy_histogram", "per_stage", "ratio"} <= r.keys()
+    by = {(r["arm"], r["prompt_tokens"], r["repeat"]): r["digest"] for r in runs}
+    assert by[("pf_depth=0", 64, 0)] == by[("pf_depth=1", 64, 0)]  # arms see identical prompts
+    assert by[("pf_depth=0", 64, 0)] != by[("pf_depth=0", 64, 1)]  # repeats differ (nonce)
+    assert [r["ratio"] for r in summary if r["arm"] == "pf_depth=0"] == [1.0, 1.0]
+
+
+def test_md_table_and_prompt_ids_and_logits(tmp_path, demo_path, capsys):
+    ids = tmp_path / "ids.txt"
+    ids.write_text("1, 2 3\n4,5 6 7 8 9 10")
+    out_npy = tmp_path / "logits.npy"
+    rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--prompt-ids", str(ids), "--decode-tokens", "3",
+                         "--logits-out", str(out_npy), "--warmup", "0")
+    assert rc == 0 and out.startswith("| arm | prompt |") and "digest:" in out
+    arr = np.load(out_npy)
+    assert arr.shape == (10, gguf_model.load(demo_path).spec.vocab) and arr.dtype == np.float32
+
+
+def test_text_prompt_uses_the_files_vocabulary(demo_path, capsys):
+    rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--prompt", "hello world, the pipeline",
+                         "--format", "json", "--warmup", "0")
+    assert rc == 0
+    assert json.loads(out.splitlines()[0])["prompt_tokens"] > 3
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--pf-depth", "2"], ["pf_depth", "0 (join) or 1 (overlap)"]),
+    (["--devices", "cpu,cpu", "--layer-split", "1,1"], ["layer_split", "4 layers"]),
+    (["--model", "/nonexistent.gguf"], ["/nonexistent.gguf", "file not found"]),
+    (["--arm", "pf_depth"], ["arm", "setting=value"]),
+])
+def test_errors_are_one_clear_line(demo_path, capsys, argv, words):
+    base = ["run", "--model", str(demo_path), "--prompt-tokens", "16", "--warmup", "0"]
+    rc, _, err = run_cli(capsys, *base, *argv)
+    assert rc == 2
+    for w in words:
+        assert w in err, err
+
+
+def test_trace_option_writes_a_loadable_trace(tmp_path, demo_path, capsys):
+    from engine import trace
+    p = tmp_path / "run.json.gz"
+    rc, _, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu,cpu", "--prefill", "16",
+                       "--prompt-tokens", "48", "--trace", str(p), "--warmup", "0")
+    assert rc == 0
+    events, meta = trace.load(p)
+    assert {e.stage for e in events if e.kind == "compute"} == {0, 1}
+    assert meta["report"]["plan"]["n_chunks"] == 3
