@@ -85,9 +85,11 @@ def _hist(h: Sequence[float]) -> str:
     return "/".join(f"{x * 100:.0f}" for x in h)
 
 
-def _row(p: Point, base: Point | None) -> dict[str, Any]:
+def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 0.0) -> dict[str, Any]:
     r = p.reports[-1]
+    tflops = flops / p.prompt_tokens * p.median / 1e12 if p.prompt_tokens else 0.0
     return {
+        "tflops": tflops, "mfu": tflops / peak_tflops if peak_tflops else None,
         "row": "summary", "arm": p.arm, "prompt_tokens": p.prompt_tokens, "chunk": r.plan.chunk,
         "n_chunks": r.plan.n_chunks, "stages": len(r.plan.stages), "handoff": r.handoff,
         "prefill_tok_s": p.median, "prefill_tok_s_all": p.tok_s, "spread": p.spread,
@@ -98,9 +100,10 @@ def _row(p: Point, base: Point | None) -> dict[str, Any]:
     }
 
 
-def render(points: list[Point], arms: list[str], fmt: str) -> str:
+def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflops: float = 0.0) -> str:
     bases = {p.prompt_tokens: p for p in points if p.arm == arms[0]}
-    rows = [_row(p, bases.get(p.prompt_tokens)) for p in points]
+    rows = [_row(p, bases.get(p.prompt_tokens), spec.prefill_flops(p.prompt_tokens) if spec else 0.0,
+                 peak_tflops) for p in points]
     if fmt == "json":
         return "\n".join(json.dumps(r) for r in rows)
     cols = ["arm", "prompt", "chunk", "stages", "prefill tok/s", "±", "decode tok/s", "ratio",
@@ -108,6 +111,10 @@ def render(points: list[Point], arms: list[str], fmt: str) -> str:
     table = [[r["arm"], r["prompt_tokens"], f"{r['chunk']}x{r['n_chunks']}", r["stages"],
               f"{r['prefill_tok_s']:.1f}", f"{r['spread'] * 100:.1f}%", f"{r['decode_tok_s']:.1f}",
               f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), r["handoff"], r["digest"][:12]] for r in rows]
+    if peak_tflops:
+        cols[6:6] = ["TFLOP/s", "MFU"]
+        for row, r in zip(table, rows):
+            row[6:6] = [f"{r['tflops']:.1f}", f"{r['mfu'] * 100:.1f}%"]
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf)
@@ -176,7 +183,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         for _, sess in sessions:
             sess.close()
     if ns.format != "json" or len(points) > 1:
-        print(render(points, [a for a, _ in arms], ns.format))
+        print(render(points, [a for a, _ in arms], ns.format, model.spec, ns.peak_tflops))
     if ns.format != "json" and last is not None and len(points) == 1:
         r = last[1].report
         print(f"\ngenerated: {r.generated}\ndigest: {r.digest}")
@@ -241,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--format", choices=("md", "csv", "json"), default="md")
     r.add_argument("--logits-out", help="save logits of every prompt position (float32 [tokens, vocab])")
     r.add_argument("--trace", help="write the last run's Chrome trace (.json or .json.gz)")
+    r.add_argument("--peak-tflops", type=float, default=0.0,
+                   help="add TFLOP/s and MFU columns against this peak (H200 bf16: 794)")
     r.add_argument("--no-events", action="store_true", help="no timing events (measures their overhead)")
     r.set_defaults(func=cmd_run)
 

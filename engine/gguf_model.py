@@ -75,6 +75,13 @@ class ModelSpec:
         attn = 2 * self.n_heads * self.head_dim * context  # QK^T and PV
         return 2.0 * (proj + ffn + attn)
 
+    def prefill_flops(self, n_tokens: int) -> float:
+        """FLOPs of a causal prefill of n tokens through every layer (attention at its causal
+        cost: token i attends to i keys), LM head excluded."""
+        per_token = self.active_flops_per_token(0)
+        attn = 2.0 * self.n_heads * self.head_dim * n_tokens * (n_tokens + 1)
+        return self.n_layers * (n_tokens * per_token + attn)
+
 
 def supported_types() -> set[GGMLQuantizationType]:
     traits = getattr(gguf_quants, "_type_traits", {})
