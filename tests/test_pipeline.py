@@ -24,9 +24,9 @@ def stage_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("strata-stage")]
 
 
-def sleepy(extra=None) -> PipelineHooks:
+def sleepy(seconds: float = SLEEP, extra=None) -> PipelineHooks:
     def hook(stage, layer, chunk):
-        time.sleep(SLEEP)
+        time.sleep(seconds)
         if extra:
             extra(stage, layer, chunk)
     return PipelineHooks(after_layer=hook)
@@ -54,10 +54,11 @@ def test_join_waits_for_the_whole_chain(demo):
 
 
 def test_overlap_fills_the_pipeline_and_is_faster(demo):
-    join, _, t_join = run(demo, 0, hooks=sleepy())
-    over, events, t_over = run(demo, 1, hooks=sleepy())
+    join, _, _ = run(demo, 0, tokens=256, hooks=sleepy(0.02))
+    over, events, _ = run(demo, 1, tokens=256, hooks=sleepy(0.02))
+    t_join, t_over = join.report.prefill_s, over.report.prefill_s
     s0, s1 = compute(events, 0), compute(events, 1)
-    overlapping = [c for c in range(7) if s0[c + 1].start_ns < s1[c].end_ns and s1[c].start_ns < s0[c + 1].end_ns]
+    overlapping = [c for c in range(15) if s0[c + 1].start_ns < s1[c].end_ns and s1[c].start_ns < s0[c + 1].end_ns]
     assert overlapping, "overlap: stage 0's C(c+1) never ran beside stage 1's Cc"
     assert t_join / t_over >= 1.5, f"join {t_join:.3f}s vs overlap {t_over:.3f}s"
     assert join.report.digest == over.report.digest  # reordering waits never changes arithmetic
