@@ -88,8 +88,9 @@ def _hist(h: Sequence[float]) -> str:
 def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 0.0) -> dict[str, Any]:
     r = p.reports[-1]
     tflops = flops / p.prompt_tokens * p.median / 1e12 if p.prompt_tokens else 0.0
-    return {
-        "tflops": tflops, "mfu": tflops / peak_tflops if peak_tflops else None,
+    gpus = len({s.device for s in r.plan.stages})
+    return {  # MFU per GPU: against the peak of every device the arm used
+        "tflops": tflops, "mfu": tflops / (peak_tflops * gpus) if peak_tflops else None,
         "row": "summary", "arm": p.arm, "prompt_tokens": p.prompt_tokens, "chunk": r.plan.chunk,
         "n_chunks": r.plan.n_chunks, "stages": len(r.plan.stages), "handoff": r.handoff,
         "prefill_tok_s": p.median, "prefill_tok_s_all": p.tok_s, "spread": p.spread,
@@ -112,7 +113,7 @@ def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflop
               f"{r['prefill_tok_s']:.1f}", f"{r['spread'] * 100:.1f}%", f"{r['decode_tok_s']:.1f}",
               f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), r["handoff"], r["digest"][:12]] for r in rows]
     if peak_tflops:
-        cols[6:6] = ["TFLOP/s", "MFU"]
+        cols[6:6] = ["TFLOP/s", "MFU/GPU"]
         for row, r in zip(table, rows):
             row[6:6] = [f"{r['tflops']:.1f}", f"{r['mfu'] * 100:.1f}%"]
     if fmt == "csv":

@@ -376,30 +376,46 @@ class Session:
 
     # ---------------------------------------------------------------- chunking
     def chunk_cost(self) -> chunking.ChunkCost:
-        """Measured per-stage chunk cost (fixed + per-token) from timing one layer on the main device."""
+        """Measure one layer on the main device: time per candidate chunk size at position 0,
+        attention's extra time per (token x cached key), and host launch time per layer."""
         if self._chunk_cost is None:
             st = self.stages[0]
             layer = st.layers[0]
+            dt = self.dtypes[st.device]
             cuda = st.device.type == "cuda"
-            sizes = (512, 2048, 8192) if cuda else (16, 64, 256)
-            kv = LayerKV(max(sizes), self.spec.n_kv_heads, self.spec.head_dim, st.device, self.dtypes[st.device])
-            samples = []
+            sizes = chunking.GPU_CANDIDATES if cuda else chunking.CPU_CANDIDATES[2:6]
+            prefix = 8192 if cuda else 256
+            probe = 2048 if cuda else 64
+            kv = LayerKV(max(max(sizes), prefix + probe), self.spec.n_kv_heads, self.spec.head_dim, st.device, dt)
             gen = torch.Generator().manual_seed(0)
+
+            def timed(n: int, pos: int, reps: int = 2) -> float:
+                x = torch.randn(n, self.spec.hidden, generator=gen).to(st.device, dt)
+                best = float("inf")
+                for _ in range(reps + 1):  # the first call warms kernels for this shape up
+                    kv.length = pos
+                    st._sync()
+                    t0 = time.perf_counter()
+                    layer(x, kv, pos)
+                    st._sync()
+                    best = min(best, time.perf_counter() - t0)
+                return best
+
             with torch.inference_mode():
-                for n in sizes:
-                    x = torch.randn(n, self.spec.hidden, generator=gen).to(st.device, self.dtypes[st.device])
-                    best = float("inf")
-                    for _ in range(3):
-                        kv.reset()
-                        st._sync()
-                        t0 = time.perf_counter()
-                        layer(x, kv, 0)
-                        st._sync()
-                        best = min(best, time.perf_counter() - t0)
-                    samples.append((n, best))
-            per_layer = chunking.ChunkCost.fit(samples)
+                kv.k.normal_()
+                kv.v.normal_()
+                layer_s = {n: timed(n, 0) for n in sizes}
+                deep = timed(probe, prefix)
+                attn = max(deep - timed(probe, 0), 0.0) / (probe * prefix)
+                x = torch.randn(256, self.spec.hidden, generator=gen).to(st.device, dt)
+                kv.length = 0
+                st._sync()
+                t0 = time.perf_counter()
+                layer(x, kv, 0)  # launch only: the host's share of a layer
+                host = time.perf_counter() - t0 if cuda else 0.0
+                st._sync()
             depth = max(s.end - s.first for s in self.stages)
-            self._chunk_cost = chunking.ChunkCost(per_layer.fixed_s * depth, per_layer.per_token_s * depth)
+            self._chunk_cost = chunking.ChunkCost(layer_s, attn, host, depth)
             log.info("measured chunk cost on %s: %s", st.name, self._chunk_cost)
         return self._chunk_cost
 
