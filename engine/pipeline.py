@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sys
 import threading
 import time
 import uuid
@@ -538,7 +537,11 @@ class Session:
         self._n_prompt = int(ids.numel())
         bounds = chunking.chunk_bounds(self._n_prompt, chunk)
         if self.config.prefill_main and len(self.stages) > 1:
-            self._prefill_main(bounds, cancel)
+            try:
+                self._prefill_main(bounds, cancel)
+            except BaseException:
+                self._digest.close()
+                raise
         else:
             self._start_workers()
             try:
@@ -547,10 +550,11 @@ class Session:
                         raise Cancelled()
                     self.stages[0].run(c, pos, n)
                 self.finish()
-            finally:
-                self._guard()
-                if sys.exc_info()[0] is not None:
-                    self._digest.close()
+            except BaseException:
+                self._guard()  # the finish guard: never return with chunks in flight
+                self._digest.close()
+                raise
+            self._guard()
         logits = torch.cat(self._logits) if logits_all else None
         return self._last_logits, logits, self._digest.hexdigest()
 
