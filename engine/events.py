@@ -91,6 +91,8 @@ class RunReport:
     cancelled: bool = False
     expert_stats: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    telemetry: list[dict] = field(default_factory=list)  # GPU samples on the event clock
+    telemetry_status: str = ""
 
     def to_dict(self) -> dict:
         from dataclasses import asdict

@@ -11,6 +11,7 @@ Stage 0 runs in the caller's thread (the root `prefill`), every later stage in i
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -277,7 +278,8 @@ class Session:
     def __init__(self, source: WeightSource, config: EngineConfig | None = None,
                  sink: EventSink | None = None, hooks: PipelineHooks | None = None,
                  events: bool = True,
-                 progress: Callable[[str, float], None] | None = None) -> None:
+                 progress: Callable[[str, float], None] | None = None,
+                 telemetry_interval_s: float | None = 0.2) -> None:
         self.source = source
         self.spec = source.spec
         self.config = config or EngineConfig()
@@ -286,6 +288,7 @@ class Session:
         self.sink = sink
         self.hooks = hooks or PipelineHooks()
         self.events_on = events
+        self.telemetry_interval_s = telemetry_interval_s
         self.clock = _Clock()
         self.run_id = ""
         self.events: list[StageEvent] = []
@@ -490,6 +493,33 @@ class Session:
         if on_plan is not None:
             on_plan(plan)
         capacity = n + max(decode_tokens, 1)
+        sampler, telemetry_status = self._start_telemetry()
+        try:
+            return self._run(ids, n, plan, capacity, decode_tokens, cancel, logits_all, sampler, telemetry_status)
+        finally:
+            if sampler is not None:
+                sampler.stop()
+
+    def _start_telemetry(self):
+        """A GPU sampler for the run's CUDA devices (started and stopped with the run)."""
+        gpus = sorted({d.index or 0 for d in self.devices if d.type == "cuda"})
+        if not self.telemetry_interval_s:
+            return None, "off"
+        if not gpus:
+            return None, "unavailable: CPU stages only"
+        try:
+            from .topology import TelemetrySampler
+
+            sampler = TelemetrySampler(gpus, interval_s=self.telemetry_interval_s)
+        except Exception as exc:  # telemetry must never break a run
+            return None, f"unavailable: {exc}"
+        if not sampler.available:
+            return None, sampler.reason
+        sampler.start()
+        return sampler, "sampled"
+
+    def _run(self, ids, n, plan, capacity, decode_tokens, cancel, logits_all, sampler,
+             telemetry_status) -> RunResult:
         with torch.inference_mode():
             self._prepare(capacity, plan.chunk)
             for d in set(self.devices):
@@ -509,6 +539,10 @@ class Session:
                 except Cancelled:
                     cancelled = True
             t2 = time.perf_counter()
+        samples = []
+        if sampler is not None:
+            sampler.stop()
+            samples = [dataclasses.asdict(x) for x in sampler.samples()]
         steps = max(len(generated) - 1, 0)
         events = list(self.events)
         prefill_events = [e for e in events if e.kind != "decode"]
@@ -520,7 +554,8 @@ class Session:
             per_stage=stage_totals(prefill_events, len(self.stages)),
             busy_histogram=busy_histogram(prefill_events, len(self.stages)),
             handoff=self.handoff_kind, device_order=list(self.device_order),
-            order_reason=self.order_reason, cancelled=cancelled, notes=list(self.notes))
+            order_reason=self.order_reason, cancelled=cancelled, notes=list(self.notes),
+            telemetry=samples, telemetry_status=telemetry_status)
         if self.config.timing:
             log.info("prefill timing (run %s):\n%s", self.run_id, format_timing(report.per_stage))
         if cancelled:

@@ -73,3 +73,16 @@ def test_bad_trace_files_give_clear_errors(tmp_path):
         trace.load(other)
     with pytest.raises(trace.TraceError, match="file not found"):
         trace.load(tmp_path / "none.json")
+
+
+def test_telemetry_becomes_counter_tracks(tmp_path, run_events):
+    events, report = run_events
+    assert report.telemetry == [] and report.telemetry_status == "unavailable: CPU stages only"
+    t0 = min(e.start_ns for e in events)
+    samples = [{"t_ns": t0 + 1_000_000 * i, "gpu": 1, "util_pct": 10.0 * i, "pcie_rx_gbs": None} for i in range(3)]
+    doc = json.loads(trace.save(tmp_path / "t.json", events, telemetry=samples).read_text())
+    counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
+    assert [c["args"]["util_pct"] for c in counters] == [0.0, 10.0, 20.0]
+    assert {c["name"] for c in counters} == {"gpu1 util_pct"}
+    assert [c["ts"] for c in counters] == [0.0, 1000.0, 2000.0]  # microseconds on the event clock
+    assert trace.load(tmp_path / "t.json")[0] == events
