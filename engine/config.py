@@ -63,8 +63,11 @@ class EngineConfig:
     ) -> "EngineConfig":
         """Default, then environment, then explicit overrides (None values are ignored)."""
         env = os.environ if env is None else env
+        given = {k for k, v in (overrides or {}).items() if v is not None}
         values: dict[str, Any] = {}
         for name, var in ENV_NAMES.items():
+            if name in given:  # an explicit value wins; a bad env value it replaces is moot
+                continue
             if var in env and env[var] != "":
                 values[name] = parse_setting(name, env[var], source=var)
         for name, raw in (overrides or {}).items():

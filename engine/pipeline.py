@@ -559,7 +559,9 @@ class Session:
         if self.config.timing:
             log.info("prefill timing (run %s):\n%s", self.run_id, format_timing(report.per_stage))
         if cancelled:
-            raise Cancelled(f"run {self.run_id} cancelled at a chunk boundary; the split was drained")
+            exc = Cancelled(f"run {self.run_id} cancelled at a chunk boundary; the split was drained")
+            exc.report = report  # what ran before the stop, for a GUI to show
+            raise exc
         return RunResult(report, all_logits, last_logits)
 
     def prefill(self, ids: torch.Tensor, chunk: int, cancel: threading.Event | None,

@@ -122,8 +122,9 @@ def test_cancel_returns_within_one_chunk(demo, depth):
             cancel.set()
     sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=8, pf_depth=depth),
                    hooks=PipelineHooks(after_layer=hook))
-    with pytest.raises(Cancelled):
+    with pytest.raises(Cancelled) as ei:
         sess.run(synthetic(256, demo.spec.vocab), cancel=cancel)
+    assert ei.value.report.cancelled and ei.value.report.per_stage[0].chunks == 4
     started = compute(sess.events, 0)
     assert max(started) == 3, "no chunk may start after the cancel"
     assert max(compute(sess.events, 1)) == 3, "chunks in flight were drained"
@@ -159,6 +160,7 @@ def test_env_settings_and_precedence(demo):
     assert (cfg.pf_depth, cfg.prefill_main, cfg.prefill) == (1, True, 64)
     with pytest.raises(ConfigError, match="STRATA_PF_DEPTH"):
         EngineConfig.from_sources({}, env={"STRATA_PF_DEPTH": "3"})
+    assert EngineConfig.from_sources({"pf_depth": 0}, env={"STRATA_PF_DEPTH": "3"}).pf_depth == 0
 
 
 def test_check_nan_names_stage_layer_and_chunk(demo):

@@ -14,4 +14,4 @@ def test_ci_runs_the_readme_test_command():
     install_and_launch, install_and_test = commands()
     assert "pytest" in install_and_test and "torch==2.13.0" in install_and_test
     assert install_and_test in (ROOT / ".ci" / "run").read_text()
-    assert "torch==2.13.0" in install_and_launch and "demo" in install_and_launch
+    assert "torch==2.13.0" in install_and_launch and install_and_launch.endswith("strata-gui")

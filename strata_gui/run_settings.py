@@ -1,0 +1,186 @@
+"""What the settings form holds, and its validation with the engine's own rules (no Qt).
+
+`RunSettings` keeps each field as the user typed it.  `validate` runs every value through
+`engine.config.parse_setting`, then `EngineConfig.from_sources` (cross-field rules, environment)
+and `check_layers` (rules that need the model), so every message is the engine's: it names the
+setting, the value and what is allowed.  The GUI only decides which field shows it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from engine.config import ENV_NAMES, ConfigError, EngineConfig, parse_setting
+
+log = logging.getLogger(__name__)
+
+# field names of the form (one error slot each); "general" takes what no field owns
+FIELDS = ("model", "devices", "gpu_order", "layer_split", "prefill", "pf_depth", "prefill_main",
+          "pin_limit_gib", "expert_cache", "prompt", "decode_tokens", "general")
+
+MAX_PROMPT_TOKENS = 1 << 20
+MAX_DECODE_TOKENS = 4096
+
+
+@dataclass
+class RunSettings:
+    model_path: str = ""  # "" : the built-in demo model
+    devices: str = "cpu,cpu"
+    gpu_order: str = "pcie"
+    split_mode: str = "auto"  # auto | manual
+    split_counts: str = ""
+    chunk_mode: str = "auto"  # auto | fixed
+    chunk_size: str = "256"
+    pf_depth: int = 1
+    prefill_main: bool = False
+    pin_limit_gib: str = "auto"
+    expert_cache: str = "auto"
+    prompt_mode: str = "tokens"  # tokens | text
+    prompt_tokens: int = 2048
+    prompt_text: str = ""
+    decode_tokens: int = 16
+
+    def overrides(self) -> dict[str, Any]:
+        """The engine settings as raw values for `EngineConfig.from_sources` (GUI > env > default)."""
+        return {
+            "devices": self.devices,
+            "gpu_order": self.gpu_order,
+            "layer_split": self.split_counts if self.split_mode == "manual" else "auto",
+            "prefill": self.chunk_size if self.chunk_mode == "fixed" else "auto",
+            "pf_depth": self.pf_depth,
+            "prefill_main": self.prefill_main,
+            "pin_limit_gib": self.pin_limit_gib,
+            "expert_cache": self.expert_cache,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunSettings":
+        """Known keys with a value of the right type; anything else keeps its default."""
+        base = cls()
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                continue
+            default = getattr(base, f.name)
+            value = data[f.name]
+            try:
+                if isinstance(default, bool):
+                    value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+                elif isinstance(default, int):
+                    value = int(value)
+                else:
+                    value = str(value)
+            except (TypeError, ValueError):
+                log.warning("stored setting %s=%r ignored (not a %s)", f.name, value, type(default).__name__)
+                continue
+            kw[f.name] = value
+        return cls(**kw)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, devices: str = "cpu,cpu") -> "RunSettings":
+        """Defaults for a first start: the environment's valid values (DESIGN.md "Settings")."""
+        env = os.environ if env is None else env
+        s = cls(devices=devices)
+        for name, var in ENV_NAMES.items():
+            raw = env.get(var, "")
+            if raw == "":
+                continue
+            try:
+                value = parse_setting(name, raw, source=var)
+            except ConfigError as exc:
+                log.warning("ignoring %s for the form's defaults: %s", var, exc)
+                continue
+            if name == "pf_depth":
+                s.pf_depth = value
+            elif name == "prefill_main":
+                s.prefill_main = value
+            elif name == "gpu_order":
+                s.gpu_order = value
+            elif name == "pin_limit_gib":
+                s.pin_limit_gib = raw.strip()
+            elif name == "prefill":
+                if value == "auto":
+                    s.chunk_mode = "auto"
+                else:
+                    s.chunk_mode, s.chunk_size = "fixed", str(value)
+        return s
+
+
+@dataclass
+class Validation:
+    errors: dict[str, str] = field(default_factory=dict)
+    config: EngineConfig | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and self.config is not None
+
+
+def _field_for(setting: str) -> str:
+    """Which form field shows a ConfigError about `setting` (a name or an env variable)."""
+    if setting in FIELDS:
+        return setting
+    if setting in ("prompt_tokens", "prompt_ids"):
+        return "prompt"
+    return "general"  # e.g. an invalid STRATA_* variable the form does not show
+
+
+def check_devices(devices: list[str], cuda_count: int) -> None:
+    """The device check `Session` makes when it starts (same wording), made before Run."""
+    for d in devices:
+        if not d.startswith("cuda"):
+            continue
+        if cuda_count == 0:
+            raise ConfigError("devices", d, "cpu (this torch build or machine has no CUDA)")
+        index = int(d[5:]) if d[5:].isdigit() else 0
+        if index >= cuda_count:
+            raise ConfigError("devices", d, f"cuda:0..cuda:{cuda_count - 1}")
+
+
+def validate(settings: RunSettings, n_layers: int | None, model_error: str = "",
+             env: Mapping[str, str] | None = None, cuda_count: int | None = None) -> Validation:
+    """Every problem, one message per field; `config` is set only when all is valid.
+
+    n_layers None: the model is unknown (not loaded), model-dependent checks are skipped.
+    cuda_count: how many CUDA devices torch sees (None: not checked here)."""
+    v = Validation()
+    if model_error:
+        v.errors["model"] = model_error
+    raw = settings.overrides()
+    for name, value in raw.items():
+        try:
+            parse_setting(name, value)
+        except ConfigError as exc:
+            v.errors.setdefault(_field_for(name), str(exc))
+    if settings.prompt_mode == "text":
+        if not settings.prompt_text.strip():
+            v.errors["prompt"] = str(ConfigError("prompt", settings.prompt_text, "text that yields at least one token"))
+    elif not 1 <= settings.prompt_tokens <= MAX_PROMPT_TOKENS:
+        v.errors["prompt"] = str(ConfigError("prompt_tokens", settings.prompt_tokens,
+                                             f"a token count from 1 to {MAX_PROMPT_TOKENS}"))
+    if not 0 <= settings.decode_tokens <= MAX_DECODE_TOKENS:
+        v.errors["decode_tokens"] = str(ConfigError("decode_tokens", settings.decode_tokens,
+                                                    f"an integer from 0 to {MAX_DECODE_TOKENS}"))
+    if any(k in v.errors for k in raw):
+        return v
+    try:
+        cfg = EngineConfig.from_sources(raw, env)
+    except ConfigError as exc:
+        v.errors.setdefault(_field_for(exc.setting), str(exc))
+        return v
+    try:
+        if cuda_count is not None:
+            check_devices(cfg.devices, cuda_count)
+        if n_layers is not None:
+            cfg.check_layers(n_layers)
+    except ConfigError as exc:
+        v.errors.setdefault(_field_for(exc.setting), str(exc))
+        return v
+    if not v.errors:
+        v.config = cfg
+    return v

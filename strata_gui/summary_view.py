@@ -1,0 +1,164 @@
+"""The run summary: the engine's RunReport, as figures, a per-stage table and the busy histogram."""
+from __future__ import annotations
+
+import html
+import logging
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
+
+from engine.events import RunReport
+
+from .table_height import fit_height
+from .theme import KIND_STYLES, MUTED_COLOR
+
+log = logging.getLogger(__name__)
+
+STAGE_COLUMNS = ("stage", "device", "layers", "chunks", "wall\nms", "compute\nms", "wait\nms", "copy\nms", "busy\n%")
+
+
+class SummaryView(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.report: RunReport | None = None
+        title = QLabel("Run summary")
+        title.setProperty("role", "panel-title")
+        self.figures = QLabel()
+        self.figures.setTextFormat(Qt.TextFormat.RichText)
+        self.figures.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.figures.setWordWrap(True)
+        self.figures.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.figures.setMinimumWidth(330)
+
+        self.table = QTableWidget(0, len(STAGE_COLUMNS))
+        self.table.setHorizontalHeaderLabels(STAGE_COLUMNS)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setToolTip("Per stage, from the engine's timing report (STRATA_PREFILL_TIMING): wall is the "
+                              "first start to the last end of its prefill events; busy is compute / wall.")
+        self.expert = QLabel()
+        self.expert.setWordWrap(True)
+        mid = QVBoxLayout()
+        stage_title = QLabel("Per stage (prefill)")
+        stage_title.setStyleSheet("font-weight: 600")
+        mid.addWidget(stage_title)
+        mid.addWidget(self.table)
+        mid.addWidget(self.expert)
+        mid.addStretch(1)
+
+        self.hist = pg.PlotWidget()
+        self.hist.setMinimumWidth(250)
+        self.hist.setToolTip("Share of the prefill's wall time with exactly k stages computing, k = 0…N: "
+                             "a full pipeline spends most of its time at k = N.")
+        hp = self.hist.getPlotItem()
+        hp.setMenuEnabled(False)
+        hp.hideButtons()
+        hp.setMouseEnabled(x=False, y=False)
+        hp.setTitle("Busy histogram", size="10pt")
+        hp.setLabel("bottom", "stages computing at once")
+        hp.setLabel("left", "share of prefill wall time (%)")
+        hp.showGrid(y=True, alpha=0.25)
+        self.bars = pg.BarGraphItem(x=np.zeros(0), height=np.zeros(0), width=0.6,
+                                    brush=pg.mkBrush(QColor(KIND_STYLES["compute"].color)), pen=pg.mkPen(None))
+        hp.addItem(self.bars)
+        self.bar_labels: list[pg.TextItem] = []
+
+        body = QHBoxLayout()
+        body.addWidget(self.figures, 5)
+        body.addLayout(mid, 8)
+        body.addWidget(self.hist, 4)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(title)
+        lay.addLayout(body, 1)
+        self.show_message("No run yet. Press Run to prefill the prompt through the split; "
+                          "the engine's report appears here.")
+
+    # ------------------------------------------------------------------ states
+    def show_message(self, text: str) -> None:
+        self.report = None
+        self.figures.setText(f"<p style='color:{MUTED_COLOR}'>{html.escape(text)}</p>")
+        self.table.setRowCount(0)
+        fit_height(self.table, min_rows=2)
+        self.expert.setText("")
+        self._set_hist([])
+
+    def show_report(self, r: RunReport) -> None:
+        self.report = r
+        plan = r.plan
+        rows = []
+        rows.append(("Prefill", f"<b>{r.prefill_tok_s:,.0f} tok/s</b> · {plan.prompt_tokens:,} tokens in "
+                                f"{r.prefill_s * 1e3:,.1f} ms"))
+        steps = max(len(r.generated) - 1, 0)
+        if steps:
+            rows.append(("Decode", f"<b>{r.decode_tok_s:,.1f} tok/s</b> · {steps} steps in {r.decode_s * 1e3:,.1f} ms"))
+        else:
+            rows.append(("Decode", "no decode steps in this run"))
+        rows.append(("Chunks", f"{plan.n_chunks} × {plan.chunk} tokens ({html.escape(_short(plan.chunk_reason))})"))
+        depth = "1 (overlap)" if plan.pf_depth == 1 else "0 (join)"
+        rows.append(("Pipeline", f"depth {depth}" + (" · prefill on the main device" if plan.prefill_main else "")))
+        rows.append(("Hand-off", html.escape(r.handoff)))
+        rows.append(("Order used", f"{html.escape(', '.join(r.device_order))}<br>"
+                                   f"<span style='color:{MUTED_COLOR}'>{html.escape(r.order_reason)}</span>"))
+        rows.append(("Digest", f"<code>{html.escape(r.digest)}</code>"))
+        if r.generated:
+            gen = ", ".join(str(t) for t in r.generated[:12]) + (" …" if len(r.generated) > 12 else "")
+            rows.append(("Generated ids", html.escape(gen)))
+        for note in r.notes:
+            rows.append(("Note", html.escape(note)))
+        self.figures.setText("<table cellspacing='0' cellpadding='2'>" + "".join(
+            f"<tr><td style='color:{MUTED_COLOR}; padding-right:10px' valign='top'>{k}</td><td>{v}</td></tr>"
+            for k, v in rows) + "</table>")
+
+        self.table.setRowCount(len(r.per_stage))
+        layers = {s.stage: s for s in plan.stages}
+        for i, t in enumerate(r.per_stage):
+            sp = layers.get(t.stage)
+            busy = 100.0 * t.compute_ns / t.wall_ns if t.wall_ns else 0.0
+            cells = (str(t.stage), t.device or (sp.device if sp else ""),
+                     f"{sp.first_layer}–{sp.end_layer - 1}" if sp else "", str(t.chunks),
+                     f"{t.wall_ns / 1e6:,.1f}", f"{t.compute_ns / 1e6:,.1f}", f"{t.wait_ns / 1e6:,.1f}",
+                     f"{t.copy_ns / 1e6:,.1f}", f"{busy:.0f}")
+            for j, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if j >= 3:
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                self.table.setItem(i, j, item)
+        fit_height(self.table)
+        if r.expert_stats:
+            parts = []
+            for st in r.expert_stats:
+                parts.append(", ".join(f"{k} {v}" for k, v in st.items()))
+            self.expert.setText("<b>Expert cache</b><br>" + "<br>".join(html.escape(p) for p in parts))
+        else:
+            self.expert.setText("<b>Expert cache:</b> no expert streaming in this run")
+        self._set_hist(r.busy_histogram)
+
+    def _set_hist(self, shares: list[float]) -> None:
+        hp = self.hist.getPlotItem()
+        for lab in self.bar_labels:
+            hp.removeItem(lab)
+        self.bar_labels = []
+        x = np.arange(len(shares), dtype=float)
+        h = np.asarray(shares, dtype=float) * 100.0
+        self.bars.setOpts(x=x, height=h, width=0.6)
+        ticks = [(float(k), str(k)) for k in range(len(shares))]
+        hp.getAxis("bottom").setTicks([ticks, []])
+        for k, v in zip(x, h):
+            lab = pg.TextItem(f"{v:.0f}%", color="#202124", anchor=(0.5, 1.0))
+            lab.setPos(k, v)
+            hp.addItem(lab)
+            self.bar_labels.append(lab)
+        hp.setXRange(-0.6, max(len(shares) - 0.4, 1.4), padding=0)
+        hp.setYRange(0, 112, padding=0)
+
+
+def _short(reason: str, limit: int = 110) -> str:
+    return reason if len(reason) <= limit else reason[: limit - 1] + "…"

@@ -1,0 +1,159 @@
+"""Real runs of the demo model on a 2-stage CPU split, started by clicking Run."""
+from __future__ import annotations
+
+import time
+
+from gui_support import (qsettings, qt_settings_sandbox, set_form, themed_app,  # noqa: F401
+                         wait_no_engine_threads, window)
+from PySide6.QtCore import Qt
+
+from engine.pipeline import PipelineHooks
+
+RUN_TIMEOUT_MS = 60_000
+
+
+def _click_run(qtbot, win) -> None:
+    assert win.run_button.isEnabled(), win.validation.errors
+    qtbot.mouseClick(win.run_button, Qt.MouseButton.LeftButton)
+
+
+def _wait_done(qtbot, win, outcome: str) -> None:
+    qtbot.waitUntil(lambda: win.last_outcome != "" and not win.controller.is_running, timeout=RUN_TIMEOUT_MS)
+    assert win.last_outcome == outcome, f"{win.last_outcome}: {win.status_label.text()}"
+
+
+def test_run_demo_on_two_cpu_stages_fills_gantt_summary_and_progress(window, qtbot):
+    win = window
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_mode="tokens",
+             prompt_tokens=512, decode_tokens=4, pf_depth=1)
+    _click_run(qtbot, win)
+    assert win.stop_button.isEnabled() and not win.run_button.isEnabled()
+    _wait_done(qtbot, win, "finished")
+    report = win.last_report
+    plan = report.plan
+    assert (len(plan.stages), plan.n_chunks, plan.chunk) == (2, 8, 64)
+    ok, what = win.gantt.store.one_compute_per_stage_chunk(2, 8)
+    assert ok, what
+    # everything the engine emitted reached the Gantt, in coalesced batches
+    session = win.controller.sessions.session
+    assert win.gantt.store.count() == len(session.events)
+    assert win.gantt.store.count("decode") == 2 * 3  # 4 tokens: 3 steps through 2 stages
+    # progress: chunks of the last stage, then decode steps
+    assert win.progress.value() == win.progress.maximum() == 8 + 3
+    assert "prefill" in win.progress_label.text() and f"{report.prefill_tok_s:,.0f}" in win.progress_label.text()
+    # summary shows the engine's report
+    text = win.summary.figures.text()
+    assert report.digest in text and f"{report.prefill_tok_s:,.0f} tok/s" in text
+    assert "order kept" in text or report.order_reason in text
+    assert win.summary.table.rowCount() == 2
+    assert win.summary.table.item(1, 3).text() == "8"
+    assert "no expert streaming in this run" in win.summary.expert.text()
+    assert len(win.summary.bar_labels) == 3  # k = 0, 1, 2 stages computing
+    # telemetry: no plots on a machine without NVML, the reason instead
+    if not win.telemetry.showing_plots:
+        assert win.telemetry.message.text().startswith("telemetry unavailable: ")
+    assert win.telemetry.util.getViewBox().linkedView(0) is win.gantt.vb
+    assert win.run_button.isEnabled() and not win.stop_button.isEnabled()
+    assert wait_no_engine_threads() == []
+    # a second run with nothing changed reuses the loaded session
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+    assert win.controller.sessions.builds == 1
+    assert win.last_report.digest == report.digest  # same prompt, same split: same bytes
+
+
+def test_stop_mid_run_leaves_no_thread_and_the_next_run_works(window, qtbot):
+    win = window
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02))
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=1024, decode_tokens=0)
+    _click_run(qtbot, win)
+    qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 2,
+                    timeout=RUN_TIMEOUT_MS)
+    qtbot.mouseClick(win.stop_button, Qt.MouseButton.LeftButton)
+    _wait_done(qtbot, win, "cancelled")
+    assert not win.controller.is_running
+    assert wait_no_engine_threads() == []
+    done = win.progress_model.snapshot().chunks_done
+    assert 2 <= done < 32 and "stopped after" in win.progress_label.text()
+    assert win.gantt.store.count("compute") >= done
+    assert win.run_button.isEnabled()
+    win.controller.hooks = None
+    set_form(win, prompt_tokens=256)
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+    ok, what = win.gantt.store.one_compute_per_stage_chunk(2, win.last_report.plan.n_chunks)
+    assert ok, what
+
+
+def test_engine_error_shows_a_dialog_and_the_next_run_succeeds(window, qtbot):
+    win = window
+
+    def fault(stage: int, layer: int, chunk: int) -> None:
+        if stage == 1 and chunk == 2:
+            raise RuntimeError("injected fault")
+
+    win.controller.hooks = PipelineHooks(after_layer=fault)
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_tokens=512, decode_tokens=2)
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "failed")
+    box = win.error_box
+    assert box is not None and box.isVisible()
+    assert "stage 1 (cpu), chunk 2" in box.text() and "injected fault" in box.text()
+    assert "StageError" in box.windowTitle()
+    assert wait_no_engine_threads() == []
+    box.accept()
+    qtbot.waitUntil(lambda: win.error_box is None, timeout=5_000)
+    builds = win.controller.sessions.builds
+    win.controller.hooks = None
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+    assert win.controller.sessions.builds == builds + 1  # the failed session was not reused
+    ok, what = win.gantt.store.one_compute_per_stage_chunk(2, 8)
+    assert ok, what
+
+
+def test_closing_the_window_during_a_run_stops_it_cleanly(themed_app, qtbot, qsettings, demo_path):
+    from strata_gui.mainwindow import MainWindow
+
+    win = MainWindow(qsettings, demo_path)
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitUntil(lambda: not win.jobs.busy, timeout=20_000)
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02))
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=1024, decode_tokens=0)
+    _click_run(qtbot, win)
+    qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 1,
+                    timeout=RUN_TIMEOUT_MS)
+    win.close()
+    assert not win.controller.is_running
+    assert win.controller.sessions.session is None
+    assert wait_no_engine_threads() == []
+
+
+def test_text_prompt_is_tokenised_with_the_models_vocabulary(window, qtbot):
+    from engine import prompt
+    from engine.gguf_model import load
+
+    win = window
+    text = "hello world, the pipeline split"
+    set_form(win, devices="cpu,cpu", prompt_mode="text", prompt_text=text, chunk_mode="fixed", chunk_size="4",
+             decode_tokens=2)
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+    n = len(prompt.tokenize(load(win.demo_model), text))
+    plan = win.last_report.plan
+    assert plan.prompt_tokens == n and plan.n_chunks == -(-n // 4)
+    ok, what = win.gantt.store.one_compute_per_stage_chunk(2, plan.n_chunks)
+    assert ok, what
+
+
+def test_telemetry_reason_for_a_gpu_run_without_nvml():
+    from engine.config import EngineConfig
+    from engine.topology import Topology
+    from strata_gui.run_worker import make_sampler
+
+    sampler, reason = make_sampler(EngineConfig(devices=["cpu", "cpu"]), Topology(reason="no CUDA devices: test"))
+    if sampler is None:  # this machine: no NVML
+        assert reason and not reason.startswith("unavailable:")
+    else:
+        sampler.stop()

@@ -1,0 +1,158 @@
+"""The settings form and the devices panel: in-place validation with the engine's messages, a broken
+GGUF in the picker, persistence across restarts, GPU ordering preview and drag reordering."""
+from __future__ import annotations
+
+from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, window  # noqa: F401
+from PySide6.QtCore import QModelIndex, Qt
+from PySide6.QtWidgets import QAbstractItemView
+
+from engine.topology import GpuInfo, Topology
+from strata_gui.devices_panel import DevicesPanel
+from strata_gui.settings_panel import TIPS
+
+
+def _flagged(win, field: str) -> str:
+    panel = win.devices_panel if field in ("devices", "gpu_order") else win.settings_panel
+    box = panel.devices_box if field == "devices" else panel.order_box if field == "gpu_order" else panel.boxes[field]
+    if not box.invalid:
+        return ""
+    assert box.error.isVisible()
+    assert any(w.property("invalid") for w in box.flag_targets)  # the red border
+    return box.message
+
+
+def _run_is_blocked(win, qtbot) -> None:
+    started = win.controller.runs_started
+    assert not win.run_button.isEnabled()
+    qtbot.mouseClick(win.run_button, Qt.MouseButton.LeftButton)
+    assert win.start_run() is False
+    assert win.controller.runs_started == started and not win.controller.is_running
+
+
+def test_invalid_values_are_flagged_in_place_and_block_run(window, qtbot):
+    win = window
+    set_form(win, devices="cpu,cpu")
+    assert win.run_button.isEnabled(), win.validation.errors
+
+    win.settings_panel.split_mode.setCurrentText("manual")
+    win.settings_panel.split_counts.setText("3,3")
+    msg = _flagged(win, "layer_split")
+    assert "layer_split='3,3'" in msg and "summing to the model's 4 layers" in msg
+    _run_is_blocked(win, qtbot)
+    win.settings_panel.split_counts.setText("1,3")
+    assert _flagged(win, "layer_split") == "" and win.run_button.isEnabled()
+    win.settings_panel.split_mode.setCurrentText("auto")
+
+    win.settings_panel.chunk_mode.setCurrentText("fixed")
+    win.settings_panel.chunk_size.setText("abc")
+    msg = _flagged(win, "prefill")
+    assert "prefill='abc'" in msg and "auto or a chunk size in tokens" in msg
+    _run_is_blocked(win, qtbot)
+    win.settings_panel.chunk_size.setText("128")
+
+    win.settings_panel.pin_limit.setText("-2")
+    msg = _flagged(win, "pin_limit_gib")
+    assert "pin_limit_gib='-2'" in msg and "must not be negative" in msg
+    _run_is_blocked(win, qtbot)
+    win.settings_panel.pin_limit.setText("auto")
+
+    win.devices_panel.devices.setCurrentText("cpu,cpu,cpu,cpu,cpu")
+    assert "at most 4 devices" in _flagged(win, "devices")
+    _run_is_blocked(win, qtbot)
+    win.devices_panel.devices.setCurrentText("cpu,cpu")
+
+    assert win.validation.errors == {} and win.run_button.isEnabled()
+    # depth is a combo: only the engine's two values can be chosen
+    depths = [win.settings_panel.pf_depth.itemData(i) for i in range(win.settings_panel.pf_depth.count())]
+    assert depths == [1, 0]
+
+
+def test_cuda_devices_without_cuda_are_flagged(window, qtbot):
+    if window.cuda_count:
+        return  # a machine with GPUs accepts them
+    window.devices_panel.devices.setCurrentText("cuda:0,cuda:1")
+    assert "no CUDA" in _flagged(window, "devices")
+    _run_is_blocked(window, qtbot)
+
+
+def test_broken_gguf_shows_the_engine_error_and_the_app_stays_usable(window, qtbot, tmp_path):
+    win = window
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"NOTGGUF" + bytes(100))
+    win.settings_panel.set_model_path(str(bad))
+    msg = _flagged(win, "model")
+    assert str(bad) in msg and "not a GGUF file" in msg
+    _run_is_blocked(win, qtbot)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(win.demo_model.read_bytes()[:5000])
+    win.settings_panel.set_model_path(str(truncated))
+    assert "truncated" in _flagged(win, "model") or "corrupt" in _flagged(win, "model")
+    win.settings_panel.set_model_path("")  # back to the demo model
+    assert _flagged(win, "model") == "" and win.run_button.isEnabled()
+    assert "qwen3moe: 4 layers" in win.settings_panel.model_info.text()
+    assert "8 experts" in win.settings_panel.model_info.text()
+
+
+def test_every_setting_has_a_tooltip(window):
+    for name, box in window.settings_panel.boxes.items():
+        assert box.inputs[0].toolTip() == TIPS[name]
+        assert box.inputs[0].toolTip().count(".") <= 2  # about one sentence
+    assert window.devices_panel.devices.toolTip()
+    assert window.devices_panel.gpu_order.toolTip()
+
+
+def test_settings_persist_across_restarts(themed_app, qtbot, qsettings, demo_path):
+    from strata_gui.mainwindow import MainWindow
+
+    first = MainWindow(qsettings, demo_path)
+    qtbot.addWidget(first)
+    set_form(first, devices="cpu,cpu,cpu", chunk_mode="fixed", chunk_size="96", pf_depth=0, prefill_main=True,
+             pin_limit_gib="12", expert_cache="all", prompt_mode="text", prompt_text="hello pipeline",
+             decode_tokens=7, split_mode="manual", split_counts="1,1,2", gpu_order="configured")
+    first.close()
+    second = MainWindow(qsettings, demo_path)
+    qtbot.addWidget(second)
+    s = second.current_settings()
+    assert (s.devices, s.chunk_mode, s.chunk_size, s.pf_depth, s.prefill_main, s.pin_limit_gib, s.expert_cache,
+            s.prompt_mode, s.prompt_text, s.decode_tokens, s.split_mode, s.split_counts, s.gpu_order) == \
+        ("cpu,cpu,cpu", "fixed", "96", 0, True, "12", "all", "text", "hello pipeline", 7, "manual", "1,1,2",
+         "configured")
+    assert second.validation.ok, second.validation.errors
+    second.close()
+
+
+def test_devices_panel_shows_the_cpu_and_the_reason_without_gpus(window):
+    topo = window.controller.topology
+    panel = window.devices_panel
+    if topo.devices:
+        return
+    assert panel.table.rowCount() == 1 and panel.table.item(0, 0).text() == "cpu"
+    assert topo.reason in panel.reason.text()
+    assert panel.order() == ["cpu", "cpu"]
+    assert "fewer than two CUDA devices" in panel.order_reason.text()
+
+
+def _fake_topology() -> Topology:
+    gpus = [GpuInfo(0, "cuda:0", "RTX 5090 Laptop (TB5)", "00000000:07:00.0", 24 << 30, 20 << 30, 4, 4, 4, 4, 4,
+                    7.876),
+            GpuInfo(1, "cuda:1", "RTX 5090 Laptop", "00000000:01:00.0", 24 << 30, 22 << 30, 1, 8, 5, 8, 5, 31.504)]
+    return Topology(gpus, [[True, False], [False, True]], True, "")
+
+
+def test_pcie_ordering_preview_and_drag_reordering(themed_app, qtbot):
+    panel = DevicesPanel()
+    qtbot.addWidget(panel)
+    panel.set_topology(_fake_topology())
+    assert panel.table.rowCount() == 2
+    assert panel.table.item(1, 3).text() == "Gen1 x8 / Gen5 x8" and panel.table.item(1, 4).text() == "31.5"
+    panel.load("cuda:0,cuda:1", "pcie")
+    assert panel.order() == ["cuda:1", "cuda:0"]
+    assert "reordered by PCIe link class" in panel.order_reason.text()
+    assert panel.order_list.dragDropMode() == QAbstractItemView.DragDropMode.NoDragDrop
+    panel.gpu_order.setCurrentText("configured")
+    assert panel.order() == ["cuda:0", "cuda:1"]
+    assert panel.order_list.dragDropMode() == QAbstractItemView.DragDropMode.InternalMove
+    with qtbot.waitSignal(panel.changed, timeout=2_000):
+        assert panel.order_list.model().moveRow(QModelIndex(), 1, QModelIndex(), 0)  # what a drag does
+    assert panel.values()["devices"] == "cuda:1,cuda:0"
+    assert panel.order() == ["cuda:1", "cuda:0"]
