@@ -12,20 +12,15 @@ from engine import gguf_model
 from engine.config import EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
+from hf_reference import hf_model
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 
 
 def hf_logits(path, spec, ids):
-    transformers = pytest.importorskip("transformers")
-    extra = {}
-    if spec.arch == "qwen3moe":
-        extra = dict(moe_intermediate_size=spec.expert_ffn, norm_topk_prob=True)
-    elif spec.arch == "qwen3":
-        extra = dict(head_dim=spec.head_dim)
-    m = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                          dtype=torch.float32, **extra).eval()
+    pytest.importorskip("transformers")
+    m = hf_model(path, spec)
     with torch.no_grad():
         logits = m(torch.tensor([ids])).logits[0]
         gen = m.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()

@@ -8,23 +8,13 @@ from engine import gguf_model
 from engine.config import EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
+from hf_reference import hf_model
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 PROMPT = 64
 GEN = 8
-
-
-def hf_model(path, spec):
-    """transformers' GGUF config mapping misses some keys: pass them from the file (STACK.md)."""
-    extra = {}
-    if spec.arch == "qwen3moe":
-        extra = dict(moe_intermediate_size=spec.expert_ffn, norm_topk_prob=True)
-    elif spec.arch == "qwen3":
-        extra = dict(head_dim=spec.head_dim)
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32, **extra).eval()
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3", "qwen2", "llama"])
