@@ -85,6 +85,18 @@ def _hist(h: Sequence[float]) -> str:
     return "/".join(f"{x * 100:.0f}" for x in h)
 
 
+def _experts(r: RunReport) -> dict[str, float] | None:
+    """Streamed experts over all stages: hit rate, bytes moved, achieved GB/s (None if resident)."""
+    st = [x for x in r.expert_stats if not x.get("resident")]
+    if not st:
+        return None
+    hits, misses = sum(x["hits"] for x in st), sum(x["misses"] for x in st)
+    moved = sum(x["bytes_pinned"] + x["bytes_pageable"] for x in st)
+    ns = sum(x["stream_ns"] for x in st)
+    return {"hit_rate": hits / (hits + misses) if hits + misses else 0.0, "gib": moved / 2**30,
+            "pinned_gib": sum(x["bytes_pinned"] for x in st) / 2**30, "gbs": moved / ns if ns else 0.0}
+
+
 def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 0.0) -> dict[str, Any]:
     r = p.reports[-1]
     tflops = flops / p.prompt_tokens * p.median / 1e12 if p.prompt_tokens else 0.0
@@ -96,7 +108,7 @@ def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 
         "prefill_tok_s": p.median, "prefill_tok_s_all": p.tok_s, "spread": p.spread,
         "decode_tok_s": statistics.median([x.decode_tok_s for x in p.reports]),
         "ratio": p.median / base.median if base and base.median else 1.0,
-        "busy_histogram": r.busy_histogram, "digest": r.digest,
+        "busy_histogram": r.busy_histogram, "digest": r.digest, "experts": _experts(r),
         "per_stage": [vars(t) for t in r.per_stage],
     }
 
@@ -112,6 +124,12 @@ def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflop
     table = [[r["arm"], r["prompt_tokens"], f"{r['chunk']}x{r['n_chunks']}", r["stages"],
               f"{r['prefill_tok_s']:.1f}", f"{r['spread'] * 100:.1f}%", f"{r['decode_tok_s']:.1f}",
               f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), r["handoff"], r["digest"][:12]] for r in rows]
+    if any(r["experts"] for r in rows):
+        cols[-1:-1] = ["expert hits", "streamed GiB (pinned)", "H2D GB/s"]
+        for row, r in zip(table, rows):
+            x = r["experts"]
+            row[-1:-1] = ([f"{x['hit_rate'] * 100:.0f}%", f"{x['gib']:.1f} ({x['pinned_gib']:.1f})",
+                           f"{x['gbs']:.1f}"] if x else ["resident", "-", "-"])
     if peak_tflops:
         cols[6:6] = ["TFLOP/s", "MFU/GPU"]
         for row, r in zip(table, rows):

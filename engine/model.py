@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,9 @@ from torch.nn.attention.bias import causal_lower_right
 
 from .gguf_model import ModelSpec
 from .kv import LayerKV
+
+if TYPE_CHECKING:
+    from .experts import ExpertCache
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +108,9 @@ class LayerWeights:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
 
 
-def load_layer_weights(src: WeightSource, i: int, device: torch.device, dtype: torch.dtype) -> LayerWeights:
+def load_layer_weights(src: WeightSource, i: int, device: torch.device, dtype: torch.dtype,
+                       experts: bool = True) -> LayerWeights:
+    """One block's weights on a device; experts=False leaves the MoE experts to an ExpertCache."""
     s = src.spec
     b = f"blk.{i}."
 
@@ -124,8 +129,9 @@ def load_layer_weights(src: WeightSource, i: int, device: torch.device, dtype: t
         w.bq, w.bk, w.bv = get("attn_q.bias"), get("attn_k.bias"), get("attn_v.bias")
     if s.is_moe:
         w.router = get("ffn_gate_inp.weight", True)
-        w.gate_exps, w.up_exps = get("ffn_gate_exps.weight"), get("ffn_up_exps.weight")
-        w.down_exps = get("ffn_down_exps.weight")
+        if experts:
+            w.gate_exps, w.up_exps = get("ffn_gate_exps.weight"), get("ffn_up_exps.weight")
+            w.down_exps = get("ffn_down_exps.weight")
     else:
         w.gate, w.up, w.down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
     return w
@@ -139,8 +145,11 @@ def _grouped_mm_ok(x: torch.Tensor) -> bool:
 class Layer:
     """One transformer block on one device."""
 
-    def __init__(self, spec: ModelSpec, index: int, weights: LayerWeights, rope: Rope) -> None:
+    def __init__(self, spec: ModelSpec, index: int, weights: LayerWeights, rope: Rope,
+                 cache: "ExpertCache | None" = None) -> None:
         self.spec, self.index, self.w, self.rope = spec, index, weights, rope
+        self.cache = cache  # streamed experts (None: resident in self.w)
+        self.prefetch_next: int | None = None  # the layer whose experts to fetch while this one computes
         self.use_grouped_mm: bool | None = None  # decided on first call
 
     # ------------------------------------------------------------------ attention
@@ -193,7 +202,9 @@ class Layer:
         counts.index_add_(0, flat, torch.ones_like(flat))
         if self.use_grouped_mm is None:
             self.use_grouped_mm = _grouped_mm_ok(h)
-        if self.use_grouped_mm:
+        if self.cache is not None:
+            ys = self._streamed_experts(xs, counts)
+        elif self.use_grouped_mm:
             offs = torch.cumsum(counts, 0, dtype=torch.int32)
             g = torch._grouped_mm(xs, w.gate_exps.transpose(-2, -1), offs=offs)
             u = torch._grouped_mm(xs, w.up_exps.transpose(-2, -1), offs=offs)
@@ -211,6 +222,48 @@ class Layer:
         y = torch.empty_like(ys).index_copy_(0, order, ys)
         y = y.view(n, k, s.hidden).float() * top_w.unsqueeze(-1)
         return y.sum(1).to(h.dtype)
+
+    def _streamed_experts(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Expert FFN with weights from the device's ExpertCache, in batches the cache can hold.
+
+        Rows of xs are sorted by expert; each batch's rows are regrouped by cache slot so one
+        grouped GEMM over the pool computes them.  Per-row arithmetic is the resident path's."""
+        s, cache = self.spec, self.cache
+        f, d = s.expert_ffn, s.hidden
+        counts_host = counts.tolist()  # which experts a chunk touches decides what to stream
+        starts = [0]
+        for c in counts_host:
+            starts.append(starts[-1] + c)
+        needed = [e for e, c in enumerate(counts_host) if c]
+        gate, up, down = cache.views(f, d)
+        ys = torch.empty_like(xs)
+        seq = cache.begin_layer()
+        for b0 in range(0, len(needed), cache.n_slots):
+            batch = needed[b0:b0 + cache.n_slots]
+            slots = cache.ensure(self.index, batch, cache.chunk)
+            if self.use_grouped_mm:
+                by_slot = sorted(zip(slots, batch))
+                rows = torch.cat([torch.arange(starts[e], starts[e + 1]) for _, e in by_slot]).to(xs.device)
+                slot_counts = [0] * cache.n_slots
+                for sl, e in by_slot:
+                    slot_counts[sl] = counts_host[e]
+                offs = torch.tensor(slot_counts, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(xs.device)
+                seg = xs[rows]
+                g = torch._grouped_mm(seg, gate.transpose(-2, -1), offs=offs)
+                u = torch._grouped_mm(seg, up.transpose(-2, -1), offs=offs)
+                out = torch._grouped_mm(F.silu(g) * u, down.transpose(-2, -1), offs=offs)
+                ys.index_copy_(0, rows, out)
+            else:
+                for e, sl in zip(batch, slots):
+                    seg = xs[starts[e]:starts[e + 1]]
+                    a = F.silu(F.linear(seg, gate[sl])) * F.linear(seg, up[sl])
+                    ys[starts[e]:starts[e + 1]] = F.linear(a, down[sl])
+        cache.end_layer(seq)
+        # a big chunk touches most experts: fetch the next layer's while this one computes
+        if (self.prefetch_next is not None and cache.n_slots >= 2 * s.n_experts
+                and xs.shape[0] >= 2 * s.n_experts):
+            cache.ensure(self.prefetch_next, range(s.n_experts), cache.chunk, prefetch=True)
+        return ys
 
     def dense(self, h: torch.Tensor) -> torch.Tensor:
         w = self.w

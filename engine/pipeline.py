@@ -26,6 +26,7 @@ import torch
 from . import chunking
 from .config import ConfigError, EngineConfig
 from .events import EventSink, RunPlan, RunReport, StageEvent, StagePlan, busy_histogram, format_timing, stage_totals
+from .experts import ExpertCache, ExpertStats, HostArena, physical_ram, plan_experts, resolve_pin_limit
 from .kv import LayerKV
 from .model import Head, Layer, Rope, WeightSource, load_head, load_layer_weights, resolve_dtype
 
@@ -166,6 +167,7 @@ class Stage:
         self.input_buf: torch.Tensor | None = None  # this stage's ONE chunk input buffer
         self.host_buf: torch.Tensor | None = None  # pinned staging for a host hand-off to the successor
         self.handoff = "none"
+        self.cache: ExpertCache | None = None  # streamed experts of this stage's device
 
     # ------------------------------------------------------------------ helpers
     def _event(self, chunk: int, kind: str, start: int, end: int, tokens: int = 0, nbytes: int = 0,
@@ -189,6 +191,8 @@ class Stage:
                 ev0.record()
         t0 = time.perf_counter_ns()
         hook = s.hooks.after_layer
+        if self.cache is not None:
+            self.cache.chunk = chunk
         for layer, kv in zip(layers, kvs):
             try:
                 x = layer(x, kv, pos)
@@ -209,7 +213,17 @@ class Stage:
             else:
                 start, end = t0, time.perf_counter_ns()
             self._event(chunk, "compute", start, end, tokens=tokens, note=note)
+        self.emit_streams()
         return x
+
+    def emit_streams(self) -> None:
+        """Stream events for the expert copies that have finished (timed on the copy stream)."""
+        if self.cache is None:
+            return
+        for layer, chunk, t0, t1, pinned, pageable in self.cache.drain_timings(self.session.clock):
+            if self.session.events_on:
+                self._event(chunk, "stream", t0, t1, nbytes=pinned + pageable,
+                            note=f"layer {layer}: {pinned / 2**20:.1f} MiB pinned, {pageable / 2**20:.1f} MiB pageable")
 
     # --------------------------------------------------------------- the pipeline
     def run(self, chunk: int, pos: int, n: int) -> None:
@@ -294,6 +308,7 @@ class Session:
         self.events: list[StageEvent] = []
         self._events_lock = threading.Lock()
         self.notes: list[str] = []
+        self.setup_notes: list[str] = []
         self._progress = progress or (lambda what, frac: None)
         self._chunk_cost: chunking.ChunkCost | None = None
         self.order_reason = ""
@@ -310,6 +325,12 @@ class Session:
         self.stages = [Stage(self, i, d, a, b) for i, (d, (a, b)) in enumerate(zip(self.devices, ranges))]
         for a, b in zip(self.stages, self.stages[1:]):
             a.successor = b
+        pin = self.config.pin_limit_gib
+        if isinstance(pin, float) and pin * 2**30 > physical_ram():
+            raise ConfigError("pin_limit_gib", pin, f"0 to {physical_ram() / 2**30:.1f} GiB (this machine's RAM)",
+                              "more than the machine has cannot be page-locked")
+        self.expert_plan = plan_experts(self.config.expert_cache, self.spec, self.stages, self.dtypes)
+        self.arena: HostArena | None = None
         self._main_extra: list[Layer] | None = None  # prefill-main: later layers on the main device
         self._main_head: Head | None = None
         self._load_weights()
@@ -333,20 +354,45 @@ class Session:
             log.warning(self.order_reason)
             return list(devices)
 
+    def _build_arena(self) -> None:
+        """Streamed experts: the host arena (pinned up to the limit) and a cache per stage."""
+        cuda = any(d.type == "cuda" for d in self.devices)
+        dtype = self.dtypes[self.devices[0]]
+        n_bytes = (self.spec.n_layers * self.spec.n_experts * 3 * self.spec.expert_ffn * self.spec.hidden
+                   * torch.empty((), dtype=dtype).element_size())
+        limit, note = resolve_pin_limit(self.config.pin_limit_gib, n_bytes, cuda)  # refuses before allocating
+        self._progress("filling the host expert arena", 0.0)
+        self.arena = HostArena(self.source, self.spec, dtype, range(self.spec.n_layers))
+        self.arena.pin(limit, note)
+        self.setup_notes.append(f"experts {self.expert_plan.reason}; arena {self.arena.nbytes / 2**30:.2f} GiB, "
+                          f"{self.arena.pinned_bytes / 2**30:.2f} GiB page-locked ({self.arena.pin_note})")
+        for st, n_slots in zip(self.stages, self.expert_plan.slots_per_stage):
+            st.cache = ExpertCache(self.arena, st.device, n_slots, ExpertStats(st.index, st.name))
+
+    def _new_layer(self, i: int, st: "Stage", rope: Rope) -> Layer:
+        streamed = self.arena is not None
+        w = load_layer_weights(self.source, i, st.device, self.dtypes[st.device], experts=not streamed)
+        layer = Layer(self.spec, i, w, rope, cache=st.cache if streamed else None)
+        return layer
+
     def _load_weights(self) -> None:
         n = self.spec.n_layers
         ropes: dict[torch.device, Rope] = {}
         done = 0
+        if self.expert_plan.streamed:
+            self._build_arena()
         for st in self.stages:
             dt = self.dtypes[st.device]
             rope = ropes.setdefault(st.device, Rope(self.spec.head_dim, self.spec.rope_base,
                                                     self.spec.rope_style, st.device))
             for i in range(st.first, st.end):
-                st.layers.append(Layer(self.spec, i, load_layer_weights(self.source, i, st.device, dt), rope))
+                st.layers.append(self._new_layer(i, st, rope))
                 done += 1
                 self._progress(f"loading layer {i} to {st.name}", done / n)
             st.head = load_head(self.source, st.device, dt, embed=st.index == 0,
                                 final=st.successor is None)
+            for a, b in zip(st.layers, st.layers[1:]):
+                a.prefetch_next = b.index
 
     def _choose_handoffs(self) -> None:
         want = self.config.handoff
@@ -459,8 +505,9 @@ class Session:
         dt = self.dtypes[main.device]
         if self._main_extra is None:
             rope = main.layers[0].rope
-            self._main_extra = [Layer(self.spec, i, load_layer_weights(self.source, i, main.device, dt), rope)
-                                for i in range(main.end, self.spec.n_layers)]
+            self._main_extra = [self._new_layer(i, main, rope) for i in range(main.end, self.spec.n_layers)]
+            for a, b in zip(self._main_extra, self._main_extra[1:]):
+                a.prefetch_next = b.index
             last = self.stages[-1]
             self._main_head = main.head if last is main else load_head(self.source, main.device, dt, True, True)
         kvs = [LayerKV(capacity, self.spec.n_kv_heads, self.spec.head_dim, main.device, dt)
@@ -488,7 +535,10 @@ class Session:
         self.run_id = uuid.uuid4().hex[:12]
         with self._events_lock:
             self.events = []
-        self.notes = []
+        self.notes = list(self.setup_notes)
+        for st in self.stages:
+            if st.cache is not None:
+                st.cache.reset_stats()
         plan = self.plan(n, decode_tokens)
         if on_plan is not None:
             on_plan(plan)
@@ -539,6 +589,15 @@ class Session:
                 except Cancelled:
                     cancelled = True
             t2 = time.perf_counter()
+        expert_stats = []
+        for st in self.stages:
+            if st.cache is not None:
+                st.cache.synchronize()
+                st.emit_streams()
+                expert_stats.append(st.cache.stats.as_dict())
+            elif self.spec.is_moe:
+                expert_stats.append(ExpertStats(st.index, st.name, resident=True,
+                                                slots=(st.end - st.first) * self.spec.n_experts).as_dict())
         samples = []
         if sampler is not None:
             sampler.stop()
@@ -555,6 +614,7 @@ class Session:
             busy_histogram=busy_histogram(prefill_events, len(self.stages)),
             handoff=self.handoff_kind, device_order=list(self.device_order),
             order_reason=self.order_reason, cancelled=cancelled, notes=list(self.notes),
+            expert_stats=expert_stats,
             telemetry=samples, telemetry_status=telemetry_status)
         if self.config.timing:
             log.info("prefill timing (run %s):\n%s", self.run_id, format_timing(report.per_stage))
@@ -654,6 +714,9 @@ class Session:
         """Greedy decode through the split; generated[0] = first_token."""
         out = [first_token]
         tok = first_token
+        for st in self.stages:
+            if st.cache is not None:
+                st.cache.chunk = -1  # decode steps stream as chunk -1
         for i in range(1, steps):
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
@@ -685,5 +748,10 @@ class Session:
             st.layers, st.kvs, st.head, st.input_buf, st.host_buf = [], [], None, None, None
         self._main_extra = None
         self._main_head = None
+        if self.arena is not None:
+            for st in self.stages:
+                st.cache = None
+            self.arena.close()
+            self.arena = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -83,3 +83,24 @@ def test_two_gpu_digests_and_handoffs(demo_path):
     assert len({d for d, _, _ in out.values()}) == 1, out
     assert len({g for _, g, _ in out.values()}) == 1, out
     assert out["overlap peer"][2] == "peer" and out["overlap host"][2] == "host"
+
+
+@cuda
+def test_streamed_experts_on_cuda_match_resident_and_respect_the_pin_limit(demo_path):
+    model = gguf_model.load(demo_path)
+    s = model.spec
+    ids = synthetic(256, s.vocab, nonce=5)
+    expert_gib = 3 * s.expert_ffn * s.hidden * 2 / 2**30  # bf16
+    resident = Session(model, EngineConfig(devices=["cuda:0"], prefill=64, expert_cache="all")).run(ids, 4)
+    half_arena = s.n_layers * s.n_experts * expert_gib / 2
+    for pin in (0.0, half_arena):
+        sess = Session(model, EngineConfig(devices=["cuda:0"], prefill=64, expert_cache=3 * expert_gib,
+                                           pin_limit_gib=pin))
+        res = sess.run(ids, 4)
+        assert res.report.digest == resident.report.digest
+        assert res.report.generated == resident.report.generated
+        assert sess.arena.pinned_bytes <= pin * 2**30
+        st = res.report.expert_stats[0]
+        assert st["misses"] > 0 and (st["bytes_pinned"] > 0) == (pin > 0)
+        assert any(e.kind == "stream" for e in sess.events)
+        sess.close()
