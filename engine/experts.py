@@ -10,6 +10,7 @@ next layer's experts can arrive while the current layer computes.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import OrderedDict
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 GiB = 1 << 30
 PIN_PIECE = 1 * GiB  # registered in pieces, never one giant call
+PAGE = 4096
 
 
 def physical_ram() -> int:
@@ -91,7 +93,12 @@ class HostArena:
         self.layers = list(layers)
         self.index = {layer: i for i, layer in enumerate(self.layers)}
         self.elems = expert_elems(spec)
-        self.data = torch.empty((len(self.layers), spec.n_experts, self.elems), dtype=dtype)
+        esize = torch.empty((), dtype=dtype).element_size()
+        nbytes = len(self.layers) * spec.n_experts * self.elems * esize
+        # page-aligned, so registered pieces start on page boundaries
+        self._raw = torch.empty(nbytes + PAGE, dtype=torch.uint8)
+        off = (-self._raw.data_ptr()) % PAGE
+        self.data = self._raw[off:off + nbytes].view(dtype).view(len(self.layers), spec.n_experts, self.elems)
         f, d = spec.expert_ffn, spec.hidden
         for i, layer in enumerate(self.layers):
             b = f"blk.{layer}."
@@ -115,9 +122,14 @@ class HostArena:
             return
         cudart = torch.cuda.cudart()
         base = self.data.data_ptr()
+        # Pieces hold whole experts and start on pages: a copy must never straddle two
+        # registrations (the driver refuses it), and a page may not be registered twice.
+        unit = math.lcm(self.expert_bytes, PAGE)
+        limit = (limit // self.expert_bytes) * self.expert_bytes
+        piece = max(PIN_PIECE // unit, 1) * unit if unit <= 4 * GiB else limit
         done = 0
         while done < limit:
-            size = min(PIN_PIECE, limit - done)
+            size = min(piece, limit - done)
             err = cudart.cudaHostRegister(base + done, size, 0)
             code = getattr(err, "value", err)
             if code != 0:

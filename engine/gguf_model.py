@@ -1,11 +1,18 @@
 """GGUF file -> `ModelSpec` + memory-mapped tensors, checked before any device memory is taken.
 
-Parsing and dequantisation come from the `gguf` package.  Everything that can be wrong with a
-file is reported as `GGUFError` naming the file and the problem.
+Parsing and dequantisation come from the `gguf` package.  Before its `GGUFReader` sees a file,
+`scan` walks the header, the metadata and the tensor table with `struct` and checks every count,
+length, type, dimension and offset against the file's size, so a corrupt or hostile file is
+refused in time and memory proportional to its header, never to the numbers written in it.
+Everything that can be wrong with a file is reported as `GGUFError` naming the file and the
+problem (and, in `kind`, the class of problem).
 """
 from __future__ import annotations
 
 import logging
+import math
+import mmap
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,19 +23,58 @@ import torch
 import gguf
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf import quants as gguf_quants
+from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUFValueType
 
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("qwen3moe", "qwen3", "qwen2", "llama")
 
+HEADER_BYTES = 24  # magic, version, tensor_count, kv_count
+SUPPORTED_VERSIONS = (2, 3)
+MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value (the key may be empty)
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset (no dimensions)
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_TENSOR_NAME = 63  # GGML_MAX_NAME - 1, as llama.cpp's loader
+INT64_MAX = (1 << 63) - 1
+# gguf's reader makes one numpy view (~0.7-1.4 KiB of memory, ~12-25 us) per metadata array
+# element; this many elements are always allowed, more only in proportion to the file's size
+# (real models: a 150k-token vocabulary is ~600k elements in a file of hundreds of MiB).
+MIN_ARRAY_ELEMENT_BUDGET = 1 << 16
+BYTES_PER_ARRAY_ELEMENT_BUDGET = 64
+
+# problem classes (GGUFError.kind)
+KIND_FILE = "file"
+KIND_MAGIC = "magic"
+KIND_VERSION = "version"
+KIND_TRUNCATED = "truncated"
+KIND_COUNT = "count"
+KIND_LENGTH = "length"
+KIND_TYPE = "type"
+KIND_DIMS = "dims"
+KIND_OFFSET = "offset"
+KIND_ALIGNMENT = "alignment"
+KIND_DUPLICATE = "duplicate"
+KIND_ENCODING = "encoding"
+KIND_METADATA = "metadata"
+KIND_TENSOR = "tensor"
+KIND_DEQUANTISE = "dequantise"
+KIND_READER = "reader"  # an exception inside gguf's reader that `scan` did not foresee
+KIND_MODEL = "model"  # the default, for errors raised outside this module
+
 
 class GGUFError(Exception):
-    """A model file that cannot be used; the message names the file and the problem."""
+    """A model file that cannot be used; the message names the file and the problem.
 
-    def __init__(self, path: Path | str, problem: str) -> None:
+    `kind` is the class of problem (one of the KIND_* names) for tools that group errors."""
+
+    def __init__(self, path: Path | str, problem: str, kind: str = KIND_MODEL) -> None:
         self.path = Path(path)
         self.problem = problem
+        self.kind = kind
         super().__init__(f"{self.path}: {problem}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across processes despite the signature
+        return (type(self), (self.path, self.problem, self.kind))
 
 
 @dataclass(frozen=True)
@@ -105,6 +151,10 @@ class LoadedModel:
     def has(self, name: str) -> bool:
         return name in self._tensors
 
+    def tensor_names(self) -> list[str]:
+        """Every tensor in the file, in file order."""
+        return list(self._tensors)
+
     def tensor_type(self, name: str) -> str:
         return self._tensors[name].tensor_type.name
 
@@ -112,12 +162,14 @@ class LoadedModel:
         """Dequantised float32 tensor in torch order (a copy; the file stays mapped)."""
         t = self._tensors.get(name)
         if t is None:
-            raise GGUFError(self.path, f"missing tensor {name}")
+            raise GGUFError(self.path, f"missing tensor {name}", KIND_TENSOR)
         try:
             arr = gguf_quants.dequantize(t.data, t.tensor_type)
-        except (NotImplementedError, ValueError) as exc:
-            raise GGUFError(self.path, f"cannot dequantise {name} ({t.tensor_type.name}): {exc}") from None
-        return torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True))
+            out = np.array(arr, dtype=np.float32, order="C", copy=True)
+        except Exception as exc:  # whatever gguf's dequantiser raises on bad data is a file defect
+            raise GGUFError(self.path, f"cannot dequantise {name} ({t.tensor_type.name}): {type(exc).__name__}: "
+                                       f"{_short(str(exc), 200)}", KIND_DEQUANTISE) from None
+        return torch.from_numpy(out)
 
     def has_vocab(self) -> bool:
         return "tokenizer.ggml.tokens" in self.metadata
@@ -155,75 +207,438 @@ def read_metadata(reader: GGUFReader, path: Path, with_arrays: bool = False) -> 
         try:
             meta[key] = _field_value(f)
         except Exception as exc:  # a corrupt value is a file defect
-            raise GGUFError(path, f"cannot decode metadata key {key}: {exc}") from None
+            raise GGUFError(path, f"cannot decode metadata key {_short(key)}: {type(exc).__name__}: "
+                                  f"{_short(str(exc), 200)}", KIND_METADATA) from None
     return meta
 
 
-def open_reader(path: Path | str) -> GGUFReader:
-    p = Path(path)
+# --------------------------------------------------------------------------- the layout scan
+_SCALAR_SIZES: dict[int, int] = {
+    GGUFValueType.UINT8: 1, GGUFValueType.INT8: 1, GGUFValueType.UINT16: 2, GGUFValueType.INT16: 2,
+    GGUFValueType.UINT32: 4, GGUFValueType.INT32: 4, GGUFValueType.FLOAT32: 4, GGUFValueType.BOOL: 1,
+    GGUFValueType.UINT64: 8, GGUFValueType.INT64: 8, GGUFValueType.FLOAT64: 8,
+}
+_VALUE_TYPES = ", ".join(f"{t.value} {t.name}" for t in GGUFValueType)
+_RESERVED_KEYS = frozenset({"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"})  # gguf's reader adds these
+
+
+def _short(text: str | bytes, limit: int = 60) -> str:
+    """repr() of a name or value, cut so that a hostile file cannot make a huge message."""
+    r = repr(text)
+    return r if len(r) <= limit else r[: limit - 1] + "…"
+
+
+@dataclass(frozen=True)
+class KVRecord:
+    """One metadata entry as stored in the file."""
+
+    key: str
+    value_type: int
+    offset: int  # of the key's length field
+    value_offset: int  # of the value; for arrays, of the item type (then the count, then the items)
+    end: int
+    item_type: int | None = None  # arrays only
+    count: int = 0  # arrays only: number of items
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One entry of the tensor table as stored in the file."""
+
+    name: str
+    offset: int  # of the name's length field
+    name_bytes: int
+    dims: tuple[int, ...]  # ggml order (fastest-varying first)
+    ggml_type: int
+    data_offset: int  # relative to the start of the tensor data section
+    n_bytes: int
+    end: int
+
+    @property
+    def n_dims_at(self) -> int:
+        return self.offset + 8 + self.name_bytes
+
+    @property
+    def dims_at(self) -> int:
+        return self.n_dims_at + 4
+
+    @property
+    def type_at(self) -> int:
+        return self.dims_at + 8 * len(self.dims)
+
+    @property
+    def data_offset_at(self) -> int:
+        return self.type_at + 4
+
+
+@dataclass(frozen=True)
+class GGUFLayout:
+    """Where everything lies in a GGUF file, after every count, length and offset was checked."""
+
+    size: int
+    byte_order: str  # struct prefix: "<" or ">" (a file written on a big-endian machine)
+    version: int
+    tensor_count: int
+    kv_count: int
+    kvs: tuple[KVRecord, ...]
+    tensors: tuple[TensorRecord, ...]
+    alignment: int
+    info_end: int  # end of the tensor table; padding follows up to data_start
+    data_start: int
+    array_elements: int  # items in all metadata arrays together
+
+    def array_element_budget(self) -> int:
+        return array_element_budget(self.size)
+
+
+def array_element_budget(file_size: int) -> int:
+    """Most metadata array items accepted in a file of this size (see MIN_ARRAY_ELEMENT_BUDGET)."""
+    return max(MIN_ARRAY_ELEMENT_BUDGET, file_size // BYTES_PER_ARRAY_ELEMENT_BUDGET)
+
+
+class _Scanner:
+    """Reads the structure of a GGUF image with `struct`, failing with GGUFError at the first
+    value that cannot be right.  Allocates nothing in proportion to a count it has not checked."""
+
+    def __init__(self, buf: Any, size: int, path: Path) -> None:
+        self.buf, self.size, self.path = buf, size, path
+        self.order = "<"
+
+    def fail(self, kind: str, problem: str) -> GGUFError:
+        return GGUFError(self.path, problem, kind)
+
+    def need(self, pos: int, n: int, what: str) -> None:
+        if pos + n > self.size:
+            raise self.fail(KIND_TRUNCATED, f"truncated file: {what} at byte {pos} needs {n} bytes, "
+                                            f"the file ends at byte {self.size}")
+
+    def u32(self, pos: int, what: str) -> int:
+        self.need(pos, 4, what)
+        return struct.unpack_from(self.order + "I", self.buf, pos)[0]
+
+    def u64(self, pos: int, what: str) -> int:
+        self.need(pos, 8, what)
+        return struct.unpack_from(self.order + "Q", self.buf, pos)[0]
+
+    def string_at(self, pos: int, what: str) -> tuple[int, int]:
+        """(start of the bytes, their length) of the length-prefixed string at pos."""
+        n = self.u64(pos, f"{what} length")
+        left = self.size - pos - 8
+        if n > left:
+            raise self.fail(KIND_LENGTH, f"{what} length {n} exceeds the {left} bytes left in the file "
+                                         f"(corrupt length or truncated file)")
+        return pos + 8, n
+
+    def text(self, start: int, n: int, what: str) -> str:
+        raw = bytes(self.buf[start:start + n])
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.fail(KIND_ENCODING, f"{what} {_short(raw)} is not valid UTF-8 ({exc.reason} at byte "
+                                           f"{exc.start})") from None
+
+    def scan(self) -> GGUFLayout:
+        buf, size = self.buf, self.size
+        if size < HEADER_BYTES:
+            raise self.fail(KIND_TRUNCATED, f"truncated file: {size} bytes is shorter than a GGUF header "
+                                            f"({HEADER_BYTES} bytes)")
+        magic = bytes(buf[0:4])
+        if magic != b"GGUF":
+            raise self.fail(KIND_MAGIC, f"bad magic {magic!r}: not a GGUF file (expected b'GGUF')")
+        version = struct.unpack_from("<I", buf, 4)[0]
+        if version & 0xFFFF == 0:  # written on a big-endian machine, as gguf's reader decides
+            self.order = ">"
+            version = struct.unpack_from(">I", buf, 4)[0]
+        if version not in SUPPORTED_VERSIONS:
+            endian = " (read big-endian)" if self.order == ">" else ""
+            raise self.fail(KIND_VERSION, f"unsupported GGUF version {version}{endian} "
+                                          f"(supported: {', '.join(map(str, SUPPORTED_VERSIONS))})")
+        tensor_count, kv_count = struct.unpack_from(self.order + "QQ", buf, 8)
+        rest = size - HEADER_BYTES
+        if kv_count * MIN_KV_BYTES > rest:
+            raise self.fail(KIND_COUNT, f"kv_count {kv_count} cannot fit in the {rest} bytes after the header "
+                                        f"(a metadata entry takes at least {MIN_KV_BYTES} bytes): corrupt count "
+                                        f"or truncated file")
+        if tensor_count * MIN_TENSOR_INFO_BYTES > rest:
+            raise self.fail(KIND_COUNT, f"tensor_count {tensor_count} cannot fit in the {rest} bytes after the "
+                                        f"header (a tensor entry takes at least {MIN_TENSOR_INFO_BYTES} bytes): "
+                                        f"corrupt count or truncated file")
+        if kv_count * MIN_KV_BYTES + tensor_count * MIN_TENSOR_INFO_BYTES > rest:
+            raise self.fail(KIND_COUNT, f"kv_count {kv_count} and tensor_count {tensor_count} cannot fit together "
+                                        f"in the {rest} bytes after the header: corrupt count or truncated file")
+        pos, kvs, alignment, elements = self._scan_metadata(HEADER_BYTES, kv_count)
+        pos, tensors = self._scan_tensor_table(pos, tensor_count)
+        info_end = pos
+        data_start = -(-info_end // alignment) * alignment
+        self._check_data(tensors, data_start, alignment)
+        return GGUFLayout(size=size, byte_order=self.order, version=version, tensor_count=tensor_count,
+                          kv_count=kv_count, kvs=tuple(kvs), tensors=tuple(tensors), alignment=alignment,
+                          info_end=info_end, data_start=data_start, array_elements=elements)
+
+    def _scan_metadata(self, pos: int, kv_count: int) -> tuple[int, list[KVRecord], int, int]:
+        seen: set[str] = set(_RESERVED_KEYS)
+        kvs: list[KVRecord] = []
+        alignment = GGUF_DEFAULT_ALIGNMENT
+        elements = 0
+        for i in range(kv_count):
+            start = pos
+            kstart, klen = self.string_at(pos, f"metadata entry #{i}: key")
+            key = self.text(kstart, klen, f"metadata entry #{i}: key")
+            if key in seen:
+                raise self.fail(KIND_DUPLICATE, f"duplicate metadata key {_short(key)} (entry #{i})")
+            seen.add(key)
+            pos = kstart + klen
+            label = f"metadata key {_short(key)}"
+            vtype = self.u32(pos, f"{label}: value type")
+            pos += 4
+            value_at = pos
+            item_type: int | None = None
+            count = 0
+            if vtype == GGUFValueType.ARRAY:
+                item_type = self.u32(pos, f"{label}: array item type")
+                count = self.u64(pos + 4, f"{label}: array length")
+                pos += 12
+                budget = array_element_budget(self.size)
+                if elements + count > budget:
+                    raise self.fail(KIND_COUNT, f"{label}: array length {count} brings the metadata arrays to "
+                                                f"{elements + count} items, more than the {budget} accepted in a "
+                                                f"file of {self.size} bytes (gguf's reader needs about 1 KiB of "
+                                                f"memory per item): corrupt length or hostile file")
+                pos = self._skip_array(pos, label, item_type, count)
+                elements += count
+            elif vtype == GGUFValueType.STRING:
+                sstart, slen = self.string_at(pos, f"{label}: string value")
+                pos = sstart + slen
+            elif vtype in _SCALAR_SIZES:
+                self.need(pos, _SCALAR_SIZES[vtype], f"{label}: value")
+                pos += _SCALAR_SIZES[vtype]
+            else:
+                raise self.fail(KIND_TYPE, f"{label} has unknown value type {vtype} (valid: {_VALUE_TYPES})")
+            if key == "general.alignment":
+                if vtype != GGUFValueType.UINT32:
+                    raise self.fail(KIND_ALIGNMENT, f"metadata key general.alignment has value type {vtype}, "
+                                                    f"expected {GGUFValueType.UINT32.value} UINT32")
+                alignment = self.u32(value_at, "general.alignment")
+                if alignment == 0 or alignment & (alignment - 1):
+                    raise self.fail(KIND_ALIGNMENT, f"general.alignment {alignment} is not a power of two")
+            kvs.append(KVRecord(key, vtype, start, value_at, pos, item_type, count))
+        return pos, kvs, alignment, elements
+
+    def _skip_array(self, pos: int, label: str, item_type: int, count: int) -> int:
+        left = self.size - pos
+        if item_type == GGUFValueType.STRING:
+            if count * 8 > left:
+                raise self.fail(KIND_COUNT, f"{label}: array length {count} cannot fit in the {left} bytes left "
+                                            f"(a string takes at least 8 bytes): corrupt length or truncated file")
+            unpack, size, fmt = struct.unpack_from, self.size, self.order + "Q"
+            for j in range(count):
+                if pos + 8 > size:
+                    self.need(pos, 8, f"{label}: string #{j} length")
+                n = unpack(fmt, self.buf, pos)[0]
+                if n > size - pos - 8:
+                    raise self.fail(KIND_LENGTH, f"{label}: string #{j} length {n} exceeds the {size - pos - 8} "
+                                                 f"bytes left in the file (corrupt length or truncated file)")
+                pos += 8 + n
+            return pos
+        if item_type == GGUFValueType.ARRAY:
+            raise self.fail(KIND_TYPE, f"{label}: arrays of arrays are not supported")
+        if item_type not in _SCALAR_SIZES:
+            raise self.fail(KIND_TYPE, f"{label}: unknown array item type {item_type} (valid: {_VALUE_TYPES})")
+        isz = _SCALAR_SIZES[item_type]
+        if count * isz > left:
+            raise self.fail(KIND_COUNT, f"{label}: array length {count} of {isz}-byte items cannot fit in the "
+                                        f"{left} bytes left: corrupt length or truncated file")
+        return pos + count * isz
+
+    def _scan_tensor_table(self, pos: int, tensor_count: int) -> tuple[int, list[TensorRecord]]:
+        names: set[str] = set()
+        out: list[TensorRecord] = []
+        for j in range(tensor_count):
+            start = pos
+            nstart, nlen = self.string_at(pos, f"tensor #{j}: name")
+            if nlen > MAX_TENSOR_NAME:
+                raise self.fail(KIND_LENGTH, f"tensor #{j}: name length {nlen} is longer than ggml's limit of "
+                                             f"{MAX_TENSOR_NAME} bytes")
+            name = self.text(nstart, nlen, f"tensor #{j}: name")
+            if name in names:
+                raise self.fail(KIND_DUPLICATE, f"duplicate tensor {name!r} (tensor #{j})")
+            names.add(name)
+            pos = nstart + nlen
+            n_dims = self.u32(pos, f"tensor {name}: n_dims")
+            if n_dims > MAX_DIMS:
+                raise self.fail(KIND_DIMS, f"tensor {name}: n_dims {n_dims} is more than ggml's {MAX_DIMS}")
+            pos += 4
+            self.need(pos, 8 * n_dims, f"tensor {name}: dimensions")
+            dims = struct.unpack_from(self.order + "Q" * n_dims, self.buf, pos)
+            pos += 8 * n_dims
+            if any(d > INT64_MAX for d in dims):
+                raise self.fail(KIND_DIMS, f"tensor {name}: dimensions {list(dims)} include a value above 2**63-1")
+            n_elems = math.prod(dims)
+            if n_elems > INT64_MAX:
+                raise self.fail(KIND_DIMS, f"tensor {name}: dimensions {list(dims)} overflow: their product "
+                                           f"{n_elems} exceeds 2**63-1")
+            raw_type = self.u32(pos, f"tensor {name}: type")
+            pos += 4
+            try:
+                qtype = GGMLQuantizationType(raw_type)
+                block, type_size = GGML_QUANT_SIZES[qtype]
+            except (ValueError, KeyError):
+                raise self.fail(KIND_TYPE, f"tensor {name}: unknown tensor type {raw_type}") from None
+            if block > 1 and (not dims or dims[0] % block):
+                raise self.fail(KIND_DIMS, f"tensor {name}: first dimension {dims[0] if dims else '(none)'} is not "
+                                           f"a multiple of {qtype.name}'s block size {block}")
+            data_offset = self.u64(pos, f"tensor {name}: data offset")
+            pos += 8
+            out.append(TensorRecord(name, start, nlen, tuple(dims), raw_type, data_offset,
+                                    n_elems * type_size // block, pos))
+        return pos, out
+
+    def _check_data(self, tensors: list[TensorRecord], data_start: int, alignment: int) -> None:
+        size = self.size
+        if tensors and data_start > size:
+            raise self.fail(KIND_TRUNCATED, f"truncated file: the tensor data would start at byte {data_start} "
+                                            f"(alignment {alignment}), the file has {size} bytes")
+        prev: TensorRecord | None = None
+        for t in sorted(tensors, key=lambda r: (r.data_offset, r.n_bytes)):
+            if t.data_offset % alignment:
+                raise self.fail(KIND_OFFSET, f"tensor {t.name}: data offset {t.data_offset} is not a multiple of "
+                                             f"the alignment {alignment}")
+            begin = data_start + t.data_offset
+            end = begin + t.n_bytes
+            if begin > size:
+                raise self.fail(KIND_OFFSET, f"tensor {t.name}: data offset {t.data_offset} points past the end of "
+                                             f"the file ({size} bytes): corrupt offset or truncated file")
+            if end > size:
+                raise self.fail(KIND_TRUNCATED, f"truncated file: tensor {t.name} needs bytes up to {end}, "
+                                                f"file has {size}")
+            if t.n_bytes == 0:
+                continue
+            if prev is not None and begin < data_start + prev.data_offset + prev.n_bytes:
+                raise self.fail(KIND_OFFSET, f"tensor {t.name} (data bytes {t.data_offset}-{t.data_offset + t.n_bytes}) "
+                                             f"overlaps tensor {prev.name} (data bytes {prev.data_offset}-"
+                                             f"{prev.data_offset + prev.n_bytes})")
+            prev = t
+
+
+def _check_path(p: Path) -> int:
     if not p.exists():
-        raise GGUFError(p, "file not found")
+        raise GGUFError(p, "file not found", KIND_FILE)
     if not p.is_file():
-        raise GGUFError(p, "not a regular file")
-    size = p.stat().st_size
-    if size < 24:
-        raise GGUFError(p, f"truncated file: {size} bytes is shorter than a GGUF header (24 bytes)")
-    with p.open("rb") as fh:
-        magic = fh.read(4)
-    if magic != b"GGUF":
-        raise GGUFError(p, f"bad magic {magic!r}: not a GGUF file (expected b'GGUF')")
+        raise GGUFError(p, "not a regular file", KIND_FILE)
+    return p.stat().st_size
+
+
+def scan_buffer(buf: Any, path: Path | str = "<memory>") -> GGUFLayout:
+    """`scan` of a GGUF image in memory (bytes, bytearray or mmap)."""
+    return _Scanner(buf, len(buf), Path(path)).scan()
+
+
+def scan(path: Path | str) -> GGUFLayout:
+    """Check the structure of a GGUF file against its size before anything trusts its numbers:
+    header (magic, version, tensor_count, kv_count), every metadata entry (key and string lengths,
+    value and item types, array lengths), the tensor table (names, n_dims, dimensions and their
+    product, types, block sizes) and the data section (alignment, offsets, extents, overlaps)."""
+    p = Path(path)
+    size = _check_path(p)
+    if size < HEADER_BYTES:
+        raise GGUFError(p, f"truncated file: {size} bytes is shorter than a GGUF header ({HEADER_BYTES} bytes)",
+                        KIND_TRUNCATED)
+    try:
+        with p.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _Scanner(buf, len(buf), p).scan()
+    except OSError as exc:
+        raise GGUFError(p, f"cannot read: {exc}", KIND_FILE) from None
+
+
+def open_reader(path: Path | str) -> GGUFReader:
+    """gguf's reader on a file that `scan` found sound; any exception it raises becomes GGUFError."""
+    p = Path(path)
+    scan(p)
+    return _gguf_reader(p)
+
+
+def _gguf_reader(p: Path) -> GGUFReader:
     try:
         return GGUFReader(p, "r")
-    except Exception as exc:  # gguf raises ValueError/IndexError/... on corrupt files
-        raise GGUFError(p, f"corrupt or truncated GGUF header, metadata or tensor table ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:  # scan should have caught it; never let gguf's own error types out
+        raise GGUFError(p, f"corrupt or truncated GGUF header, metadata or tensor table (gguf's reader: "
+                           f"{type(exc).__name__}: {_short(str(exc), 200)})", KIND_READER) from None
 
 
-def _meta_int(meta: dict[str, Any], path: Path, key: str, default: int | None = None) -> int:
+def _describe(v: Any) -> str:
+    """A short description of a metadata value for a message (arrays stay undecoded)."""
+    if isinstance(v, tuple) and hasattr(v, "types"):  # a raw ReaderField: an array
+        return "an array"
+    if isinstance(v, (list, tuple)):
+        return f"a list of {len(v)} items"
+    return _short(v if isinstance(v, (str, bytes)) else repr(v))
+
+
+def _meta_int(meta: dict[str, Any], path: Path, key: str, default: int | None = None, minimum: int = 1) -> int:
+    """An integer setting of the model; `minimum` is the smallest value that makes sense."""
     v = meta.get(key)
     if v is None:
         if default is None:
-            raise GGUFError(path, f"missing metadata key {key}")
+            raise GGUFError(path, f"missing metadata key {key}", KIND_METADATA)
         return default
-    if isinstance(v, (list, tuple)) or not isinstance(v, (int, float, np.integer)):
-        raise GGUFError(path, f"metadata key {key} is not a number: {v!r}")
-    return int(v)
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise GGUFError(path, f"metadata key {key} is not a number: {_describe(v)}", KIND_METADATA)
+    if isinstance(v, (float, np.floating)) and not (math.isfinite(v) and float(v).is_integer()):
+        raise GGUFError(path, f"metadata key {key} is not an integer: {v!r}", KIND_METADATA)
+    n = int(v)
+    if n < minimum:
+        raise GGUFError(path, f"metadata key {key} is {n}, must be at least {minimum}", KIND_METADATA)
+    return n
 
 
-def _meta_float(meta: dict[str, Any], path: Path, key: str, default: float) -> float:
+def _meta_float(meta: dict[str, Any], path: Path, key: str, default: float, positive: bool = True) -> float:
+    """A real-valued setting: finite, and above zero when `positive` (else at least zero)."""
     v = meta.get(key)
     if v is None:
         log.info("%s: %s missing, using %s", path.name, key, default)
         return default
-    if not isinstance(v, (int, float, np.floating, np.integer)):
-        raise GGUFError(path, f"metadata key {key} is not a number: {v!r}")
-    return float(v)
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.floating, np.integer)):
+        raise GGUFError(path, f"metadata key {key} is not a number: {_describe(v)}", KIND_METADATA)
+    x = float(v)
+    if not math.isfinite(x) or x < 0 or (positive and x == 0):
+        allowed = "a finite number above 0" if positive else "a finite number >= 0"
+        raise GGUFError(path, f"metadata key {key} is {x!r}, must be {allowed}", KIND_METADATA)
+    return x
 
 
 def spec_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: Path) -> ModelSpec:
     arch = meta.get("general.architecture")
+    if arch is None:
+        raise GGUFError(path, "missing metadata key general.architecture", KIND_METADATA)
     if not isinstance(arch, str):
-        raise GGUFError(path, "missing metadata key general.architecture")
+        raise GGUFError(path, f"metadata key general.architecture is not a string: {_describe(arch)}", KIND_METADATA)
     if arch not in ARCHITECTURES:
-        raise GGUFError(path, f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
+        raise GGUFError(path, f"unsupported architecture {_short(arch)} (supported: {', '.join(ARCHITECTURES)})",
+                        KIND_METADATA)
     a = arch
     hidden = _meta_int(meta, path, f"{a}.embedding_length")
-    n_heads = _meta_int(meta, path, f"{a}.attention.head_count")
-    n_kv = _meta_int(meta, path, f"{a}.attention.head_count_kv", n_heads)
+    n_heads = _meta_int(meta, path, f"{a}.attention.head_count", minimum=0)
+    n_kv = _meta_int(meta, path, f"{a}.attention.head_count_kv", n_heads, minimum=0)
     if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv:
-        raise GGUFError(path, f"head counts {n_heads}/{n_kv}: query heads must be a positive multiple of KV heads")
+        raise GGUFError(path, f"head counts {n_heads}/{n_kv}: query heads must be a positive multiple of KV heads",
+                        KIND_METADATA)
     head_dim = _meta_int(meta, path, f"{a}.attention.key_length", hidden // n_heads)
-    n_layers = _meta_int(meta, path, f"{a}.block_count")
+    n_layers = _meta_int(meta, path, f"{a}.block_count", minimum=0)
     if n_layers <= 0:
-        raise GGUFError(path, f"{a}.block_count is {n_layers}")
+        raise GGUFError(path, f"{a}.block_count is {n_layers}", KIND_METADATA)
+    if n_layers > len(tensors):  # checked before anything loops over the layers
+        raise GGUFError(path, f"{a}.block_count {n_layers} is more layers than the file's {len(tensors)} tensors "
+                              f"can hold", KIND_METADATA)
     emb = tensors.get("token_embd.weight")
     if emb is None:
-        raise GGUFError(path, "missing tensor token_embd.weight")
+        raise GGUFError(path, "missing tensor token_embd.weight", KIND_TENSOR)
     vocab = int(emb.shape[1]) if len(emb.shape) == 2 else 0
     moe = a == "qwen3moe"
-    n_exp = _meta_int(meta, path, f"{a}.expert_count", 0) if moe else 0
-    n_used = _meta_int(meta, path, f"{a}.expert_used_count", 0) if moe else 0
+    n_exp = _meta_int(meta, path, f"{a}.expert_count", 0, minimum=0) if moe else 0
+    n_used = _meta_int(meta, path, f"{a}.expert_used_count", 0, minimum=0) if moe else 0
     if moe and not (0 < n_used <= n_exp):
-        raise GGUFError(path, f"expert_used_count {n_used} must be between 1 and expert_count {n_exp}")
+        raise GGUFError(path, f"expert_used_count {n_used} must be between 1 and expert_count {n_exp}",
+                        KIND_METADATA)
     return ModelSpec(
         arch=a,
         n_layers=n_layers,
@@ -236,7 +651,7 @@ def spec_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: Path
         expert_ffn=_meta_int(meta, path, f"{a}.expert_feed_forward_length", 0) if moe else 0,
         ffn=0 if moe else _meta_int(meta, path, f"{a}.feed_forward_length"),
         rope_base=_meta_float(meta, path, f"{a}.rope.freq_base", 10000.0),
-        rms_eps=_meta_float(meta, path, f"{a}.attention.layer_norm_rms_epsilon", 1e-6),
+        rms_eps=_meta_float(meta, path, f"{a}.attention.layer_norm_rms_epsilon", 1e-6, positive=False),
         vocab=vocab,
         context_length=_meta_int(meta, path, f"{a}.context_length", 4096),
         qk_norm=a in ("qwen3", "qwen3moe"),
@@ -285,8 +700,9 @@ def expected_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
 def load(path: Path | str) -> LoadedModel:
     """Parse and validate a GGUF model.  Takes no device memory; tensors stay mapped."""
     p = Path(path)
-    reader = open_reader(p)
-    size = p.stat().st_size
+    layout = scan(p)
+    size = layout.size
+    reader = _gguf_reader(p)
     meta = read_metadata(reader, p)
     tensors = {t.name: t for t in reader.tensors}
     spec = spec_from_metadata(meta, tensors, p)
@@ -294,18 +710,19 @@ def load(path: Path | str) -> LoadedModel:
     for name, shape in expected_shapes(spec).items():
         t = tensors.get(name)
         if t is None:
-            raise GGUFError(p, f"missing tensor {name} (needed by {spec.arch})")
+            raise GGUFError(p, f"missing tensor {name} (needed by {spec.arch})", KIND_TENSOR)
         got = tuple(int(x) for x in reversed(t.shape.tolist()))
         if got != shape:
-            raise GGUFError(p, f"tensor {name} has shape {list(got)}, expected {list(shape)} from the metadata")
+            raise GGUFError(p, f"tensor {name} has shape {list(got)}, expected {list(shape)} from the metadata",
+                            KIND_TENSOR)
         if t.tensor_type not in ok_types:
             raise GGUFError(
                 p, f"tensor {name} has unsupported type {t.tensor_type.name} "
-                   f"(supported: {', '.join(sorted(q.name for q in ok_types))})")
+                   f"(supported: {', '.join(sorted(q.name for q in ok_types))})", KIND_TYPE)
         if t.data_offset + t.n_bytes > size:
             raise GGUFError(
                 p, f"truncated file: tensor {name} needs bytes up to {t.data_offset + t.n_bytes}, "
-                   f"file has {size}")
+                   f"file has {size}", KIND_TRUNCATED)
     log.info("loaded %s: %s", p.name, spec)
     return LoadedModel(path=p, spec=spec, metadata=meta, _reader=reader, _tensors=tensors)
 
@@ -313,5 +730,5 @@ def load(path: Path | str) -> LoadedModel:
 def vocabulary(model: LoadedModel) -> list[str]:
     f = model.metadata.get("tokenizer.ggml.tokens")
     if f is None:
-        raise GGUFError(model.path, "the file has no vocabulary (tokenizer.ggml.tokens): use token ids")
+        raise GGUFError(model.path, "the file has no vocabulary (tokenizer.ggml.tokens): use token ids", KIND_METADATA)
     return _field_value(f) if not isinstance(f, list) else f

@@ -4,10 +4,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from pathlib import Path
 from typing import Sequence
 
 from PySide6.QtCore import QSettings
+from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from . import __version__, theme
@@ -16,6 +18,8 @@ log = logging.getLogger("strata_gui")
 
 ORGANIZATION = "Strata"
 APPLICATION = "Strata GUI"
+# assets/ beside the packages: the source tree, and the PyInstaller bundle (packaging/strata_gui.spec)
+ICON = Path(__file__).resolve().parents[1] / "assets" / "strata.png"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "pipeline across the devices of one workstation.")
     ap.add_argument("--selftest", action="store_true",
                     help="run the demo model on a 2-stage CPU split, check the Gantt, exit 0 when it passed")
-    ap.add_argument("--screenshot", type=Path, help="with --selftest: save a screenshot of the window (PNG)")
+    ap.add_argument("--screenshot", type=Path, help="with --selftest: save a screenshot of the window (PNG) and "
+                                                    "the result beside it (same name, .log)")
     ap.add_argument("--model", type=Path, help="open this GGUF model instead of the last one used")
     ap.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -35,6 +40,8 @@ def make_app(argv: Sequence[str] | None = None) -> QApplication:
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
     app.setApplicationVersion(__version__)
+    if ICON.is_file():
+        app.setWindowIcon(QIcon(str(ICON)))
     theme.apply(app)
     return app
 
@@ -47,27 +54,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("strata-gui: --screenshot needs --selftest", file=sys.stderr)
         return 2
     app = make_app()
-    from engine.synth import demo_model_path
-
-    from .mainwindow import MainWindow
-
     try:
+        from engine.synth import demo_model_path
+
         demo = demo_model_path()
     except Exception as exc:  # e.g. an unwritable cache directory
-        print(f"strata-gui: cannot prepare the demo model: {exc}", file=sys.stderr)
+        message = f"strata-gui: cannot prepare the demo model: {exc}"
+        print(message, file=sys.stderr)
+        if ns.selftest:
+            _write_selftest_log(ns.screenshot, False, message)
         return 1
     if ns.selftest:
-        from .selftest import run_selftest
+        try:
+            from .selftest import run_selftest
 
-        result = run_selftest(app, demo, ns.screenshot)
-        print(result.message, file=sys.stdout if result.ok else sys.stderr)
-        return 0 if result.ok else 1
+            result = run_selftest(app, demo, ns.screenshot)
+            ok, message = result.ok, result.message
+        except Exception:  # a frozen build missing a module lands here: report it, never a dialog
+            ok, message = False, f"selftest: crashed\n{traceback.format_exc()}"
+        print(message, file=sys.stdout if ok else sys.stderr)
+        _write_selftest_log(ns.screenshot, ok, message)
+        return 0 if ok else 1
+    from .mainwindow import MainWindow
+
     win = MainWindow(QSettings(), demo)
     if ns.model is not None:
         win.settings_panel.set_model_path(str(ns.model))
     win.resize(1600, 1000)
     win.show()
     return app.exec()
+
+
+def _write_selftest_log(screenshot: Path | None, ok: bool, message: str) -> None:
+    """The result beside the screenshot (selftest.png -> selftest.log): a windowed Windows build
+    has no console, so this file is where its self-test speaks."""
+    if screenshot is None:
+        return
+    try:
+        log_path = screenshot.with_suffix(".log")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        frozen = " (frozen)" if getattr(sys, "frozen", False) else ""
+        log_path.write_text(f"strata-gui {__version__}{frozen} selftest: {'PASSED' if ok else 'FAILED'}\n"
+                            f"{message}\n", encoding="utf-8")
+    except OSError as exc:
+        print(f"strata-gui: cannot write the selftest log: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, QRectF, Signal
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QCursor, QFont, QPainter, QPainterPath, QPaintEvent, QPen, QStaticText
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QToolTip, QVBoxLayout, QWidget
 
@@ -158,9 +158,13 @@ class _LabelLayer(pg.GraphicsObject):
 class GanttView(QWidget):
     """The Gantt panel: title, legend, controls and the plot."""
 
-    def __init__(self, store: EventStore | None = None, parent: QWidget | None = None) -> None:
+    def __init__(self, store: EventStore | None = None, parent: QWidget | None = None,
+                 title: str = "Pipeline timeline: prompt chunks C0…Cn per stage", live: bool = True) -> None:
+        """`live`: a run's timeline as it happens (with "Follow live edge"); otherwise a stored run's."""
         super().__init__(parent)
         self.store = store or EventStore()
+        self._title_text = title
+        self._live = live
         self._n_rows = 0
         self._drawn: dict[str, int] = {k: 0 for k in DRAW_ORDER}
         self._follow_width: float | None = None  # None: keep the whole run in view
@@ -169,13 +173,14 @@ class GanttView(QWidget):
 
     # ------------------------------------------------------------------ layout
     def _build(self) -> None:
-        title = QLabel("Pipeline timeline: prompt chunks C0…Cn per stage")
+        self.title = title = QLabel(self._title_text)
         title.setProperty("role", "panel-title")
+        title.setTextFormat(Qt.TextFormat.PlainText)
         self.follow = QCheckBox("Follow live edge")
         self.follow.setChecked(True)
         self.follow.setToolTip("Keep the newest blocks in view while a run is going; zooming or panning turns it off.")
         self.follow.toggled.connect(self._on_follow_toggled)
-        fit = QPushButton("Fit all")
+        self.fit_button = fit = QPushButton("Fit all")
         fit.setToolTip("Show the whole run.")
         fit.clicked.connect(self.fit)
         head = QHBoxLayout()
@@ -186,8 +191,13 @@ class GanttView(QWidget):
         head.addWidget(hint)
         head.addWidget(self.follow)
         head.addWidget(fit)
+        self.follow.setVisible(self._live)
+        if not self._live:
+            self.follow.setChecked(False)
 
-        legend = QHBoxLayout()
+        self.legend = QWidget()
+        legend = QHBoxLayout(self.legend)
+        legend.setContentsMargins(0, 0, 0, 0)
         legend.setSpacing(14)
         for kind in DRAW_ORDER:
             st = KIND_STYLES[kind]
@@ -233,7 +243,7 @@ class GanttView(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(head)
-        lay.addLayout(legend)
+        lay.addWidget(self.legend)
         lay.addWidget(self.plot, 1)
         self.set_rows([])
         self.vb.setXRange(0, 1, padding=0)
@@ -244,12 +254,29 @@ class GanttView(QWidget):
         self.store.reset(run_id, origin_ns, stages)
         self._follow_width = None
         self.set_rows(stages)
-        self.follow.setChecked(True)
+        self.follow.setChecked(self._live)
         self._set_x(0.0, 1.0)
+
+    def show_run(self, run_id: str, origin_ns: int, stages: Sequence[tuple[int, str, int, int]],
+                 events: Sequence[StageEvent]) -> None:
+        """A stored run, whole: its rows, its events, all of it in view."""
+        self.reset("", origin_ns, stages)  # "": keep every event, whatever run id it carries
+        if not self._live:
+            self.follow.setChecked(False)
+        self.store.add(events)
+        self.store.run_id = run_id
+        self.empty_text.setVisible(not events)
+        self.fit()
+
+    def set_title(self, text: str) -> None:
+        self.title.setText(text)
+
+    def set_empty_text(self, text: str) -> None:
+        self.empty_text.setText(text)
 
     def set_rows(self, stages: Sequence[tuple[int, str, int, int]]) -> None:
         self._n_rows = max(len(stages), 1)
-        ticks = [(s, f"stage {s} · {dev}\nlayers {a}–{b - 1}") for s, dev, a, b in stages]
+        ticks = [(s, f"stage {s} · {dev}" + (f"\nlayers {a}–{b - 1}" if b > a else "")) for s, dev, a, b in stages]
         self.plot.getPlotItem().getAxis("left").setTicks([ticks, []])
         self.vb.setLimits(yMin=-0.6, yMax=self._n_rows - 0.4)
         self.vb.setYRange(-0.5, self._n_rows - 0.5, padding=0)

@@ -16,7 +16,7 @@ from engine.pipeline import PipelineHooks
 from engine.topology import Topology
 
 from .event_batcher import DEFAULT_INTERVAL_S
-from .run_worker import RunRequest, RunWorker
+from .run_worker import RunRecorder, RunRequest, RunWorker
 from .session_cache import SessionCache
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ class RunController(QObject):
     finished = Signal(object)
     cancelled = Signal(str)
     failed = Signal(str, str, str)
+    saved = Signal(object)  # SaveResult: the run went into the history (or why not)
     busy_changed = Signal(bool)
 
     def __init__(self, hooks: PipelineHooks | None = None, batch_interval_s: float = DEFAULT_INTERVAL_S,
@@ -39,6 +40,7 @@ class RunController(QObject):
         self.batch_interval_s = batch_interval_s
         self.sessions = SessionCache()
         self.topology: Topology | None = None
+        self.recorder: RunRecorder | None = None  # the history's add(), when there is a history
         self._thread: QThread | None = None
         self._worker: RunWorker | None = None
         self._cancel: threading.Event | None = None
@@ -53,7 +55,8 @@ class RunController(QObject):
             log.warning("a run is already in flight; start ignored")
             return False
         self._cancel = threading.Event()
-        worker = RunWorker(request, self.sessions, self._cancel, self.hooks, self.topology, self.batch_interval_s)
+        worker = RunWorker(request, self.sessions, self._cancel, self.hooks, self.topology, self.batch_interval_s,
+                           self.recorder)
         thread = QThread()
         thread.setObjectName("strata-run")
         worker.moveToThread(thread)
@@ -65,6 +68,7 @@ class RunController(QObject):
         worker.finished.connect(self._on_finished)
         worker.cancelled.connect(self._on_cancelled)
         worker.failed.connect(self._on_failed)
+        worker.saved.connect(self._on_saved)
         # direct: quit from the worker thread itself, so shutdown() can block in wait()
         worker.done.connect(thread.quit, Qt.ConnectionType.DirectConnection)
         thread.finished.connect(self._on_thread_finished)
@@ -123,6 +127,10 @@ class RunController(QObject):
     @Slot(str, str, str)
     def _on_failed(self, title: str, message: str, details: str) -> None:
         self.failed.emit(title, message, details)
+
+    @Slot(object)
+    def _on_saved(self, result: object) -> None:
+        self.saved.emit(result)
 
     @Slot()
     def _on_thread_finished(self) -> None:

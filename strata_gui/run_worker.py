@@ -5,26 +5,31 @@
 `EventBatcher` and leave as ONE `events` signal per ~50 ms carrying a list; telemetry samples
 leave on the same tick.  Every outcome ends in exactly one of finished / cancelled / failed,
 followed by `done`, after the sampler and the batcher have stopped (so no event of this run
-arrives after `done`).
+arrives after `done`).  A finished run, and a cancelled one whose partial report the engine
+attached to `Cancelled.report`, is handed to the `recorder` (the history) here, off the GUI
+thread, before that outcome; `saved` says how it went.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import hashlib
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from PySide6.QtCore import QObject, Signal, Slot
 
 from engine import prompt as prompts
 from engine.config import EngineConfig
-from engine.events import RunPlan
-from engine.pipeline import Cancelled, PipelineHooks
+from engine.events import RunPlan, RunReport
+from engine.pipeline import Cancelled, PipelineHooks, Session
 from engine.topology import TelemetrySampler, Topology, cuda_index
 
 from .event_batcher import DEFAULT_INTERVAL_S, EventBatcher
+from .run_record import RunRecord, record_config
 from .session_cache import SessionCache
 
 log = logging.getLogger(__name__)
@@ -38,6 +43,29 @@ class RunRequest:
     prompt_text: str | None = None
     decode_tokens: int = 0
     nonce: int = 0
+    model_label: str = ""  # how the history names the model ("" : the file name)
+
+
+# a run for the history -> its id there; raises on a storage error
+RunRecorder = Callable[[RunRecord], int]
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """How saving a run to the history went."""
+
+    run: int | None  # its id in the history
+    status: str  # finished | cancelled
+    error: str = ""
+
+
+def describe_prompt(req: RunRequest) -> str:
+    """The prompt as the history records it: enough to tell two prompts apart in a diff."""
+    if req.prompt_text is None:
+        return f"synthetic, nonce {req.nonce}"
+    digest = hashlib.md5(req.prompt_text.encode("utf-8")).hexdigest()[:8]
+    head = req.prompt_text if len(req.prompt_text) <= 60 else req.prompt_text[:59] + "…"
+    return f"text {digest}: {head!r}"
 
 
 @dataclass(frozen=True)
@@ -79,13 +107,16 @@ class RunWorker(QObject):
     finished = Signal(object)  # RunReport
     cancelled = Signal(str)
     failed = Signal(str, str, str)  # title, message, details
+    saved = Signal(object)  # SaveResult
     done = Signal()
 
     def __init__(self, request: RunRequest, sessions: SessionCache, cancel: threading.Event,
                  hooks: PipelineHooks | None = None, topology: Topology | None = None,
-                 batch_interval_s: float = DEFAULT_INTERVAL_S) -> None:
+                 batch_interval_s: float = DEFAULT_INTERVAL_S, recorder: RunRecorder | None = None) -> None:
         super().__init__()
         self.request = request
+        self.recorder = recorder
+        self._n_prompt = 0
         self.sessions = sessions
         self.cancel = cancel
         self.hooks = hooks
@@ -113,6 +144,7 @@ class RunWorker(QObject):
                 ids = prompts.tokenize(session.source, req.prompt_text)
             else:
                 ids = prompts.synthetic(req.prompt_tokens, session.spec.vocab, nonce=req.nonce)
+            self._n_prompt = len(ids)
             session.sink = batcher
             session.hooks = self.hooks or PipelineHooks()
             self._sampler, self._telemetry_reason = make_sampler(req.config, self.topology)
@@ -124,9 +156,13 @@ class RunWorker(QObject):
                 result = session.run(ids, req.decode_tokens, cancel=self.cancel, on_plan=self._on_plan)
             finally:
                 self._stop_sources(batcher)
+            self._record(session, result.report, "finished")
             self.finished.emit(result.report)
         except Cancelled as exc:
             self._stop_sources(batcher)
+            partial = getattr(exc, "report", None)
+            if session is not None and isinstance(partial, RunReport):
+                self._record(session, partial, "cancelled")
             self.cancelled.emit(str(exc))
         except Exception as exc:
             self._stop_sources(batcher)
@@ -138,6 +174,20 @@ class RunWorker(QObject):
             if session is not None:
                 session.sink = None
             self.done.emit()
+
+    def _record(self, session: Session, report: RunReport, status: str) -> None:
+        """Save the run to the history; a storage error is reported, never raised."""
+        if self.recorder is None:
+            return
+        req = self.request
+        config = record_config(req.config, req.model_label or req.model_path.name, describe_prompt(req),
+                               self._n_prompt, req.decode_tokens)
+        record = RunRecord(report, list(session.events), config, source="run", status=status)
+        try:
+            self.saved.emit(SaveResult(self.recorder(record), status))
+        except Exception as exc:
+            log.exception("saving the run to the history failed")
+            self.saved.emit(SaveResult(None, status, f"{type(exc).__name__}: {exc}"))
 
     def _stop_sources(self, batcher: EventBatcher) -> None:
         if self._sampler is not None:

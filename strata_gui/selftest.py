@@ -1,6 +1,6 @@
 """`strata-gui --selftest`: open the main window, run the demo model on a 2-stage CPU split, check
-the Gantt, optionally save a screenshot.  Works on the offscreen platform; touches no user settings
-(a temporary QSettings file)."""
+the Gantt, tokenise a text prompt with the demo model's vocabulary, optionally save a screenshot.
+Works on the offscreen platform; touches no user settings (a temporary QSettings file)."""
 from __future__ import annotations
 
 import logging
@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 SELFTEST_SETTINGS = RunSettings(model_path="", devices="cpu,cpu", gpu_order="pcie", split_mode="auto",
                                 chunk_mode="fixed", chunk_size="256", pf_depth=1, prompt_mode="tokens",
                                 prompt_tokens=2048, decode_tokens=8)
+# Text prompts import transformers lazily (GGUF vocabulary -> tokenizer); tokenising this with the
+# demo model's vocabulary proves a frozen build carries what that path needs.
+SELFTEST_TEXT = "hello world, the pipeline split"
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,17 @@ def _wait(app: QApplication, done: Callable[[], bool], timeout_s: float) -> bool
         app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
         time.sleep(0.005)
     return True
+
+
+def _check_text_prompt(demo_model: Path) -> tuple[bool, str]:
+    from engine import prompt
+    from engine.gguf_model import load
+
+    try:
+        ids = prompt.tokenize(load(demo_model), SELFTEST_TEXT)
+    except Exception as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    return True, f"text prompt tokenised ({len(ids)} tokens)"
 
 
 def run_selftest(app: QApplication, demo_model: Path, screenshot: Path | None = None,
@@ -67,9 +81,12 @@ def run_selftest(app: QApplication, demo_model: Path, screenshot: Path | None = 
             ok, what = win.gantt.store.one_compute_per_stage_chunk(len(plan.stages), plan.n_chunks)
             if not ok:
                 return SelftestResult(False, f"selftest: Gantt check failed: {what}")
+            text_ok, text_what = _check_text_prompt(demo_model)
+            if not text_ok:
+                return SelftestResult(False, f"selftest: text prompt failed: {text_what}")
             r = win.last_report
             shot = f"; screenshot {screenshot}" if screenshot is not None else ""
             return SelftestResult(True, f"selftest passed: {what}; prefill {r.prefill_tok_s:,.0f} tok/s, "
-                                        f"digest {r.digest}{shot}")
+                                        f"digest {r.digest}; {text_what}{shot}")
         finally:
             win.close()
