@@ -30,11 +30,9 @@ TIPS = {
                     "link (+54% in the seed), decode stays split.",
     "pin_limit_gib": "GiB of the host expert arena to page-lock for fast DMA (auto: what the machine allows); "
                      "20 GiB lifted a 2-GPU Windows split whose registration was capped at 8 GiB, and more than "
-                     "can be pinned is refused. Not used yet: this build keeps every expert resident "
-                     "(expert streaming is issue 4).",
+                     "can be pinned is refused.",
     "expert_cache": "VRAM per stage for cached experts in GiB (auto: from free VRAM, all: every expert); "
-                    "misses stream from host RAM, so a larger cache means less streaming during prefill. "
-                    "Not used yet: this build keeps every expert resident (expert streaming is issue 4).",
+                    "misses stream from host RAM, so a larger cache means less streaming during prefill.",
     "prompt": "A synthetic prompt of N tokens (deterministic, with a nonce first so no prefix cache helps) or "
               "your text, tokenised with the model's own vocabulary; the overlap pays off once the prompt "
               "spans several chunks (+10% at 16K, +28% at 64K tokens on 4 GPUs).",
