@@ -304,8 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if ns.verbose or getattr(ns, "timing", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        if getattr(ns, "arm", None) is not None and ns.cmd == "run" and ns.repeat < 1:
-            raise ConfigError("repeat", ns.repeat, "an integer >= 1")
+        if ns.cmd == "run" and (ns.repeat < 1 or ns.warmup < 0 or ns.decode_tokens < 0):
+            bad = ("repeat", ns.repeat) if ns.repeat < 1 else (
+                ("warmup", ns.warmup) if ns.warmup < 0 else ("decode_tokens", ns.decode_tokens))
+            raise ConfigError(bad[0], bad[1], "a non-negative integer (repeat: at least 1)")
         return ns.func(ns)
     except (ConfigError, GGUFError, StageError, Cancelled) as exc:
         print(f"strata-bench: error: {exc}", file=sys.stderr)

@@ -6,9 +6,19 @@ Precedence: explicit (GUI/CLI) > environment > default.  Every invalid value rai
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+MAX_SHOWN_VALUE = 80  # characters of a value's repr quoted in a message
+
+
+def _show(value: Any) -> str:
+    """repr() of a value for a message, cut so that a pasted megabyte stays a one-line error."""
+    r = repr(value)
+    return r if len(r) <= MAX_SHOWN_VALUE else r[: MAX_SHOWN_VALUE - 1] + "…"
 
 
 class ConfigError(ValueError):
@@ -18,7 +28,7 @@ class ConfigError(ValueError):
         self.setting = setting
         self.value = value
         self.allowed = allowed
-        msg = f"invalid {setting}={value!r}: allowed {allowed}"
+        msg = f"invalid {setting}={_show(value)}: allowed {allowed}"
         if why:
             msg += f" ({why})"
         super().__init__(msg)
@@ -35,8 +45,35 @@ ENV_NAMES: dict[str, str] = {
     "check_nan": "STRATA_DBG_NAN",
 }
 
+# every setting `parse_setting` knows, in the order of DESIGN.md's table
+SETTING_NAMES: tuple[str, ...] = (
+    "pf_depth", "prefill_main", "pin_limit_gib", "prefill", "gpu_order", "layer_split", "expert_cache",
+    "timing", "check_nan", "devices", "handoff", "dtype",
+)
+BOOL_SETTINGS = ("prefill_main", "timing", "check_nan")
+CHOICES: dict[str, tuple[str, ...]] = {
+    "gpu_order": ("pcie", "configured"),
+    "handoff": ("auto", "peer", "host"),
+    "dtype": ("auto", "float32", "bfloat16", "float16"),
+}
+MAX_PREFILL = 1 << 20
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+_INT_RE = re.compile(r"[+-]?[0-9]{1,19}")  # ASCII digits only: int() would also take "١٦" or "1_6"
+_DEVICE_RE = re.compile(r"cpu|cuda(:[0-9]{1,4})?")
+
+ALLOWED = {
+    "devices": "cpu, cuda or cuda:N",
+    "device_list": "a comma-separated device list such as cpu,cpu or cuda:0,cuda:1",
+    "layer_split": "auto or comma-separated layer counts such as 12,12,24",
+    "prefill": f"auto or a chunk size in tokens (1..{MAX_PREFILL})",
+    "pf_depth": "0 (join) or 1 (overlap)",
+    "bool": "1/0, true/false, on/off",
+    "pin_limit_gib": "auto or a number of GiB >= 0",
+    "expert_cache": "auto, all or a number of GiB >= 0",
+}
+_DEPTH_WHY = "a stage owns ONE set of chunk buffers, so two of its chunks may never be in flight"
 
 
 @dataclass
@@ -92,13 +129,22 @@ class EngineConfig:
         if not self.devices:
             raise ConfigError("devices", self.devices, "a non-empty list such as cpu or cuda:0,cuda:1")
         for d in self.devices:
-            if not (d == "cpu" or (d.startswith("cuda") and (d == "cuda" or d[5:].isdigit()))):
-                raise ConfigError("devices", d, "cpu, cuda or cuda:N")
-        if self.pf_depth not in (0, 1):
-            raise ConfigError(
-                "pf_depth", self.pf_depth, "0 (join) or 1 (overlap)",
-                "a stage owns ONE set of chunk buffers, so two of its chunks may never be in flight",
-            )
+            if not (isinstance(d, str) and _DEVICE_RE.fullmatch(d)):
+                raise ConfigError("devices", d, ALLOWED["devices"])
+        if not _is_int(self.pf_depth) or self.pf_depth not in (0, 1):
+            raise ConfigError("pf_depth", self.pf_depth, ALLOWED["pf_depth"], _DEPTH_WHY)
+        for name in BOOL_SETTINGS:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "True or False")
+        if not (self.layer_split == "auto" or (isinstance(self.layer_split, list)
+                                               and all(_is_int(n) for n in self.layer_split))):
+            raise ConfigError("layer_split", self.layer_split, ALLOWED["layer_split"])
+        if not (self.prefill == "auto" or _is_int(self.prefill)):
+            raise ConfigError("prefill", self.prefill, ALLOWED["prefill"])
+        for name, extra in (("pin_limit_gib", ("auto",)), ("expert_cache", ("auto", "all"))):
+            v = getattr(self, name)
+            if not (v in extra or (_is_real(v) and math.isfinite(v) and v >= 0)):
+                raise ConfigError(name, v, ALLOWED[name])
         if isinstance(self.layer_split, list):
             if len(self.layer_split) != len(self.devices):
                 raise ConfigError(
@@ -108,18 +154,11 @@ class EngineConfig:
             if any(n <= 0 for n in self.layer_split):
                 raise ConfigError("layer_split", _fmt_split(self.layer_split),
                                   "positive counts (an empty stage has nothing to run)")
-        if isinstance(self.prefill, int) and not (1 <= self.prefill <= 1 << 20):
-            raise ConfigError("prefill", self.prefill, "auto or a chunk size from 1 to 1048576 tokens")
-        if isinstance(self.pin_limit_gib, float) and self.pin_limit_gib < 0:
-            raise ConfigError("pin_limit_gib", self.pin_limit_gib, "auto or a number of GiB >= 0")
-        if isinstance(self.expert_cache, float) and self.expert_cache < 0:
-            raise ConfigError("expert_cache", self.expert_cache, "auto, all or a number of GiB >= 0")
-        if self.gpu_order not in ("pcie", "configured"):
-            raise ConfigError("gpu_order", self.gpu_order, "pcie or configured")
-        if self.handoff not in ("auto", "peer", "host"):
-            raise ConfigError("handoff", self.handoff, "auto, peer or host")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError("dtype", self.dtype, "auto, float32, bfloat16 or float16")
+        if isinstance(self.prefill, int) and not (1 <= self.prefill <= MAX_PREFILL):
+            raise ConfigError("prefill", self.prefill, f"auto or a chunk size from 1 to {MAX_PREFILL} tokens")
+        for name, choices in CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ConfigError(name, getattr(self, name), _or(choices))
 
     def check_layers(self, n_layers: int) -> None:
         """Checks that depend on the model."""
@@ -138,33 +177,66 @@ def _fmt_split(split: list[int]) -> str:
     return ",".join(str(n) for n in split)
 
 
+def _or(choices: tuple[str, ...]) -> str:
+    return ", ".join(choices[:-1]) + " or " + choices[-1] if len(choices) > 1 else choices[0]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _parse_int(label: str, raw: Any, allowed: str) -> int:
+    """An integer from an int or a string of ASCII digits (no bools, floats, '1_0' or '١')."""
+    if _is_int(raw):
+        return raw
+    if isinstance(raw, str):
+        s = raw.strip()
+        if _INT_RE.fullmatch(s):
+            return int(s)
+    raise ConfigError(label, raw, allowed)
+
+
 def _parse_bool(name: str, raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw
-    s = str(raw).strip().lower()
-    if s in _TRUE:
-        return True
-    if s in _FALSE:
-        return False
-    raise ConfigError(name, raw, "1/0, true/false, on/off")
+    if _is_int(raw) and raw in (0, 1):
+        return bool(raw)
+    if isinstance(raw, str):
+        s = raw.strip().lower()
+        if s in _TRUE:
+            return True
+        if s in _FALSE:
+            return False
+    raise ConfigError(name, raw, ALLOWED["bool"])
 
 
 def _parse_auto_number(name: str, raw: Any, allowed: str, extra: tuple[str, ...] = ()) -> str | float:
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        v = float(raw)
-    else:
-        s = str(raw).strip().lower()
+    if _is_real(raw):
+        try:
+            v = float(raw)
+        except OverflowError:  # an int beyond float range
+            raise ConfigError(name, raw, allowed, "too large") from None
+    elif isinstance(raw, str):
+        s = raw.strip().lower()
         if s == "auto" or s in extra:
             return s
+        if not s.isascii():
+            raise ConfigError(name, raw, allowed)
         try:
             v = float(s)
         except ValueError:
             raise ConfigError(name, raw, allowed) from None
-    if v != v or v in (float("inf"), float("-inf")):
+    else:
         raise ConfigError(name, raw, allowed)
+    if not math.isfinite(v):
+        raise ConfigError(name, raw, allowed, "must be finite")
     if v < 0:
         raise ConfigError(name, raw, allowed, "must not be negative")
-    return v
+    return v + 0.0  # -0.0 -> 0.0
 
 
 def parse_setting(name: str, raw: Any, source: str | None = None) -> Any:
@@ -174,72 +246,81 @@ def parse_setting(name: str, raw: Any, source: str | None = None) -> Any:
         return _parse(name, raw, label)
     except ConfigError:
         raise
-    except (TypeError, ValueError) as exc:  # defensive: never leak a bare parse error
+    except (TypeError, ValueError, ArithmeticError) as exc:  # defensive: never leak a bare parse error
         raise ConfigError(label, raw, "see DESIGN.md settings", str(exc)) from None
+
+
+def format_setting(name: str, value: Any) -> str:
+    """The string form of a parsed setting, as environment and CLI take it:
+    `parse_setting(name, format_setting(name, v)) == v` for every valid v."""
+    if name == "devices":
+        return ",".join(value)
+    if name == "layer_split":
+        return value if value == "auto" else _fmt_split(value)
+    if name in BOOL_SETTINGS:
+        return "1" if value else "0"
+    if name in ("pin_limit_gib", "expert_cache"):
+        return value if isinstance(value, str) else repr(float(value))
+    if name in ("prefill", "pf_depth"):
+        return str(value)
+    if name in CHOICES:
+        return str(value)
+    raise ConfigError(name, value, "a known setting name", f"unknown setting {name!r}")
 
 
 def _parse(name: str, raw: Any, label: str) -> Any:
     if name == "devices":
         if isinstance(raw, (list, tuple)):
-            items = [str(x).strip() for x in raw]
+            items = [x.strip() if isinstance(x, str) else x for x in raw]
+        elif isinstance(raw, str):
+            items = [x.strip() for x in raw.split(",")]
         else:
-            items = [x.strip() for x in str(raw).split(",")]
+            raise ConfigError(label, raw, ALLOWED["device_list"])
         if not items or any(not x for x in items):
-            raise ConfigError(label, raw, "a comma-separated device list such as cpu,cpu or cuda:0,cuda:1")
+            raise ConfigError(label, raw, ALLOWED["device_list"])
+        for d in items:
+            if not (isinstance(d, str) and _DEVICE_RE.fullmatch(d)):
+                raise ConfigError(label, raw, ALLOWED["device_list"], f"{_show(d)} is not cpu, cuda or cuda:N")
         return items
     if name == "layer_split":
         if isinstance(raw, (list, tuple)):
             parts = list(raw)
-        else:
-            s = str(raw).strip().lower()
+        elif isinstance(raw, str):
+            s = raw.strip().lower()
             if s == "auto":
                 return "auto"
             parts = [p.strip() for p in s.split(",")]
-        try:
-            counts = [int(p) for p in parts]
-        except (TypeError, ValueError):
-            raise ConfigError(label, raw, "auto or comma-separated layer counts such as 12,12,24") from None
-        if any(c <= 0 for c in counts):
+        else:
+            raise ConfigError(label, raw, ALLOWED["layer_split"])
+        counts: list[int] = []
+        for p in parts:
+            if not (_is_int(p) or isinstance(p, str)):  # 2.5 or True would be silently truncated
+                raise ConfigError(label, raw, ALLOWED["layer_split"])
+            counts.append(_parse_int(label, p, ALLOWED["layer_split"]))
+        if not counts or any(c <= 0 for c in counts):
             raise ConfigError(label, raw, "positive layer counts (an empty stage has nothing to run)")
         return counts
     if name == "prefill":
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            v = raw
-        else:
-            s = str(raw).strip().lower()
-            if s == "auto":
-                return "auto"
-            try:
-                v = int(s)
-            except ValueError:
-                raise ConfigError(label, raw, "auto or a chunk size in tokens (1..1048576)") from None
-        if not 1 <= v <= 1 << 20:
-            raise ConfigError(label, raw, "auto or a chunk size in tokens (1..1048576)")
+        if isinstance(raw, str) and raw.strip().lower() == "auto":
+            return "auto"
+        v = _parse_int(label, raw, ALLOWED["prefill"])
+        if not 1 <= v <= MAX_PREFILL:
+            raise ConfigError(label, raw, ALLOWED["prefill"])
         return v
     if name == "pf_depth":
-        try:
-            v = int(str(raw).strip())
-        except ValueError:
-            raise ConfigError(label, raw, "0 (join) or 1 (overlap)") from None
+        v = _parse_int(label, raw, ALLOWED["pf_depth"])
         if v not in (0, 1):
-            raise ConfigError(
-                label, raw, "0 (join) or 1 (overlap)",
-                "a stage owns ONE set of chunk buffers, so two of its chunks may never be in flight",
-            )
+            raise ConfigError(label, raw, ALLOWED["pf_depth"], _DEPTH_WHY)
         return v
-    if name in ("prefill_main", "timing", "check_nan"):
+    if name in BOOL_SETTINGS:
         return _parse_bool(label, raw)
     if name == "pin_limit_gib":
-        return _parse_auto_number(label, raw, "auto or a number of GiB >= 0")
+        return _parse_auto_number(label, raw, ALLOWED["pin_limit_gib"])
     if name == "expert_cache":
-        return _parse_auto_number(label, raw, "auto, all or a number of GiB >= 0", extra=("all",))
-    if name in ("gpu_order", "handoff", "dtype"):
-        s = str(raw).strip().lower()
-        allowed = {
-            "gpu_order": ("pcie", "configured"),
-            "handoff": ("auto", "peer", "host"),
-            "dtype": ("auto", "float32", "bfloat16", "float16"),
-        }[name]
+        return _parse_auto_number(label, raw, ALLOWED["expert_cache"], extra=("all",))
+    if name in CHOICES:
+        allowed = CHOICES[name]
+        s = raw.strip().lower() if isinstance(raw, str) else None
         if s not in allowed:
             raise ConfigError(label, raw, " or ".join(allowed))
         return s

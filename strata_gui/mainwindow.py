@@ -1,8 +1,11 @@
-"""The main window: settings and devices on the left; Run/Stop, the live Gantt, telemetry and
-the run summary on the right.  It wires the panels to the run controller and validates every
-edit with the engine's rules; it draws, it never runs engine work in the GUI thread."""
+"""The main window: four tabs.  Run: settings and devices on the left; Run/Stop, the live Gantt,
+telemetry and the run summary on the right.  History: every saved run.  Compare: a before and an
+after run.  Sweep: prompt sizes x arms x repeats.  It wires the panels to the run and sweep
+controllers and to the history, and validates every edit with the engine's rules; it draws, it
+never runs engine work in the GUI thread."""
 from __future__ import annotations
 
+import html
 import logging
 import os
 from pathlib import Path
@@ -12,23 +15,32 @@ import torch
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QMessageBox, QProgressBar, QPushButton,
-                               QScrollArea, QSplitter, QVBoxLayout, QWidget)
+                               QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
 from engine import topology
+from engine.config import ConfigError
 from engine.events import RunReport
 from engine.gguf_model import GGUFError, load
-from engine.topology import Topology
+from engine.topology import TelemetrySample, Topology
 
 from .background import BackgroundJobs
+from .compare_view import CompareView
 from .devices_panel import DevicesPanel
 from .gantt import GanttView
+from .history import RunHistory, open_history
+from .history_panel import HistoryPanel
 from .run_controller import RunController
 from .run_progress import RunProgress
-from .run_settings import RunSettings, Validation, validate
-from .run_worker import RunRequest, RunStarted
+from .run_record import RunRecord
+from .run_settings import RunSettings, Validation, check_devices, validate
+from .run_worker import RunRequest, RunStarted, SaveResult
 from .settings_panel import SettingsPanel
 from .settings_store import SettingsStore
 from .summary_view import SummaryView
+from .sweep import SweepResults, SweepSample, SweepStep, arm_config, format_tokens
+from .sweep_controller import SweepController
+from .sweep_view import SweepView
+from .sweep_worker import SweepRequest
 from .telemetry_view import TelemetryView
 
 log = logging.getLogger(__name__)
@@ -44,13 +56,28 @@ def default_devices(cuda_count: int) -> str:
 class MainWindow(QMainWindow):
     def __init__(self, settings: QSettings, demo_model: Path, controller: RunController | None = None,
                  discover: Callable[[bool], Topology] = topology.discover,
-                 env: Mapping[str, str] | None = None, parent: QWidget | None = None) -> None:
+                 env: Mapping[str, str] | None = None, parent: QWidget | None = None,
+                 history: RunHistory | None = None, history_path: Path | None = None,
+                 sweeps: SweepController | None = None) -> None:
+        """`history`: the run history to use; else the one at `history_path` (default: the user's
+        data directory), opened here.  A history that cannot be opened (a newer version's, a
+        corrupt file) is left untouched; the app then runs without one and says why."""
         super().__init__(parent)
         self.setWindowTitle(APP_TITLE)
         self.store = SettingsStore(settings)
         self.demo_model = Path(demo_model)
         self.controller = controller or RunController()
         self.controller.setParent(self)
+        self.sweeps = sweeps or SweepController()
+        self.sweeps.setParent(self)
+        self._owns_history = history is None
+        self.history_error = ""
+        if history is None:
+            history, self.history_error = open_history(history_path)
+        self.history = history
+        if history is not None:
+            self.controller.recorder = history.add
+            self.sweeps.recorder = history.add
         self.jobs = BackgroundJobs(self)
         self._discover = discover
         self._env = os.environ if env is None else env
@@ -70,6 +97,10 @@ class MainWindow(QMainWindow):
         if geometry is not None:
             self.restoreGeometry(geometry)
         self.refresh_topology(probe=False)
+        if self.history_error:
+            self.set_status(f"run history unavailable: {self.history_error}")
+            self.show_error("Run history unavailable", self.history_error,
+                            informative="Runs work as before; they are not saved until this is resolved.")
 
     # ------------------------------------------------------------------ layout
     def _build(self) -> None:
@@ -130,7 +161,22 @@ class MainWindow(QMainWindow):
         main.addWidget(right)
         main.setStretchFactor(1, 1)
         main.setSizes([480, 1120])
-        self.setCentralWidget(main)
+
+        self.history_panel = HistoryPanel(self.history, self.jobs, self.history_error)
+        self.compare_view = CompareView(self.history)
+        self.sweep_view = SweepView()
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.run_tab = main
+        self.tabs.addTab(main, "Run")
+        self.tabs.addTab(self.history_panel, "History")
+        self.tabs.addTab(self.compare_view, "Compare")
+        self.tabs.addTab(self.sweep_view, "Sweep")
+        self.tabs.setTabToolTip(1, "Every run saved with its settings, report, events and telemetry.")
+        self.tabs.setTabToolTip(2, "Two runs' timelines on one time axis, their figures as ratios, what changed.")
+        self.tabs.setTabToolTip(3, "Prefill tok/s against prompt size for several arms, with repeats.")
+        self.setCentralWidget(self.tabs)
+        self._refresh_past_sweeps()
         self.status_label = QLabel("ready")
         self.statusBar().addWidget(self.status_label, 1)
 
@@ -149,6 +195,23 @@ class MainWindow(QMainWindow):
         c.cancelled.connect(self._on_cancelled)
         c.failed.connect(self._on_failed)
         c.busy_changed.connect(self._on_busy)
+        c.saved.connect(self._on_saved)
+        h = self.history_panel
+        h.compare_requested.connect(self.compare_runs)
+        h.show_requested.connect(self.show_history_run)
+        h.changed.connect(self._on_history_changed)
+        h.error.connect(lambda title, msg: self.show_error(title, msg))
+        v = self.sweep_view
+        v.start_requested.connect(self.start_sweep)
+        v.stop_requested.connect(self.stop_sweep)
+        v.open_requested.connect(self.open_sweep)
+        w = self.sweeps
+        w.progress.connect(v.on_progress)
+        w.point_done.connect(self._on_sweep_point)
+        w.status.connect(self.set_status)
+        w.finished.connect(self._on_sweep_finished)
+        w.failed.connect(self._on_sweep_failed)
+        w.busy_changed.connect(self._on_busy)
 
     # ---------------------------------------------------------------- devices
     def refresh_topology(self, probe: bool) -> None:
@@ -216,20 +279,40 @@ class MainWindow(QMainWindow):
         self.validation = validate(s, n_layers, error, self._env, self.cuda_count)
         self.settings_panel.set_errors(self.validation.errors)
         self.devices_panel.set_errors(self.validation.errors)
+        self.sweep_view.set_base(self._sweep_base_text(s))
         self._update_buttons()
         return self.validation
 
+    def model_label(self, s: RunSettings | None = None) -> str:
+        s = s or self.current_settings()
+        return s.model_path if s.model_path else f"built-in demo ({self.demo_model.name})"
+
+    def _sweep_base_text(self, s: RunSettings) -> str:
+        o = s.overrides()
+        model = Path(s.model_path).name if s.model_path else "built-in demo model"
+        parts = [f"model {model}", f"devices {o['devices']}", f"prefill (chunk) {o['prefill']}",
+                 f"pf_depth {o['pf_depth']}", f"layer_split {o['layer_split']}"]
+        if s.prefill_main:
+            parts.append("prefill_main on")
+        return ("<b>Base settings</b> (the Run tab's; each arm's settings override them): "
+                + html.escape(" · ".join(parts)))
+
     def _update_buttons(self) -> None:
         running = self.controller.is_running
+        sweeping = self.sweeps.is_running
         ok = self.validation.ok
-        self.run_button.setEnabled(ok and not running)
-        self.run_button.setToolTip("Prefill the prompt through the split (and decode), with these settings."
+        self.run_button.setEnabled(ok and not running and not sweeping)
+        self.run_button.setToolTip("A sweep is running; stop it or wait." if sweeping else
+                                   "Prefill the prompt through the split (and decode), with these settings."
                                    if ok else "Fix the settings marked in red first.")
         self.stop_button.setEnabled(running)
+        self.sweep_view.set_running(sweeping)
+        self.sweep_view.set_start_enabled(not running and not sweeping,
+                                          "A run is in flight in the Run tab; wait for it." if running else "")
 
     # -------------------------------------------------------------------- runs
     def start_run(self) -> bool:
-        if self.controller.is_running:
+        if self.controller.is_running or self.sweeps.is_running:
             return False
         v = self.revalidate()
         if not v.ok or v.config is None:
@@ -240,7 +323,7 @@ class MainWindow(QMainWindow):
         request = RunRequest(
             model_path=self.model_path(s), config=v.config,
             prompt_tokens=s.prompt_tokens, prompt_text=s.prompt_text if s.prompt_mode == "text" else None,
-            decode_tokens=s.decode_tokens)
+            decode_tokens=s.decode_tokens, model_label=self.model_label(s))
         self.last_report = None
         self.last_outcome = ""
         self.progress_model = None
@@ -307,8 +390,8 @@ class MainWindow(QMainWindow):
         snap = self.progress_model.snapshot() if self.progress_model else None
         done = f" after {snap.chunks_done} of {snap.n_chunks} chunks" if snap else ""
         self.progress_label.setText(f"stopped{done}")
-        self.summary.show_message(f"Stopped{done}: {message}. The engine reports figures for finished runs only; "
-                                  "the timeline keeps what ran.")
+        self.summary.show_message(f"Stopped{done}: {message}. The timeline keeps what ran; the partial report "
+                                  "goes to the History tab.")
         self.set_status(f"stopped: {message}")
 
     def _on_failed(self, title: str, message: str, details: str) -> None:
@@ -319,12 +402,13 @@ class MainWindow(QMainWindow):
         self.set_status(f"{title}: {message}")
         self.show_error(title, message, details)
 
-    def show_error(self, title: str, message: str, details: str = "") -> None:
+    def show_error(self, title: str, message: str, details: str = "",
+                   informative: str = "The app stays usable: fix the cause and try again.") -> None:
         """A window-modal message box that does not block the event loop (runs keep their signals)."""
         if self._closing:
             return
         box = QMessageBox(QMessageBox.Icon.Critical, title, message, QMessageBox.StandardButton.Ok, self)
-        box.setInformativeText("The app stays usable: fix the cause and press Run again.")
+        box.setInformativeText(informative)
         if details:
             box.setDetailedText(details)
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
@@ -334,6 +418,157 @@ class MainWindow(QMainWindow):
 
     def set_status(self, text: str) -> None:
         self.status_label.setText(text)
+
+    # ----------------------------------------------------------------- history
+    def _on_saved(self, result: SaveResult) -> None:
+        if result.error:
+            self.set_status(f"the run was not saved to the history: {result.error}")
+            self.history_panel.set_message(f"the last run was not saved: {result.error}", error=True)
+            return
+        self.history_panel.set_message(f"run #{result.run} saved ({result.status})")
+        self._on_history_changed()
+
+    def _on_history_changed(self) -> None:
+        self.history_panel.refresh()
+        self.compare_view.refresh_choices()
+        self._refresh_past_sweeps()
+
+    def compare_runs(self, before: int, after: int) -> bool:
+        ok = self.compare_view.set_pair(before, after)
+        self.tabs.setCurrentWidget(self.compare_view)
+        return ok
+
+    def show_history_run(self, run: int) -> bool:
+        """A saved run's timeline, telemetry and summary in the Run tab."""
+        if self.history is None or self.controller.is_running:
+            return False
+        try:
+            record: RunRecord = self.history.get(run)
+        except Exception as exc:
+            self.show_error("Cannot show the run", f"Run #{run} cannot be read from the history: {exc}")
+            return False
+        origin = record.origin_ns
+        self.gantt.reset(record.report.run_id, origin, record.stages)
+        self.gantt.add_events(record.events)
+        self.gantt.finish()
+        if record.telemetry:
+            self.telemetry.start(origin, True, "")
+            self.telemetry.add_samples([TelemetrySample(**d) for d in record.telemetry])
+        else:
+            why = record.report.telemetry_status or "none recorded"
+            self.telemetry.set_unavailable(f"no telemetry in run #{run} ({why})")
+        self.summary.show_report(record.report)
+        self.progress_model = None
+        self.progress_label.setText(f"showing run #{run} from the history ({record.status})")
+        self.tabs.setCurrentWidget(self.run_tab)
+        self.set_status(f"showing run #{run} from the history")
+        return True
+
+    # ------------------------------------------------------------------- sweeps
+    def start_sweep(self) -> bool:
+        """Start the Sweep tab's plan over the Run tab's settings (each arm's settings on top)."""
+        if self.controller.is_running or self.sweeps.is_running:
+            return False
+        s = self.current_settings()
+        v = self.revalidate()
+        errors = [msg for field, msg in v.errors.items() if field not in ("prompt", "decode_tokens")]
+        if errors:
+            self.sweep_view.set_errors(["The Run tab's settings are the sweep's base; fix them first:", *errors])
+            return False
+        base = s.overrides()
+        label = self.model_label(s)
+        try:
+            plan = self.sweep_view.plan(label, base)
+        except ConfigError as exc:
+            self.sweep_view.set_errors([str(exc)])
+            return False
+        n_layers = self._model_facts(self.model_path(s))[0]
+        configs = []
+        for arm in plan.arms:
+            try:
+                cfg = arm_config(base, arm, self._env)
+                check_devices(cfg.devices, self.cuda_count)
+                if n_layers is not None:
+                    cfg.check_layers(n_layers)
+            except ConfigError as exc:
+                errors.append(f"arm {arm.name}: {exc}")
+                continue
+            configs.append(cfg)
+        if errors:
+            self.sweep_view.set_errors(errors)
+            return False
+        self.sweep_view.set_errors([])
+        self.controller.sessions.close()  # the Run tab's loaded model: free its memory for the sweep's sessions
+        sweep_id = None
+        if self.history is not None:
+            try:
+                sweep_id = self.history.add_sweep(
+                    f"{' vs '.join(a.name for a in plan.arms)} · {', '.join(format_tokens(n) for n in plan.sizes)}",
+                    plan.to_dict())
+            except Exception as exc:
+                log.exception("recording the sweep failed")
+                self.set_status(f"the sweep is not saved to the history: {exc}")
+        self.sweep_view.begin(plan, sweep_id)
+        request = SweepRequest(self.model_path(s), label, plan, tuple(configs), sweep_id)
+        self.set_status(f"sweep: {plan.total} runs ({len(plan.arms)} arms × {len(plan.sizes)} sizes × "
+                        f"{plan.repeats} repeats)")
+        return self.sweeps.start(request)
+
+    def stop_sweep(self) -> None:
+        if self.sweeps.is_running:
+            self.set_status("stopping the sweep at the next chunk boundary; finished points are kept …")
+            self.sweeps.stop()
+
+    def _on_sweep_point(self, sample: SweepSample) -> None:
+        self.sweep_view.add_sample(sample)
+
+    def _end_sweep(self, status: str) -> None:
+        sid = self.sweep_view.sweep_id
+        if self.history is not None and sid is not None:
+            try:
+                self.history.set_sweep_status(sid, status)
+            except Exception:
+                log.exception("recording the sweep's end failed")
+        self._on_history_changed()
+
+    def _on_sweep_finished(self, stopped: bool, message: str) -> None:
+        self.sweep_view.on_finished(stopped, message)
+        self._end_sweep("stopped" if stopped else "finished")
+        self.set_status(f"sweep {message}")
+
+    def _on_sweep_failed(self, title: str, message: str, details: str) -> None:
+        self.sweep_view.on_finished(True, f"failed: {message}; the finished points are kept")
+        self._end_sweep("stopped")
+        self.set_status(f"{title}: {message}")
+        self.show_error(title, message, details)
+
+    def _refresh_past_sweeps(self) -> None:
+        if self.history is None:
+            self.sweep_view.set_past([])
+            return
+        try:
+            self.sweep_view.set_past(self.history.list_sweeps())
+        except Exception:
+            log.exception("listing sweeps failed")
+
+    def open_sweep(self, sweep: int) -> bool:
+        """A past sweep's chart and table, from the runs the history kept."""
+        if self.history is None or self.sweeps.is_running:
+            return False
+        from .sweep import SweepPlan
+
+        try:
+            plan_d, members = self.history.sweep(sweep)
+            plan = SweepPlan.from_dict(plan_d)
+            samples = [SweepSample.from_report(SweepStep(i, m.prompt_tokens, m.repeat, m.arm),
+                                               self.history.report(m.run), m.run) for i, m in enumerate(members)]
+        except Exception as exc:
+            log.exception("opening sweep %s failed", sweep)
+            self.sweep_view.set_message(f"cannot open sweep #{sweep}: {exc}", error=True)
+            return False
+        self.sweep_view.show_results(SweepResults(plan, samples), sweep)
+        self.sweep_view.progress_label.setText(f"sweep #{sweep} from the history: {len(samples)} of {plan.total} runs")
+        return True
 
     # ------------------------------------------------------------------- close
     def closeEvent(self, event: QCloseEvent) -> None:
@@ -346,5 +581,8 @@ class MainWindow(QMainWindow):
         if self.controller.is_running:
             self.set_status("stopping the run before closing …")
         self.controller.shutdown()
+        self.sweeps.shutdown()
         self.jobs.wait_all()
+        if self.history is not None and self._owns_history:
+            self.history.close()
         super().closeEvent(event)

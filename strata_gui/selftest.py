@@ -1,6 +1,7 @@
 """`strata-gui --selftest`: open the main window, run the demo model on a 2-stage CPU split, check
 the Gantt, tokenise a text prompt with the demo model's vocabulary, optionally save a screenshot.
-Works on the offscreen platform; touches no user settings (a temporary QSettings file)."""
+Works on the offscreen platform; touches no user settings or history (a temporary QSettings file and
+run history)."""
 from __future__ import annotations
 
 import logging
@@ -57,7 +58,7 @@ def run_selftest(app: QApplication, demo_model: Path, screenshot: Path | None = 
                  timeout_s: float = 180.0) -> SelftestResult:
     with tempfile.TemporaryDirectory(prefix="strata-selftest-") as tmp:
         qs = QSettings(str(Path(tmp) / "selftest.ini"), QSettings.Format.IniFormat)
-        win = MainWindow(qs, demo_model)
+        win = MainWindow(qs, demo_model, history_path=Path(tmp) / "history.sqlite3")
         try:
             win.resize(1600, 1000)
             win.show()

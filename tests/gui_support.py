@@ -21,14 +21,23 @@ ENGINE_THREAD_PREFIXES = ("strata-stage", "strata-gui-batcher", "strata-telemetr
 
 @pytest.fixture(scope="session", autouse=True)
 def qt_settings_sandbox(tmp_path_factory: pytest.TempPathFactory):
-    """Any QSettings() made without a file goes to a temporary folder under a test organisation."""
+    """Any QSettings() made without a file goes to a temporary folder under a test organisation,
+    and the run history of a window made without a history path to a temporary data folder."""
     folder = tmp_path_factory.mktemp("qsettings")
     for scope in (QSettings.Scope.UserScope, QSettings.Scope.SystemScope):
         QSettings.setPath(QSettings.Format.IniFormat, scope, str(folder))
     QSettings.setDefaultFormat(QSettings.Format.IniFormat)
     QCoreApplication.setOrganizationName("strata-gui-tests")
     QCoreApplication.setApplicationName("strata-gui-tests")
+    from strata_gui.history import ENV_DIR
+
+    old = os.environ.get(ENV_DIR)
+    os.environ[ENV_DIR] = str(tmp_path_factory.mktemp("strata-gui-data"))
     yield folder
+    if old is None:
+        os.environ.pop(ENV_DIR, None)
+    else:
+        os.environ[ENV_DIR] = old
 
 
 @pytest.fixture
@@ -45,11 +54,11 @@ def themed_app(qapp):
 
 
 @pytest.fixture
-def window(themed_app, qtbot, qsettings, demo_path):
-    """The main window on the demo model, shown, device discovery done."""
+def window(themed_app, qtbot, qsettings, demo_path, tmp_path):
+    """The main window on the demo model (a run history of its own), shown, device discovery done."""
     from strata_gui.mainwindow import MainWindow
 
-    win = MainWindow(qsettings, demo_path)
+    win = MainWindow(qsettings, demo_path, history_path=tmp_path / "history.sqlite3")
     qtbot.addWidget(win)
     win.resize(1600, 1000)
     win.show()
