@@ -304,10 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if ns.verbose or getattr(ns, "timing", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        if ns.cmd == "run" and (ns.repeat < 1 or ns.warmup < 0 or ns.decode_tokens < 0):
-            bad = ("repeat", ns.repeat) if ns.repeat < 1 else (
-                ("warmup", ns.warmup) if ns.warmup < 0 else ("decode_tokens", ns.decode_tokens))
-            raise ConfigError(bad[0], bad[1], "a non-negative integer (repeat: at least 1)")
+        if ns.cmd == "run":
+            for name, value, low in (("repeat", ns.repeat, 1), ("warmup", ns.warmup, 0),
+                                     ("decode_tokens", ns.decode_tokens, 0)):
+                if value < low:
+                    raise ConfigError(name, value, f"an integer >= {low}")
         return ns.func(ns)
     except (ConfigError, GGUFError, StageError, Cancelled) as exc:
         print(f"strata-bench: error: {exc}", file=sys.stderr)
