@@ -60,7 +60,7 @@ MAX_PREFILL = 1 << 20
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-_INT_RE = re.compile(r"[+-]?[0-9]{1,19}")  # ASCII digits only: int() would also take "١٦" or "1_6"
+_INT_RE = re.compile(r"[+-]?0*[0-9]{1,19}")  # ASCII digits only (int() also takes "١٦", "1_6")
 _DEVICE_RE = re.compile(r"cpu|cuda(:[0-9]{1,4})?")
 
 ALLOWED = {
@@ -296,7 +296,10 @@ def _parse(name: str, raw: Any, label: str) -> Any:
         for p in parts:
             if not (_is_int(p) or isinstance(p, str)):  # 2.5 or True would be silently truncated
                 raise ConfigError(label, raw, ALLOWED["layer_split"])
-            counts.append(_parse_int(label, p, ALLOWED["layer_split"]))
+            try:
+                counts.append(_parse_int(label, p, ALLOWED["layer_split"]))
+            except ConfigError:  # quote the value as given, not the lower-cased piece
+                raise ConfigError(label, raw, ALLOWED["layer_split"]) from None
         if not counts or any(c <= 0 for c in counts):
             raise ConfigError(label, raw, "positive layer counts (an empty stage has nothing to run)")
         return counts

@@ -66,6 +66,20 @@ class Rope:
         ang = torch.outer(t, self.inv_freq)
         self.cos, self.sin = ang.cos().float(), ang.sin().float()
 
+    def apply_lowp(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+        """RoPE in x's own dtype (bf16 on GPU), as HF applies it: x*cos + rotate_half(x)*sin.
+        Neox style only; five kernels instead of ten."""
+        n = x.shape[0]
+        self._ensure(pos + n)
+        key = (x.dtype, self.cos.shape[0])
+        if getattr(self, "_lowp_key", None) != key:
+            self._cos_full = torch.cat((self.cos, self.cos), -1).to(x.dtype)[:, None, :]
+            self._sin_full = torch.cat((self.sin, self.sin), -1).to(x.dtype)[:, None, :]
+            self._lowp_key = key
+        half = self.head_dim // 2
+        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * self._cos_full[pos:pos + n] + rot * self._sin_full[pos:pos + n]
+
     def apply(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         """x: [n, heads, head_dim] at positions pos..pos+n-1."""
         n = x.shape[0]
@@ -142,6 +156,42 @@ def _grouped_mm_ok(x: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
+@dataclass
+class FusedWeights:
+    """The GPU path's weights: q/k/v as one matrix, q/k norms as one per-head table, norms and
+    router in the compute dtype, resident experts' gate and up as one grouped matrix."""
+
+    wqkv: torch.Tensor
+    bqkv: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # [H + KV, head_dim]
+    attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    router: torch.Tensor | None
+    gate_up_exps: torch.Tensor | None  # [E, 2f, d]
+
+
+def fuse_weights(spec: ModelSpec, w: LayerWeights) -> FusedWeights:
+    """Build the fused tensors once; the originals become views of them (no extra memory)."""
+    dt = w.wq.dtype
+    wqkv = torch.cat((w.wq, w.wk, w.wv))
+    q, kv = w.wq.shape[0], w.wk.shape[0]
+    w.wq, w.wk, w.wv = wqkv[:q], wqkv[q:q + kv], wqkv[q + kv:]
+    bqkv = None
+    if w.bq is not None:
+        bqkv = torch.cat((w.bq, w.bk, w.bv))
+    qk_norm = None
+    if w.q_norm is not None:
+        qk_norm = torch.cat((w.q_norm.expand(spec.n_heads, -1), w.k_norm.expand(spec.n_kv_heads, -1))).to(dt)
+    gate_up = None
+    if w.gate_exps is not None:
+        f = spec.expert_ffn
+        gate_up = torch.cat((w.gate_exps, w.up_exps), dim=1)
+        w.gate_exps, w.up_exps = gate_up[:, :f], gate_up[:, f:]
+    return FusedWeights(wqkv=wqkv, bqkv=bqkv, qk_norm=qk_norm, attn_norm=w.attn_norm.to(dt),
+                        ffn_norm=w.ffn_norm.to(dt), router=None if w.router is None else w.router.to(dt),
+                        gate_up_exps=gate_up)
+
+
 class Layer:
     """One transformer block on one device."""
 
@@ -151,6 +201,46 @@ class Layer:
         self.cache = cache  # streamed experts (None: resident in self.w)
         self.prefetch_next: int | None = None  # the layer whose experts to fetch while this one computes
         self.use_grouped_mm: bool | None = None  # decided on first call
+        self.fused: FusedWeights | None = None  # the GPU path's weights, built on its first call
+
+    # ------------------------------------------------------------- the GPU path
+    # Stage threads share one interpreter, so every kernel launch costs all stages: the GPU
+    # path launches about a third fewer kernels per layer than the reference path below.
+    # Its numerics follow HF's bf16 path (norms round before the weight, RoPE and the router
+    # in bf16, softmax in fp32); the CPU keeps the fp32 reference path.
+    def fast_ok(self, x: torch.Tensor) -> bool:
+        return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.spec.rope_style == "neox")
+
+    def fast_attention(self, x: torch.Tensor, kv: LayerKV, pos: int) -> torch.Tensor:
+        s = self.spec
+        if self.fused is None:
+            self.fused = fuse_weights(s, self.w)
+        fw = self.fused
+        n, H, KV, hd = x.shape[0], s.n_heads, s.n_kv_heads, s.head_dim
+        h = F.rms_norm(x, (s.hidden,), fw.attn_norm, s.rms_eps)
+        qkv = F.linear(h, fw.wqkv, fw.bqkv)
+        qk = qkv[:, : (H + KV) * hd].view(n, H + KV, hd)
+        if fw.qk_norm is not None:
+            qk = F.rms_norm(qk, (hd,), None, s.rms_eps) * fw.qk_norm
+        qk = self.rope.apply_lowp(qk, pos)
+        v = qkv[:, (H + KV) * hd:].view(n, KV, hd)
+        keys, values = kv.append(qk[:, H:], v, pos)
+        return self._attend(qk[:, :H], keys, values, n, pos)
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n: int, pos: int) -> torch.Tensor:
+        s, total = self.spec, pos + n
+        qt = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
+        kt = keys.transpose(0, 1).unsqueeze(0)  # [1, KV, L, hd]
+        vt = values.transpose(0, 1).unsqueeze(0)
+        gqa = s.n_heads != s.n_kv_heads
+        if n == 1:
+            o = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
+        elif n == total:
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+        else:
+            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=causal_lower_right(n, total), enable_gqa=gqa)
+        o = o.squeeze(0).transpose(0, 1).reshape(n, s.n_heads * s.head_dim)
+        return F.linear(o, self.w.wo)
 
     # ------------------------------------------------------------------ attention
     def attention(self, x: torch.Tensor, kv: LayerKV, pos: int) -> torch.Tensor:
@@ -166,19 +256,7 @@ class Layer:
         q = self.rope.apply(q, pos)
         k = self.rope.apply(k, pos)
         keys, values = kv.append(k, v, pos)
-        total = pos + n
-        qt = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
-        kt = keys.transpose(0, 1).unsqueeze(0)  # [1, KV, L, hd]
-        vt = values.transpose(0, 1).unsqueeze(0)
-        gqa = s.n_heads != s.n_kv_heads
-        if n == 1:
-            o = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
-        elif n == total:
-            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
-        else:
-            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=causal_lower_right(n, total), enable_gqa=gqa)
-        o = o.squeeze(0).transpose(0, 1).reshape(n, s.n_heads * s.head_dim)
-        return F.linear(o, w.wo)
+        return self._attend(q, keys, values, n, pos)
 
     # ------------------------------------------------------------------------ FFN
     def moe(self, h: torch.Tensor) -> torch.Tensor:
@@ -189,8 +267,11 @@ class Layer:
         result deterministic (no atomic adds)."""
         s, w = self.spec, self.w
         n, k = h.shape[0], s.n_experts_used
-        logits = F.linear(h.float(), w.router)
-        probs = torch.softmax(logits, dim=-1)
+        fast = self.fused is not None
+        if fast:  # router in bf16 as HF runs it, softmax in fp32
+            probs = torch.softmax(F.linear(h, self.fused.router), dim=-1, dtype=torch.float32)
+        else:
+            probs = torch.softmax(F.linear(h.float(), w.router), dim=-1)
         top_w, top_i = torch.topk(probs, k, dim=-1)
         top_w = top_w / top_w.sum(-1, keepdim=True)
         flat = top_i.reshape(-1)
@@ -206,9 +287,15 @@ class Layer:
             ys = self._streamed_experts(xs, counts)
         elif self.use_grouped_mm:
             offs = torch.cumsum(counts, 0, dtype=torch.int32)
-            g = torch._grouped_mm(xs, w.gate_exps.transpose(-2, -1), offs=offs)
-            u = torch._grouped_mm(xs, w.up_exps.transpose(-2, -1), offs=offs)
-            ys = torch._grouped_mm(F.silu(g) * u, w.down_exps.transpose(-2, -1), offs=offs)
+            if fast and self.fused.gate_up_exps is not None:
+                f = s.expert_ffn
+                gu = torch._grouped_mm(xs, self.fused.gate_up_exps.transpose(-2, -1), offs=offs)
+                a = F.silu(gu[:, :f]) * gu[:, f:]
+            else:
+                g = torch._grouped_mm(xs, w.gate_exps.transpose(-2, -1), offs=offs)
+                u = torch._grouped_mm(xs, w.up_exps.transpose(-2, -1), offs=offs)
+                a = F.silu(g) * u
+            ys = torch._grouped_mm(a, w.down_exps.transpose(-2, -1), offs=offs)
         else:
             ys = torch.empty_like(xs)
             start = 0
@@ -220,6 +307,8 @@ class Layer:
                 ys[start:start + c] = F.linear(a, w.down_exps[e])
                 start += c
         y = torch.empty_like(ys).index_copy_(0, order, ys)
+        if fast:  # weighted sum in the compute dtype, as HF's bf16 path
+            return (y.view(n, k, s.hidden) * top_w.to(h.dtype).unsqueeze(-1)).sum(1)
         y = y.view(n, k, s.hidden).float() * top_w.unsqueeze(-1)
         return y.sum(1).to(h.dtype)
 
@@ -249,9 +338,9 @@ class Layer:
                     slot_counts[sl] = counts_host[e]
                 offs = torch.tensor(slot_counts, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(xs.device)
                 seg = xs[rows]
-                g = torch._grouped_mm(seg, gate.transpose(-2, -1), offs=offs)
-                u = torch._grouped_mm(seg, up.transpose(-2, -1), offs=offs)
-                out = torch._grouped_mm(F.silu(g) * u, down.transpose(-2, -1), offs=offs)
+                gate_up = cache.pool[:, : 2 * f * d].view(cache.n_slots, 2 * f, d)
+                gu = torch._grouped_mm(seg, gate_up.transpose(-2, -1), offs=offs)
+                out = torch._grouped_mm(F.silu(gu[:, :f]) * gu[:, f:], down.transpose(-2, -1), offs=offs)
                 ys.index_copy_(0, rows, out)
             else:
                 for e, sl in zip(batch, slots):
@@ -270,8 +359,12 @@ class Layer:
         return F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
 
     def forward(self, x: torch.Tensor, kv: LayerKV, pos: int) -> torch.Tensor:
-        x = x + self.attention(x, kv, pos)
-        h = rms_norm(x, self.w.ffn_norm, self.spec.rms_eps)
+        if self.fast_ok(x):
+            x = x + self.fast_attention(x, kv, pos)
+            h = F.rms_norm(x, (self.spec.hidden,), self.fused.ffn_norm, self.spec.rms_eps)
+        else:
+            x = x + self.attention(x, kv, pos)
+            h = rms_norm(x, self.w.ffn_norm, self.spec.rms_eps)
         return x + (self.moe(h) if self.spec.is_moe else self.dense(h))
 
     __call__ = forward
