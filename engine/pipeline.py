@@ -51,11 +51,23 @@ class NonFiniteError(RuntimeError):
     pass
 
 
+class DeviceMemoryError(RuntimeError):
+    """A device ran out of memory; the message names the device, what was being allocated and
+    what to change."""
+
+    def __init__(self, device: str, what: str, nbytes: int, advice: str) -> None:
+        self.device, self.what, self.nbytes, self.advice = device, what, nbytes, advice
+        super().__init__(f"out of memory on {device} allocating {what} ({nbytes / 2**30:.2f} GiB): {advice}")
+
+
 @dataclass
 class PipelineHooks:
-    """Test and fault-injection seams.  after_layer(stage, layer, chunk) runs after each layer."""
+    """Test and fault-injection seams.  after_layer(stage, layer, chunk) runs after each layer;
+    before_alloc(what, device, nbytes) runs before each large allocation (raise MemoryError to
+    simulate an out-of-memory on a machine without that device)."""
 
     after_layer: Callable[[int, int, int], None] | None = None
+    before_alloc: Callable[[str, str, int], None] | None = None
 
 
 @dataclass
@@ -293,7 +305,8 @@ class Session:
                  sink: EventSink | None = None, hooks: PipelineHooks | None = None,
                  events: bool = True,
                  progress: Callable[[str, float], None] | None = None,
-                 telemetry_interval_s: float | None = 0.2) -> None:
+                 telemetry_interval_s: float | None = 0.2,
+                 cancel: threading.Event | None = None) -> None:
         self.source = source
         self.spec = source.spec
         self.config = config or EngineConfig()
@@ -302,6 +315,7 @@ class Session:
         self.sink = sink
         self.hooks = hooks or PipelineHooks()
         self.events_on = events
+        self._load_cancel = cancel  # checked between layers while weights load
         self.telemetry_interval_s = telemetry_interval_s
         self.clock = _Clock()
         self.run_id = ""
@@ -333,7 +347,11 @@ class Session:
         self.arena: HostArena | None = None
         self._main_extra: list[Layer] | None = None  # prefill-main: later layers on the main device
         self._main_head: Head | None = None
-        self._load_weights()
+        try:
+            self._load_weights()
+        except BaseException:
+            self.close()  # free whatever was loaded: a failed or cancelled load keeps nothing
+            raise
         self._choose_handoffs()
 
     # ------------------------------------------------------------------- set-up
@@ -367,11 +385,17 @@ class Session:
         self.setup_notes.append(f"experts {self.expert_plan.reason}; arena {self.arena.nbytes / 2**30:.2f} GiB, "
                           f"{self.arena.pinned_bytes / 2**30:.2f} GiB page-locked ({self.arena.pin_note})")
         for st, n_slots in zip(self.stages, self.expert_plan.slots_per_stage):
-            st.cache = ExpertCache(self.arena, st.device, n_slots, ExpertStats(st.index, st.name))
+            st.cache = self._alloc(f"an expert cache of {n_slots} slots", st.device,
+                                   n_slots * self.arena.expert_bytes, "lower --expert-cache",
+                                   lambda: ExpertCache(self.arena, st.device, n_slots, ExpertStats(st.index, st.name)))
 
     def _new_layer(self, i: int, st: "Stage", rope: Rope) -> Layer:
         streamed = self.arena is not None
-        w = load_layer_weights(self.source, i, st.device, self.dtypes[st.device], experts=not streamed)
+        nbytes = self.spec.layer_params() * torch.empty((), dtype=self.dtypes[st.device]).element_size()
+        w = self._alloc(f"the weights of layer {i}", st.device, nbytes,
+                        "move layers to another device (--layer-split) or stream experts (--expert-cache GiB)",
+                        lambda: load_layer_weights(self.source, i, st.device, self.dtypes[st.device],
+                                                   experts=not streamed))
         layer = Layer(self.spec, i, w, rope, cache=st.cache if streamed else None)
         return layer
 
@@ -386,6 +410,8 @@ class Session:
             rope = ropes.setdefault(st.device, Rope(self.spec.head_dim, self.spec.rope_base,
                                                     self.spec.rope_style, st.device))
             for i in range(st.first, st.end):
+                if self._load_cancel is not None and self._load_cancel.is_set():
+                    raise Cancelled(f"loading cancelled before layer {i}")
                 st.layers.append(self._new_layer(i, st, rope))
                 done += 1
                 self._progress(f"loading layer {i} to {st.name}", done / n)
@@ -485,19 +511,45 @@ class Session:
             pf_depth=self.config.pf_depth, chunk_reason=why)
 
     # --------------------------------------------------------------- per-run state
+    def _alloc(self, what: str, device: torch.device | str, nbytes: int, advice: str, make: Callable):
+        """Allocate through the fault hook; an out-of-memory becomes a DeviceMemoryError."""
+        try:
+            if self.hooks.before_alloc is not None:
+                self.hooks.before_alloc(what, str(device), nbytes)
+            return make()
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            raise DeviceMemoryError(str(device), what, nbytes, advice) from exc
+
     def _prepare(self, capacity: int, chunk: int) -> None:
         s = self.spec
         for st in self.stages:
             dt = self.dtypes[st.device]
+            esize = torch.empty((), dtype=dt).element_size()
             if not st.kvs or st.kvs[0].capacity < capacity:
                 st.kvs = []  # free before allocating the larger cache
-                st.kvs = [LayerKV(capacity, s.n_kv_heads, s.head_dim, st.device, dt) for _ in st.layers]
+                kv_bytes = 2 * capacity * s.n_kv_heads * s.head_dim * esize * len(st.layers)
+                st.kvs = self._alloc(
+                    f"KV for layers {st.first}-{st.end - 1} ({capacity} tokens)", st.device, kv_bytes,
+                    "shorten the prompt or decode, or move layers to another device (--layer-split)",
+                    lambda: [LayerKV(capacity, s.n_kv_heads, s.head_dim, st.device, dt) for _ in st.layers])
             for kv in st.kvs:
                 kv.reset()
+            buf_bytes = chunk * s.hidden * esize
             if st.index > 0 and (st.input_buf is None or st.input_buf.shape[0] < chunk):
-                st.input_buf = torch.empty(chunk, s.hidden, device=st.device, dtype=dt)
+                st.input_buf = self._alloc(
+                    f"the chunk input buffer ({chunk} tokens)", st.device, buf_bytes, "lower the chunk size (--prefill)",
+                    lambda: torch.empty(chunk, s.hidden, device=st.device, dtype=dt))
             if st.handoff == "host" and (st.host_buf is None or st.host_buf.shape[0] < chunk):
-                st.host_buf = torch.empty(chunk, s.hidden, dtype=dt, pin_memory=torch.cuda.is_available())
+                st.host_buf = self._alloc(
+                    f"the pinned hand-off buffer ({chunk} tokens)", "host", buf_bytes, "lower the chunk size (--prefill)",
+                    lambda: torch.empty(chunk, s.hidden, dtype=dt, pin_memory=torch.cuda.is_available()))
+
+    def _free_run_state(self) -> None:
+        """After a failed run: drop per-run buffers so device memory returns to its level."""
+        for st in self.stages:
+            st.kvs, st.input_buf, st.host_buf = [], None, None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _prepare_main(self, capacity: int) -> tuple[list[Layer], list[LayerKV]]:
         """Prefill-main: every later layer also on the main device, with main-device KV."""
@@ -510,8 +562,13 @@ class Session:
                 a.prefetch_next = b.index
             last = self.stages[-1]
             self._main_head = main.head if last is main else load_head(self.source, main.device, dt, True, True)
-        kvs = [LayerKV(capacity, self.spec.n_kv_heads, self.spec.head_dim, main.device, dt)
-               for _ in self._main_extra]
+        s = self.spec
+        kv_bytes = 2 * capacity * s.n_kv_heads * s.head_dim * torch.empty((), dtype=dt).element_size()
+        kvs = self._alloc(f"prefill-main KV for layers {main.end}-{s.n_layers - 1}", main.device,
+                          kv_bytes * len(self._main_extra),
+                          "turn prefill-main off or shorten the prompt",
+                          lambda: [LayerKV(capacity, s.n_kv_heads, s.head_dim, main.device, dt)
+                                   for _ in self._main_extra])
         return main.layers + self._main_extra, main.kvs + kvs
 
     # -------------------------------------------------------------------- running
@@ -570,6 +627,17 @@ class Session:
 
     def _run(self, ids, n, plan, capacity, decode_tokens, cancel, logits_all, sampler,
              telemetry_status) -> RunResult:
+        try:
+            return self._run_inner(ids, n, plan, capacity, decode_tokens, cancel, logits_all, sampler,
+                                   telemetry_status)
+        except Cancelled:
+            raise
+        except BaseException:
+            self._free_run_state()
+            raise
+
+    def _run_inner(self, ids, n, plan, capacity, decode_tokens, cancel, logits_all, sampler,
+                   telemetry_status) -> RunResult:
         with torch.inference_mode():
             self._prepare(capacity, plan.chunk)
             for d in set(self.devices):
@@ -727,9 +795,12 @@ class Session:
                     x = st.head.embed_tokens(torch.tensor([tok]))
                 else:
                     x = x.to(st.device)
+                hook = self.hooks.after_layer
                 for layer, kv in zip(st.layers, st.kvs):
                     try:
                         x = layer(x, kv, pos)
+                        if hook is not None:
+                            hook(st.index, layer.index, -1)  # decode steps run as chunk -1
                     except Exception as exc:
                         raise StageError(st.index, st.name, -1, layer.index, exc) from exc
                 if st.successor is None:

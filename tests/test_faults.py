@@ -1,0 +1,110 @@
+"""Injected faults through the engine API: each ends in a clear message, no thread is left,
+memory is released, and the next run succeeds with the clean run's digest."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from engine import gguf_model
+from engine.config import EngineConfig
+from engine.pipeline import Cancelled, DeviceMemoryError, PipelineHooks, Session, StageError
+from engine.prompt import synthetic
+
+DEVICES = ["cpu", "cpu", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def demo(demo_path):
+    return gguf_model.load(demo_path)
+
+
+@pytest.fixture(scope="module")
+def clean(demo):
+    return Session(demo, EngineConfig(devices=DEVICES, prefill=16)).run(
+        synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3).report
+
+
+def engine_threads():
+    return [t for t in threading.enumerate() if t.name.startswith(("strata-stage", "strata-digest"))]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("chunk", [0, 3, 7])
+def test_an_exception_in_any_stage_at_any_chunk(demo, clean, stage, chunk):
+    def boom(s, layer, c):
+        if (s, c) == (stage, chunk):
+            raise ValueError("injected")
+    sess = Session(demo, EngineConfig(devices=DEVICES, prefill=16), hooks=PipelineHooks(after_layer=boom))
+    with pytest.raises(StageError) as ei:
+        sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3)
+    assert (ei.value.stage, ei.value.chunk) == (stage, chunk)
+    assert f"stage {stage} (cpu), chunk {chunk}" in str(ei.value) and "injected" in str(ei.value)
+    assert engine_threads() == []
+    assert all(st.kvs == [] for st in sess.stages)  # per-run memory released
+    sess.hooks = PipelineHooks()
+    again = sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3).report
+    assert (again.digest, again.generated) == (clean.digest, clean.generated)
+
+
+@pytest.mark.parametrize("what, words", [
+    ("KV for layers 2-2", ["out of memory on cpu allocating KV for layers 2-2", "--layer-split"]),
+    ("the chunk input buffer", ["chunk input buffer", "lower the chunk size"]),
+])
+def test_out_of_memory_names_device_what_and_what_to_change(demo, clean, what, words):
+    armed = {"on": True}
+
+    def oom(kind, device, nbytes):
+        if armed["on"] and kind.startswith(what):
+            raise MemoryError("simulated")
+    sess = Session(demo, EngineConfig(devices=DEVICES, prefill=16), hooks=PipelineHooks(before_alloc=oom))
+    with pytest.raises(DeviceMemoryError) as ei:
+        sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3)
+    for w in words:
+        assert w in str(ei.value), str(ei.value)
+    assert engine_threads() == [] and all(st.kvs == [] for st in sess.stages)
+    armed["on"] = False
+    again = sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3).report
+    assert again.digest == clean.digest
+
+
+def test_out_of_memory_while_loading_weights_or_expert_cache(demo):
+    def oom(kind, device, nbytes):
+        if kind in ("the weights of layer 3", "an expert cache of 3 slots"):
+            raise MemoryError("simulated")
+    with pytest.raises(DeviceMemoryError, match="allocating the weights of layer 3.*--layer-split"):
+        Session(demo, EngineConfig(devices=["cpu", "cpu"]), hooks=PipelineHooks(before_alloc=oom))
+    tiny = 3 * 3 * demo.spec.expert_ffn * demo.spec.hidden * 4 / 2**30
+    with pytest.raises(DeviceMemoryError, match="expert cache of 3 slots.*lower --expert-cache"):
+        Session(demo, EngineConfig(expert_cache=tiny), hooks=PipelineHooks(before_alloc=oom))
+
+
+def test_cancel_at_load_prefill_and_decode(demo, clean):
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(Cancelled, match="loading cancelled"):
+        Session(demo, EngineConfig(devices=DEVICES), cancel=cancel)
+
+    sess = Session(demo, EngineConfig(devices=DEVICES, prefill=16))
+    for phase in ("prefill", "decode"):
+        stop = threading.Event()
+
+        def hook(s, layer, chunk, phase=phase, stop=stop):
+            if phase == "prefill" and chunk == 2:
+                stop.set()
+            if phase == "decode" and chunk == -1:
+                stop.set()
+        sess.hooks = PipelineHooks(after_layer=hook)
+        t0 = time.perf_counter()
+        with pytest.raises(Cancelled) as ei:
+            sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=50, cancel=stop)
+        assert time.perf_counter() - t0 < 10
+        report = ei.value.report
+        assert report.cancelled
+        if phase == "decode":  # the prompt finished: its digest stands, no tokens are claimed
+            assert report.digest == clean.digest and report.generated == []
+        assert engine_threads() == []
+    sess.hooks = PipelineHooks()
+    again = sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3).report
+    assert (again.digest, again.generated) == (clean.digest, clean.generated)
