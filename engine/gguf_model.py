@@ -36,10 +36,10 @@ MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset (no d
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_TENSOR_NAME = 63  # GGML_MAX_NAME - 1, as llama.cpp's loader
 INT64_MAX = (1 << 63) - 1
-# gguf's reader makes one numpy view (~0.7-1.4 KiB of memory, ~12-25 us) per metadata array
-# element; this many elements are always allowed, more only in proportion to the file's size
-# (real models: a 150k-token vocabulary is ~600k elements in a file of hundreds of MiB).
-MIN_ARRAY_ELEMENT_BUDGET = 1 << 16
+# gguf's reader makes one or two numpy views (~0.7-1.4 KiB of memory, ~12-25 us) per metadata
+# array item; this many items are always allowed, more only in proportion to the file's size
+# (real models: a 150k-token vocabulary is ~450k items in a file of hundreds of MiB).
+MIN_ARRAY_ELEMENT_BUDGET = 1 << 15
 BYTES_PER_ARRAY_ELEMENT_BUDGET = 64
 
 # problem classes (GGUFError.kind)
@@ -168,7 +168,7 @@ class LoadedModel:
             out = np.array(arr, dtype=np.float32, order="C", copy=True)
         except Exception as exc:  # whatever gguf's dequantiser raises on bad data is a file defect
             raise GGUFError(self.path, f"cannot dequantise {name} ({t.tensor_type.name}): {type(exc).__name__}: "
-                                       f"{_short(str(exc), 200)}", KIND_DEQUANTISE) from None
+                                       f"{_cut(str(exc))}", KIND_DEQUANTISE) from None
         return torch.from_numpy(out)
 
     def has_vocab(self) -> bool:
@@ -208,7 +208,7 @@ def read_metadata(reader: GGUFReader, path: Path, with_arrays: bool = False) -> 
             meta[key] = _field_value(f)
         except Exception as exc:  # a corrupt value is a file defect
             raise GGUFError(path, f"cannot decode metadata key {_short(key)}: {type(exc).__name__}: "
-                                  f"{_short(str(exc), 200)}", KIND_METADATA) from None
+                                  f"{_cut(str(exc))}", KIND_METADATA) from None
     return meta
 
 
@@ -224,8 +224,12 @@ _RESERVED_KEYS = frozenset({"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"
 
 def _short(text: str | bytes, limit: int = 60) -> str:
     """repr() of a name or value, cut so that a hostile file cannot make a huge message."""
-    r = repr(text)
-    return r if len(r) <= limit else r[: limit - 1] + "…"
+    return _cut(repr(text), limit)
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    """Plain text (an exception's message) cut to `limit` characters."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -398,13 +402,7 @@ class _Scanner:
                 item_type = self.u32(pos, f"{label}: array item type")
                 count = self.u64(pos + 4, f"{label}: array length")
                 pos += 12
-                budget = array_element_budget(self.size)
-                if elements + count > budget:
-                    raise self.fail(KIND_COUNT, f"{label}: array length {count} brings the metadata arrays to "
-                                                f"{elements + count} items, more than the {budget} accepted in a "
-                                                f"file of {self.size} bytes (gguf's reader needs about 1 KiB of "
-                                                f"memory per item): corrupt length or hostile file")
-                pos = self._skip_array(pos, label, item_type, count)
+                pos = self._skip_array(pos, label, item_type, count, elements)
                 elements += count
             elif vtype == GGUFValueType.STRING:
                 sstart, slen = self.string_at(pos, f"{label}: string value")
@@ -424,12 +422,23 @@ class _Scanner:
             kvs.append(KVRecord(key, vtype, start, value_at, pos, item_type, count))
         return pos, kvs, alignment, elements
 
-    def _skip_array(self, pos: int, label: str, item_type: int, count: int) -> int:
+    def _budget(self, label: str, count: int, elements: int) -> None:
+        budget = array_element_budget(self.size)
+        if elements + count > budget:
+            raise self.fail(KIND_COUNT, f"{label}: array length {count} brings the metadata arrays to "
+                                        f"{elements + count} items, more than the {budget} accepted in a "
+                                        f"file of {self.size} bytes (gguf's reader needs about 1 KiB of "
+                                        f"memory per item): corrupt length or hostile file")
+
+    def _skip_array(self, pos: int, label: str, item_type: int, count: int, elements: int) -> int:
+        """Checks an array's length against the bytes left and the element budget, then walks
+        it (strings) or steps over it (scalars); returns the position after it."""
         left = self.size - pos
         if item_type == GGUFValueType.STRING:
             if count * 8 > left:
                 raise self.fail(KIND_COUNT, f"{label}: array length {count} cannot fit in the {left} bytes left "
                                             f"(a string takes at least 8 bytes): corrupt length or truncated file")
+            self._budget(label, count, elements)
             unpack, size, fmt = struct.unpack_from, self.size, self.order + "Q"
             for j in range(count):
                 if pos + 8 > size:
@@ -448,6 +457,7 @@ class _Scanner:
         if count * isz > left:
             raise self.fail(KIND_COUNT, f"{label}: array length {count} of {isz}-byte items cannot fit in the "
                                         f"{left} bytes left: corrupt length or truncated file")
+        self._budget(label, count, elements)
         return pos + count * isz
 
     def _scan_tensor_table(self, pos: int, tensor_count: int) -> tuple[int, list[TensorRecord]]:
@@ -562,7 +572,7 @@ def _gguf_reader(p: Path) -> GGUFReader:
         return GGUFReader(p, "r")
     except Exception as exc:  # scan should have caught it; never let gguf's own error types out
         raise GGUFError(p, f"corrupt or truncated GGUF header, metadata or tensor table (gguf's reader: "
-                           f"{type(exc).__name__}: {_short(str(exc), 200)})", KIND_READER) from None
+                           f"{type(exc).__name__}: {_cut(str(exc))})", KIND_READER) from None
 
 
 def _describe(v: Any) -> str:

@@ -9,16 +9,26 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
+import math
 import os
+import sys
 import tempfile
+import zlib
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .events import KINDS, StageEvent
 
+log = logging.getLogger(__name__)
+
 LANES = {"compute": 1, "copy": 2, "wait": 3, "stream": 4, "decode": 5}
-MAX_TRACE_BYTES = 2 << 30
+# Default cap on a trace file and on the JSON a .gz inflates to.  Loading parses the whole JSON
+# into Python objects (several times the file's size in memory), so a file above this is refused
+# from its size, before any of it is read.  Pass `max_bytes` to `load` for another cap.
+MAX_TRACE_BYTES = 512 << 20
+READ_CHUNK = 1 << 20  # decompression step: memory above the data kept is one chunk
 
 
 class TraceError(Exception):
@@ -124,51 +134,134 @@ def save(path: Path | str, events: Sequence[StageEvent], meta: dict[str, Any] | 
     return path
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """repr() of a value from the file, cut so that a hostile file cannot make a huge message."""
+    r = repr(value)
+    return r if len(r) <= limit else r[: limit - 1] + "…"
+
+
+def _read_capped(stream: Any, path: Path, max_bytes: int, what: str) -> bytearray:
+    """Everything `stream` yields, refusing as soon as it passes `max_bytes` (in READ_CHUNK steps,
+    so a gzip bomb costs at most max_bytes + one chunk before it is refused)."""
+    buf = bytearray()
+    while True:
+        chunk = stream.read(READ_CHUNK)
+        if not chunk:
+            return buf
+        buf += chunk
+        if len(buf) > max_bytes:
+            raise TraceError(path, f"{what} exceeds {max_bytes} bytes (the limit of a trace this loads)")
+
+
+def _read_json_bytes(path: Path, max_bytes: int) -> bytearray:
+    with path.open("rb") as fh:
+        if fh.read(2) == b"\x1f\x8b":
+            fh.seek(0)
+            with gzip.GzipFile(fileobj=fh, mode="rb") as gz:
+                return _read_capped(gz, path, max_bytes, "decompressed trace")
+        fh.seek(0)
+        return _read_capped(fh, path, max_bytes, "trace file")
+
+
+def _as_int(v: Any, what: str) -> int:
+    """An integer field: an int, or a float with an integral finite value (no bools, no strings)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        return int(v)
+    raise ValueError(f"{what} is not an integer: {_short(v)}")
+
+
+def _as_float(v: Any, what: str) -> float:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    raise ValueError(f"{what} is not a finite number: {_short(v)}")
+
+
+def _as_str(v: Any, what: str) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return str(v)
+    raise ValueError(f"{what} is not a string: {_short(v)}")
+
+
+def _event(it: dict[str, Any], meta: dict[str, Any]) -> StageEvent:
+    a = it.get("args")
+    if a is None:
+        a = {}
+    if not isinstance(a, dict):
+        raise ValueError(f"args is not an object: {_short(a)}")
+    if "start_ns" in a:  # written by `save`: exact
+        return StageEvent(_as_str(a["run_id"], "run_id"), _as_int(a["stage"], "stage"),
+                          _as_str(a["device"], "device"), _as_int(a["chunk"], "chunk"), _as_str(a["kind"], "kind"),
+                          _as_int(a["start_ns"], "start_ns"), _as_int(a["end_ns"], "end_ns"),
+                          _as_int(a.get("tokens", 0), "tokens"), _as_int(a.get("nbytes", 0), "nbytes"),
+                          _as_str(a.get("note", ""), "note"))
+    # a foreign trace: best effort from ts/dur (microseconds)
+    ts, dur = _as_float(it["ts"], "ts"), _as_float(it.get("dur", 0), "dur")
+    start, end = ts * 1000, (ts + dur) * 1000
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise ValueError(f"ts {ts} + dur {dur} is out of range")
+    pid = it.get("pid", 1)
+    return StageEvent(_as_str(meta.get("run_id", "imported"), "otherData.run_id"), _as_int(pid, "pid") - 1,
+                      _as_str(pid, "pid"), -1, _as_str(it.get("cat", "compute"), "cat"), int(start), int(end))
+
+
 def load(path: Path | str, max_bytes: int = MAX_TRACE_BYTES) -> tuple[list[StageEvent], dict[str, Any]]:
-    """Read a trace written by `save`: the stage events (exact) and the metadata."""
+    """Read a trace written by `save`: the stage events (exact) and the metadata.
+
+    Every problem raises TraceError naming the file: missing, not a file, above `max_bytes`
+    (checked from the size before reading; a .gz is also stopped once its JSON passes
+    `max_bytes`), unreadable, not JSON, nested too deeply, not a Chrome trace, a malformed slice.
+    Memory: the file's bytes (at most max_bytes) and the parsed JSON, nothing more."""
     path = Path(path)
-    if not path.is_file():
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ValueError(f"max_bytes must be an integer >= 0, not {max_bytes!r}")
+    if not path.exists():
         raise TraceError(path, "file not found")
-    if path.stat().st_size > max_bytes:
-        raise TraceError(path, f"file is {path.stat().st_size} bytes, above the {max_bytes}-byte limit")
+    if not path.is_file():
+        raise TraceError(path, "not a regular file")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise TraceError(path, f"file is {size} bytes, above the {max_bytes}-byte limit")
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            with gzip.open(path, "rb") as fh:
-                raw = fh.read(max_bytes + 1)
-            if len(raw) > max_bytes:
-                raise TraceError(path, f"decompressed trace exceeds {max_bytes} bytes")
-        doc = json.loads(raw)
+        raw = _read_json_bytes(path, max_bytes)
     except TraceError:
         raise
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise TraceError(path, f"cannot read: {exc}") from None
-    except (ValueError, RecursionError) as exc:
-        raise TraceError(path, f"not valid JSON (truncated or corrupt): {exc}") from None
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        raise TraceError(path, f"cannot read: {type(exc).__name__}: {_cut(str(exc))}") from None
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise TraceError(path, f"not valid JSON for a trace: nested more deeply than Python's recursion limit "
+                               f"({sys.getrecursionlimit()} levels)") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, ints of more than 4300 digits
+        raise TraceError(path, f"not valid JSON (truncated or corrupt): {_cut(str(exc))}") from None
+    finally:
+        del raw
     if isinstance(doc, list):
         items, meta = doc, {}
     elif isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
-        items, meta = doc["traceEvents"], doc.get("otherData") or {}
+        items, meta = doc["traceEvents"], doc.get("otherData")
+        if meta is None:
+            meta = {}
+        if not isinstance(meta, dict):
+            raise TraceError(path, f"otherData is not an object: {_short(meta)}")
     else:
         raise TraceError(path, "not a Chrome trace (expected a traceEvents list)")
     events: list[StageEvent] = []
     for i, it in enumerate(items):
         if not isinstance(it, dict) or it.get("ph") != "X":
             continue
-        a = it.get("args") or {}
         try:
-            if "start_ns" in a:
-                ev = StageEvent(str(a["run_id"]), int(a["stage"]), str(a["device"]), int(a["chunk"]),
-                                str(a["kind"]), int(a["start_ns"]), int(a["end_ns"]), int(a.get("tokens", 0)),
-                                int(a.get("nbytes", 0)), str(a.get("note", "")))
-            else:  # a foreign trace: best effort from ts/dur
-                ts, dur = float(it["ts"]), float(it.get("dur", 0))
-                ev = StageEvent(str(meta.get("run_id", "imported")), int(it.get("pid", 1)) - 1,
-                                str(it.get("pid", "")), -1, str(it.get("cat", "compute")),
-                                int(ts * 1000), int((ts + dur) * 1000))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TraceError(path, f"slice {i} is malformed: {exc}") from None
+            ev = _event(it, meta)
+        except KeyError as exc:
+            raise TraceError(path, f"slice {i} is malformed: missing {_short(exc.args[0])}") from None
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TraceError(path, f"slice {i} is malformed: {_cut(str(exc))}") from None
         if ev.kind not in KINDS:
-            raise TraceError(path, f"slice {i} has unknown kind {ev.kind!r}")
+            raise TraceError(path, f"slice {i} has unknown kind {_short(ev.kind)}")
         events.append(ev)
+    log.debug("loaded %s: %d events", path, len(events))
     return events, meta

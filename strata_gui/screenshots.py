@@ -1,5 +1,10 @@
-"""The documentation screenshots: the main window during and after a real run of the demo model
-on a 2-stage CPU split (no slowed-down hooks: the prompt is simply long enough to watch).
+"""The documentation screenshots, all of real runs of the demo model on a 2-stage CPU split (no
+slowed-down hooks: the prompts are simply long enough to watch), in a temporary run history:
+
+- main-during-run.png, main-after-run.png: the Run tab during and after a run;
+- compare.png: pf_depth 0 (join) against pf_depth 1 (overlap) on the same prompt;
+- sweep.png: join vs overlap over four prompt sizes, three repeats each;
+- history.png: the History tab holding all of those runs.
 
     QT_QPA_PLATFORM=offscreen python -m strata_gui.screenshots docs/screenshots
 """
@@ -11,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from PySide6.QtCore import QEventLoop, QSettings
 
@@ -21,15 +26,26 @@ log = logging.getLogger(__name__)
 
 SETTINGS = RunSettings(model_path="", devices="cpu,cpu", chunk_mode="fixed", chunk_size="256", pf_depth=1,
                        prompt_mode="tokens", prompt_tokens=8192, decode_tokens=16)
+COMPARE_SETTINGS = RunSettings(model_path="", devices="cpu,cpu", chunk_mode="fixed", chunk_size="256", pf_depth=0,
+                               prompt_mode="tokens", prompt_tokens=4096, decode_tokens=8)
+SWEEP_SIZES = "1K, 2K, 4K, 8K"
+SWEEP_ARMS = (("join", "pf_depth=0"), ("overlap", "pf_depth=1"))
+SWEEP_REPEATS = 3
+VIEWS = ("main", "compare", "sweep", "history")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m strata_gui.screenshots", description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", type=Path, help="folder for main-during-run.png and main-after-run.png")
+    ap.add_argument("out", type=Path, help="folder for the PNG files")
     ap.add_argument("--width", type=int, default=1600)
     ap.add_argument("--height", type=int, default=1000)
     ap.add_argument("--during-at", type=float, default=0.45, help="share of the chunks done at the first shot")
+    ap.add_argument("--views", default=",".join(VIEWS), help=f"comma-separated, of {', '.join(VIEWS)}")
     ns = ap.parse_args(argv)
+    views = [v.strip() for v in ns.views.split(",") if v.strip()]
+    unknown = sorted(set(views) - set(VIEWS))
+    if unknown:
+        ap.error(f"unknown view(s) {', '.join(unknown)}: allowed {', '.join(VIEWS)}")
     from engine.synth import demo_model_path
 
     from .app import make_app
@@ -38,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = make_app()
     ns.out.mkdir(parents=True, exist_ok=True)
 
-    def pump(until, timeout_s: float) -> bool:
+    def pump(until: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while not until():
             if time.monotonic() > deadline:
@@ -47,39 +63,83 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(0.002)
         return True
 
+    written: list[Path] = []
     with tempfile.TemporaryDirectory() as tmp:
-        win = MainWindow(QSettings(str(Path(tmp) / "s.ini"), QSettings.Format.IniFormat), demo_model_path())
+        win = MainWindow(QSettings(str(Path(tmp) / "s.ini"), QSettings.Format.IniFormat), demo_model_path(),
+                         history_path=Path(tmp) / "history.sqlite3")
         win.resize(ns.width, ns.height)
         win.show()
         pump(lambda: not win.jobs.busy, 30)
-        win.apply_settings(SETTINGS)
-        if not win.start_run():
-            sys.stderr.write(f"cannot start: {win.validation.errors}\n")
-            return 1
 
-        def far_enough() -> bool:
-            snap = win.progress_model.snapshot() if win.progress_model else None
-            return snap is not None and snap.chunks_done >= ns.during_at * snap.n_chunks
+        def run(settings: RunSettings, during: Path | None = None) -> int | None:
+            """One run from the Run tab; its id in the history."""
+            win.tabs.setCurrentWidget(win.run_tab)
+            win.apply_settings(settings)
+            saved_before = win.history.count()
+            if not win.start_run():
+                sys.stderr.write(f"cannot start: {win.validation.errors}\n")
+                return None
+            if during is not None:
+                def far_enough() -> bool:
+                    snap = win.progress_model.snapshot() if win.progress_model else None
+                    return snap is not None and snap.chunks_done >= ns.during_at * snap.n_chunks
 
-        if not pump(far_enough, 120):
-            sys.stderr.write("the run did not get far enough for the first screenshot\n")
-            return 1
-        during = ns.out / "main-during-run.png"
-        win.grab().save(str(during))
-        if not pump(lambda: not win.controller.is_running, 300) or win.last_outcome != "finished":
-            sys.stderr.write(f"the run did not finish: {win.status_label.text()}\n")
-            return 1
-        # Rendering the whole window holds the GIL for ~0.1 s, which shows as a gap in a CPU run's
-        # timeline; the "after" shot is of a second, unobserved run (the loaded model is reused).
-        if not win.start_run() or not pump(lambda: not win.controller.is_running, 300) \
-                or win.last_outcome != "finished":
-            sys.stderr.write(f"the second run did not finish: {win.status_label.text()}\n")
-            return 1
-        app.processEvents()
-        after = ns.out / "main-after-run.png"
-        win.grab().save(str(after))
-        win.close()
-    sys.stdout.write(f"wrote {during} and {after}\n")
+                if not pump(far_enough, 120):
+                    sys.stderr.write("the run did not get far enough for the first screenshot\n")
+                    return None
+                win.grab().save(str(during))
+                written.append(during)
+            if not pump(lambda: not win.controller.is_running, 300) or win.last_outcome != "finished":
+                sys.stderr.write(f"the run did not finish: {win.status_label.text()}\n")
+                return None
+            pump(lambda: win.history.count() > saved_before, 10)
+            return win.history.list_runs(limit=1)[0].id
+
+        def shot(name: str) -> None:
+            app.processEvents()
+            path = ns.out / name
+            win.grab().save(str(path))
+            written.append(path)
+
+        try:
+            if "main" in views:
+                if run(SETTINGS, ns.out / "main-during-run.png") is None:
+                    return 1
+                # Rendering the whole window holds the GIL for ~0.1 s, which shows as a gap in a CPU run's
+                # timeline; the "after" shot is of a second, unobserved run (the loaded model is reused).
+                if run(SETTINGS) is None:
+                    return 1
+                shot("main-after-run.png")
+            if "compare" in views:
+                join = run(COMPARE_SETTINGS)
+                overlap = run(RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "pf_depth": 1}))
+                if join is None or overlap is None:
+                    return 1
+                win.compare_runs(join, overlap)
+                shot("compare.png")
+            if "sweep" in views:
+                view = win.sweep_view
+                win.tabs.setCurrentWidget(win.run_tab)
+                win.apply_settings(RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "decode_tokens": 0}))
+                win.tabs.setCurrentWidget(view)
+                view.sizes.setText(SWEEP_SIZES)
+                view.repeats.setValue(SWEEP_REPEATS)
+                view.warmup.setValue(1)
+                view.set_arms(SWEEP_ARMS)
+                if not win.start_sweep():
+                    sys.stderr.write(f"cannot start the sweep: {view.errors.text()}\n")
+                    return 1
+                if not pump(lambda: not win.sweeps.is_running, 600) or not view.results.complete:
+                    sys.stderr.write(f"the sweep did not finish: {view.progress_label.text()}\n")
+                    return 1
+                shot("sweep.png")
+            if "history" in views:
+                win.tabs.setCurrentWidget(win.history_panel)
+                win.history_panel.refresh()
+                shot("history.png")
+        finally:
+            win.close()
+    sys.stdout.write("wrote " + ", ".join(str(p) for p in written) + "\n")
     return 0
 
 
