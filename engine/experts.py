@@ -30,12 +30,23 @@ PAGE = 4096
 
 
 def physical_ram() -> int:
+    """Bytes of physical memory (POSIX sysconf; GlobalMemoryStatusEx on Windows)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-        import psutil  # type: ignore
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - Windows
+        import ctypes
 
-        return int(psutil.virtual_memory().total)
+        class MemoryStatusEx(ctypes.Structure):
+            _fields_ = [("dwLength", ctypes.c_ulong), ("dwMemoryLoad", ctypes.c_ulong),
+                        ("ullTotalPhys", ctypes.c_ulonglong), ("ullAvailPhys", ctypes.c_ulonglong),
+                        ("ullTotalPageFile", ctypes.c_ulonglong), ("ullAvailPageFile", ctypes.c_ulonglong),
+                        ("ullTotalVirtual", ctypes.c_ulonglong), ("ullAvailVirtual", ctypes.c_ulonglong),
+                        ("ullAvailExtendedVirtual", ctypes.c_ulonglong)]
+
+        st = MemoryStatusEx()
+        st.dwLength = ctypes.sizeof(MemoryStatusEx)
+        ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(st))  # type: ignore[attr-defined]
+        return int(st.ullTotalPhys)
 
 
 def expert_elems(spec: ModelSpec) -> int:
