@@ -51,7 +51,11 @@ def open_model(spec: str, device_hint: str = "cpu"):
 def parse_arm(text: str) -> dict[str, Any]:
     """`"pf_depth=0 prefill=2048"` -> {"pf_depth": 0, "prefill": 2048} (validated)."""
     out: dict[str, Any] = {}
-    for item in shlex.split(text.replace(";", " ")):
+    try:
+        items = shlex.split(text.replace(";", " "))
+    except ValueError as exc:  # an unclosed quote
+        raise ConfigError("arm", text, "space-separated setting=value pairs such as pf_depth=0", str(exc)) from None
+    for item in items:
         k, sep, v = item.partition("=")
         k = k.strip().replace("-", "_")
         if not sep:

@@ -581,7 +581,7 @@ def _describe(v: Any) -> str:
         return "an array"
     if isinstance(v, (list, tuple)):
         return f"a list of {len(v)} items"
-    return _short(v if isinstance(v, (str, bytes)) else repr(v))
+    return _short(v)
 
 
 def _meta_int(meta: dict[str, Any], path: Path, key: str, default: int | None = None, minimum: int = 1) -> int:

@@ -134,10 +134,13 @@ def save(path: Path | str, events: Sequence[StageEvent], meta: dict[str, Any] | 
     return path
 
 
+def _cut(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _short(value: Any, limit: int = 80) -> str:
     """repr() of a value from the file, cut so that a hostile file cannot make a huge message."""
-    r = repr(value)
-    return r if len(r) <= limit else r[: limit - 1] + "…"
+    return _cut(repr(value), limit)
 
 
 def _read_capped(stream: Any, path: Path, max_bytes: int, what: str) -> bytearray:

@@ -186,7 +186,7 @@ class GanttView(QWidget):
         head = QHBoxLayout()
         head.addWidget(title)
         head.addStretch(1)
-        hint = QLabel("wheel: zoom · drag: pan · hover: details")
+        self.hint = hint = QLabel("wheel: zoom · drag: pan · hover: details")
         hint.setProperty("role", "hint")
         head.addWidget(hint)
         head.addWidget(self.follow)

@@ -37,7 +37,7 @@ from .run_worker import RunRequest, RunStarted, SaveResult
 from .settings_panel import SettingsPanel
 from .settings_store import SettingsStore
 from .summary_view import SummaryView
-from .sweep import SweepResults, SweepSample, SweepStep, arm_config, format_tokens
+from .sweep import SweepPlan, SweepResults, SweepSample, SweepStep, arm_config, format_tokens
 from .sweep_controller import SweepController
 from .sweep_view import SweepView
 from .sweep_worker import SweepRequest
@@ -87,6 +87,7 @@ class MainWindow(QMainWindow):
         self.progress_model: RunProgress | None = None
         self.last_report: RunReport | None = None
         self.last_outcome = ""  # "finished" | "cancelled" | "failed"
+        self.last_saved: SaveResult | None = None  # how the last run went into the history
         self.error_box: QMessageBox | None = None
         self._closing = False
         self._build()
@@ -163,18 +164,21 @@ class MainWindow(QMainWindow):
         main.setSizes([480, 1120])
 
         self.history_panel = HistoryPanel(self.history, self.jobs, self.history_error)
-        self.compare_view = CompareView(self.history)
+        self._compare_view: CompareView | None = None  # built when first shown (three plots: not free)
+        self.compare_tab = QWidget()
+        QVBoxLayout(self.compare_tab).setContentsMargins(0, 0, 0, 0)
         self.sweep_view = SweepView()
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         self.run_tab = main
         self.tabs.addTab(main, "Run")
         self.tabs.addTab(self.history_panel, "History")
-        self.tabs.addTab(self.compare_view, "Compare")
+        self.tabs.addTab(self.compare_tab, "Compare")
         self.tabs.addTab(self.sweep_view, "Sweep")
         self.tabs.setTabToolTip(1, "Every run saved with its settings, report, events and telemetry.")
         self.tabs.setTabToolTip(2, "Two runs' timelines on one time axis, their figures as ratios, what changed.")
         self.tabs.setTabToolTip(3, "Prefill tok/s against prompt size for several arms, with repeats.")
+        self.tabs.currentChanged.connect(self._on_tab_changed)
         self.setCentralWidget(self.tabs)
         self._refresh_past_sweeps()
         self.status_label = QLabel("ready")
@@ -326,6 +330,7 @@ class MainWindow(QMainWindow):
             decode_tokens=s.decode_tokens, model_label=self.model_label(s))
         self.last_report = None
         self.last_outcome = ""
+        self.last_saved = None
         self.progress_model = None
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
@@ -338,9 +343,11 @@ class MainWindow(QMainWindow):
             self.set_status("stopping at the next chunk boundary …")
             self.controller.stop()
 
-    def _on_busy(self, running: bool) -> None:
-        self.settings_panel.set_editable(not running)
-        self.devices_panel.set_editable(not running)
+    def _on_busy(self, _running: bool) -> None:
+        """A run or a sweep started or ended: settings are fixed while either is in flight."""
+        busy = self.controller.is_running or self.sweeps.is_running
+        self.settings_panel.set_editable(not busy)
+        self.devices_panel.set_editable(not busy)
         self._update_buttons()
 
     def _on_run_started(self, info: RunStarted) -> None:
@@ -382,7 +389,9 @@ class MainWindow(QMainWindow):
         total_s = report.prefill_s + report.decode_s
         self.progress_label.setText(f"done · prefill {report.prefill_tok_s:,.0f} tok/s"
                                     + (f" · decode {report.decode_tok_s:,.1f} tok/s" if report.decode_tok_s else ""))
-        self.set_status(f"finished run {report.run_id} in {total_s:.2f} s · digest {report.digest[:12]}")
+        saved = self.last_saved
+        where = f" · saved to the history as #{saved.run}" if saved is not None and saved.run is not None else ""
+        self.set_status(f"finished run {report.run_id} in {total_s:.2f} s · digest {report.digest[:12]}{where}")
 
     def _on_cancelled(self, message: str) -> None:
         self.last_outcome = "cancelled"
@@ -421,6 +430,7 @@ class MainWindow(QMainWindow):
 
     # ----------------------------------------------------------------- history
     def _on_saved(self, result: SaveResult) -> None:
+        self.last_saved = result
         if result.error:
             self.set_status(f"the run was not saved to the history: {result.error}")
             self.history_panel.set_message(f"the last run was not saved: {result.error}", error=True)
@@ -430,12 +440,25 @@ class MainWindow(QMainWindow):
 
     def _on_history_changed(self) -> None:
         self.history_panel.refresh()
-        self.compare_view.refresh_choices()
+        if self._compare_view is not None:
+            self._compare_view.refresh_choices()
         self._refresh_past_sweeps()
+
+    @property
+    def compare_view(self) -> CompareView:
+        """The Compare tab's view, built on first use."""
+        if self._compare_view is None:
+            self._compare_view = CompareView(self.history)
+            self.compare_tab.layout().addWidget(self._compare_view)
+        return self._compare_view
+
+    def _on_tab_changed(self, index: int) -> None:
+        if self.tabs.widget(index) is self.compare_tab:
+            self.compare_view  # noqa: B018 - builds it
 
     def compare_runs(self, before: int, after: int) -> bool:
         ok = self.compare_view.set_pair(before, after)
-        self.tabs.setCurrentWidget(self.compare_view)
+        self.tabs.setCurrentWidget(self.compare_tab)
         return ok
 
     def show_history_run(self, run: int) -> bool:
@@ -555,8 +578,6 @@ class MainWindow(QMainWindow):
         """A past sweep's chart and table, from the runs the history kept."""
         if self.history is None or self.sweeps.is_running:
             return False
-        from .sweep import SweepPlan
-
         try:
             plan_d, members = self.history.sweep(sweep)
             plan = SweepPlan.from_dict(plan_d)

@@ -3,7 +3,7 @@ slowed-down hooks: the prompts are simply long enough to watch), in a temporary 
 
 - main-during-run.png, main-after-run.png: the Run tab during and after a run;
 - compare.png: pf_depth 0 (join) against pf_depth 1 (overlap) on the same prompt;
-- sweep.png: join vs overlap over four prompt sizes, three repeats each;
+- sweep.png: join vs overlap over four prompt sizes, five repeats each;
 - history.png: the History tab holding all of those runs.
 
     QT_QPA_PLATFORM=offscreen python -m strata_gui.screenshots docs/screenshots
@@ -30,7 +30,7 @@ COMPARE_SETTINGS = RunSettings(model_path="", devices="cpu,cpu", chunk_mode="fix
                                prompt_mode="tokens", prompt_tokens=4096, decode_tokens=8)
 SWEEP_SIZES = "1K, 2K, 4K, 8K"
 SWEEP_ARMS = (("join", "pf_depth=0"), ("overlap", "pf_depth=1"))
-SWEEP_REPEATS = 3
+SWEEP_REPEATS = 5
 VIEWS = ("main", "compare", "sweep", "history")
 
 

@@ -132,13 +132,7 @@ class SummaryView(QWidget):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(i, j, item)
         fit_height(self.table)
-        if r.expert_stats:
-            parts = []
-            for st in r.expert_stats:
-                parts.append(", ".join(f"{k} {v}" for k, v in st.items()))
-            self.expert.setText("<b>Expert cache</b><br>" + "<br>".join(html.escape(p) for p in parts))
-        else:
-            self.expert.setText("<b>Expert cache:</b> no expert streaming in this run")
+        self.expert.setText(expert_text(r.expert_stats))
         self._set_hist(r.busy_histogram)
 
     def _set_hist(self, shares: list[float]) -> None:
@@ -158,6 +152,32 @@ class SummaryView(QWidget):
             self.bar_labels.append(lab)
         hp.setXRange(-0.6, max(len(shares) - 0.4, 1.4), padding=0)
         hp.setYRange(0, 112, padding=0)
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def expert_text(stats: list[dict]) -> str:
+    """The expert cache per stage (engine.experts.ExpertStats.as_dict), or that nothing streamed."""
+    streamed = [st for st in stats if st.get("misses") or st.get("bytes_pinned") or st.get("bytes_pageable")]
+    if not streamed:
+        resident = stats and all(st.get("resident") for st in stats)
+        return "<b>Expert cache:</b> no expert streaming in this run" + \
+            (" (every expert resident on its stage)" if resident else "")
+    lines = []
+    for st in stats:
+        moved = st.get("bytes_pinned", 0) + st.get("bytes_pageable", 0)
+        hits, misses = st.get("hits", 0), st.get("misses", 0)
+        rate = hits / (hits + misses) * 100 if hits + misses else 0.0
+        lines.append(f"stage {st.get('stage', '?')} ({st.get('device', '')}): {st.get('slots', 0)} slots, "
+                     f"{hits:,} hits / {misses:,} misses ({rate:.0f}% hit), {_bytes(moved)} streamed"
+                     + (f" at {st.get('gbs', 0.0):,.1f} GB/s" if moved else "")
+                     + (f" ({_bytes(st.get('bytes_pageable', 0))} pageable)" if st.get("bytes_pageable") else ""))
+    return "<b>Expert cache</b><br>" + "<br>".join(html.escape(x) for x in lines)
 
 
 def _short(reason: str, limit: int = 110) -> str:

@@ -1,0 +1,175 @@
+"""Prompt-size sweeps: the plan (sizes, arms, strata-bench's order and nonces), the results table
+(the bench's median, spread and ratio), CSV and markdown, and real sweeps of the demo model in the
+window: charted point by point, stoppable with the finished points kept, reopened from the history."""
+from __future__ import annotations
+
+import csv
+import io
+import threading
+import time
+
+import pytest
+from gui_support import (qsettings, qt_settings_sandbox, set_form, themed_app,  # noqa: F401
+                         wait_no_engine_threads, window)
+from PySide6.QtCore import Qt
+
+from engine import prompt as prompts
+from engine.bench import Point
+from engine.config import ConfigError
+from engine.pipeline import PipelineHooks
+from strata_gui.sweep import SweepArm, SweepPlan, SweepResults, arm_config, format_tokens, parse_sizes
+
+BASE = {"devices": "cpu,cpu", "prefill": "32", "pf_depth": 1, "layer_split": "auto", "gpu_order": "pcie"}
+ARMS = (SweepArm("join", "pf_depth=0"), SweepArm("overlap", "pf_depth=1"))
+SWEEP_TIMEOUT_MS = 90_000
+
+
+def test_sizes_parse_with_k_suffixes_and_bad_ones_are_named():
+    assert parse_sizes("8K, 16K,32768 64k") == [8192, 16384, 32768, 65536]
+    assert parse_sizes("1.5K 512 512") == [512, 1536]
+    assert [format_tokens(n) for n in (8192, 1536, 300)] == ["8K", "1.5K", "300"]
+    for bad in ("", "8X", "0", "1.3", "2M"):
+        with pytest.raises(ConfigError) as info:
+            parse_sizes(bad)
+        assert "prompt sizes" in str(info.value)
+
+
+def test_plan_runs_every_arm_on_the_same_prompt_in_the_bench_order():
+    plan = SweepPlan((64, 128), ARMS, repeats=2)
+    plan.validate()
+    steps = plan.steps()
+    assert plan.total == len(steps) == 8
+    assert [(s.prompt_tokens, s.repeat, s.arm) for s in steps[:4]] == [(64, 0, 0), (64, 0, 1), (64, 1, 0), (64, 1, 1)]
+    # arms share the nonce of (size, repeat): identical prompts; repeats differ (engine/bench.py's scheme)
+    assert steps[0].nonce == steps[1].nonce == prompts.sweep_nonce(64, 0)
+    assert steps[2].nonce == prompts.sweep_nonce(64, 1) != steps[0].nonce
+    cfg = arm_config(BASE, SweepArm("x", "pf_depth=0 prefill=64"), env={})
+    assert (cfg.pf_depth, cfg.prefill, cfg.devices) == (0, 64, ["cpu", "cpu"])
+    with pytest.raises(ConfigError, match="pf_depth"):
+        arm_config(BASE, SweepArm("bad", "pf_depth=5"), env={})
+    with pytest.raises(ConfigError, match="a name used by one arm only"):
+        SweepPlan((64,), (SweepArm("a", ""), SweepArm("a", "pf_depth=0"))).validate()
+    cmd = SweepPlan((8192, 16384), ARMS, repeats=3, base=BASE).bench_command("demo")
+    assert cmd == ("strata-bench run --model demo --prompt-tokens 8192,16384 --devices cpu,cpu "
+                   "--prefill 32 --pf-depth 1 --arm pf_depth=0 --arm pf_depth=1 --repeat 3 --warmup 1")
+
+
+def test_a_real_sweep_worker_run_matches_the_bench_table(demo_path):
+    """The worker, run in this thread on real demo runs: the table's median and spread are
+    strata-bench's (engine.bench.Point) over the same reports; digests agree across arms."""
+    from strata_gui.sweep import SweepSample
+    from strata_gui.sweep_worker import SweepRequest, SweepWorker
+
+    plan = SweepPlan((64, 128), ARMS, repeats=2, warmup=0, model="demo", base=BASE)
+    configs = tuple(arm_config(BASE, a, env={}) for a in ARMS)
+    reports: dict[tuple[int, int], list] = {}
+    samples: list[SweepSample] = []
+
+    def recorder(record, member) -> int:
+        reports.setdefault((member[1].arm, member[1].prompt_tokens), []).append(record.report)
+        assert record.source == "sweep" and record.events and record.config["prompt"].startswith("synthetic, nonce")
+        return len(samples) + 1
+
+    worker = SweepWorker(SweepRequest(demo_path, "demo", plan, configs, sweep_id=7), threading.Event(), recorder)
+    outcome = []
+    worker.point_done.connect(samples.append)
+    worker.finished.connect(lambda stopped, msg: outcome.append((stopped, msg)))
+    worker.run()
+    assert outcome == [(False, "finished all 8 runs")]
+    res = SweepResults(plan, samples)
+    rows = res.rows()
+    assert [(r.arm_name, r.prompt_tokens, r.n) for r in rows] == \
+        [("join", 64, 2), ("overlap", 64, 2), ("join", 128, 2), ("overlap", 128, 2)]
+    for r in rows:
+        p = Point(r.arm_name, r.prompt_tokens, reports[(r.arm, r.prompt_tokens)])
+        assert r.median == p.median and r.spread == pytest.approx(p.spread)
+        base = next(x for x in rows if x.arm == 0 and x.prompt_tokens == r.prompt_tokens)
+        assert r.ratio == pytest.approx(r.median / base.median)
+        assert r.chunk == 32 and r.n_chunks == r.prompt_tokens // 32
+    assert all(r.same_output for r in rows if r.arm == 1)  # depth never changes the output bytes
+    lines = list(csv.reader(io.StringIO(res.to_csv())))
+    assert lines[0][:3] == ["arm", "settings", "prompt_tokens"] and len(lines) == 5
+    assert [x[0] for x in lines[1:]] == ["join", "overlap", "join", "overlap"]
+    md = res.to_markdown("demo")
+    assert "| arm | settings | prompt |" in md and "8 of 8 runs" in md
+    assert "strata-bench run --model demo --prompt-tokens 64,128" in md
+
+
+def _start_sweep(qtbot, win, sizes: str, repeats: int) -> None:
+    view = win.sweep_view
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=256, decode_tokens=0)
+    win.tabs.setCurrentWidget(view)
+    view.sizes.setText(sizes)
+    view.repeats.setValue(repeats)
+    view.warmup.setValue(0)
+    view.set_arms([("join", "pf_depth=0"), ("overlap", "pf_depth=1")])
+    assert view.start_button.isEnabled()
+    qtbot.mouseClick(view.start_button, Qt.MouseButton.LeftButton)
+    assert win.sweeps.is_running, view.errors.text()
+    assert not win.run_button.isEnabled() and view.stop_button.isEnabled()
+
+
+def test_a_2_size_2_arm_sweep_charts_4_points_and_exports(window, qtbot, tmp_path):
+    win = window
+    view = win.sweep_view
+    _start_sweep(qtbot, win, "64, 128", 1)
+    qtbot.waitUntil(lambda: not win.sweeps.is_running, timeout=SWEEP_TIMEOUT_MS)
+    assert wait_no_engine_threads() == []
+    assert "finished all 4 runs" in view.progress_label.text()
+    points = view.chart_points()
+    assert len(points) == 4
+    assert sorted((name.split(" ")[0], n) for name, n, _ in points) == \
+        [("join", 64.0), ("join", 128.0), ("overlap", 64.0), ("overlap", 128.0)]
+    rows = view.results.rows()
+    assert view.table.rowCount() == 4 and view.progress.value() == 4
+    assert {round(tok) for _, _, tok in points} == {round(r.median) for r in rows}
+    assert view.table.item(1, 0).text() == "overlap" and view.table.item(1, 5).text() == f"{rows[1].ratio:.3f}×"
+    assert view.table.item(1, 7).text() == "yes"
+    assert win.run_button.isEnabled()
+    # saved: four sweep runs, and the sweep itself
+    assert len(win.history.list_runs(source="sweep")) == 4
+    sweeps = win.history.list_sweeps()
+    assert sweeps[0].status == "finished" and sweeps[0].n_runs == 4
+    # exports
+    assert view.export("csv", tmp_path / "s.csv") and view.export("md", tmp_path / "s.md")
+    assert (tmp_path / "s.csv").read_text() == view.results.to_csv()
+    assert len(list(csv.reader((tmp_path / "s.csv").open()))) == 5
+    assert "| overlap | pf_depth=1 | 128 |" in (tmp_path / "s.md").read_text()
+    # reopened from the history, the same table
+    view.show_results(None)
+    assert view.chart_points() == []
+    assert win.open_sweep(sweeps[0].id)
+    assert [(r.arm_name, r.prompt_tokens, r.median) for r in view.results.rows()] == \
+        [(r.arm_name, r.prompt_tokens, r.median) for r in rows]
+    assert len(view.chart_points()) == 4
+
+
+def test_bad_plans_are_refused_then_a_stopped_sweep_keeps_its_finished_points(window, qtbot):
+    win = window
+    view = win.sweep_view
+    view.sizes.setText("64, lots")
+    assert not win.start_sweep()
+    assert "prompt sizes" in view.errors.text() and "lots" in view.errors.text()
+    view.sizes.setText("64")
+    view.set_arms([("a", "pf_depth=0"), ("b", "pf_depth=7")])
+    assert not win.start_sweep()
+    assert "arm b" in view.errors.text() and "pf_depth" in view.errors.text()
+    view.set_arms([("a", "layer_split=1,1,1")])
+    set_form(win, devices="cpu,cpu")
+    assert not win.start_sweep()
+    assert "arm a" in view.errors.text() and "layer_split" in view.errors.text()
+    assert not win.sweeps.is_running and win.history.list_sweeps() == []
+
+    win.sweeps.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.005))
+    _start_sweep(qtbot, win, "64, 128, 256", 2)
+    qtbot.waitUntil(lambda: view.results is not None and len(view.results) >= 2, timeout=SWEEP_TIMEOUT_MS)
+    qtbot.mouseClick(view.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not win.sweeps.is_running, timeout=SWEEP_TIMEOUT_MS)
+    assert wait_no_engine_threads() == []
+    done = len(view.results)
+    assert 2 <= done < 12
+    assert f"stopped after {done} of 12 runs" in view.progress_label.text()
+    assert len(view.chart_points()) == len(view.results.rows()) >= 1
+    assert win.history.list_sweeps()[0].status == "stopped"
+    assert len(win.history.list_runs(source="sweep")) == done
+    assert win.run_button.isEnabled() and view.start_button.isEnabled()
