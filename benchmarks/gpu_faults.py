@@ -40,10 +40,11 @@ def main() -> int:
     print(f"clean run: {clean.prefill_tok_s:.0f} tok/s, digest {clean.digest}")
     ok = True
 
+    torch.cuda.empty_cache()  # what the allocator keeps cached would otherwise absorb the request
     free, _ = torch.cuda.mem_get_info(dev)
     filler = torch.empty(free - (1 << 30), dtype=torch.uint8, device=dev)
     before = torch.cuda.memory_allocated(dev)
-    tokens = 200_000  # KV: 4 layers x 2 x 4 heads x 128 x 2 bytes x 200k = 1.6 GiB > 1 GiB free
+    tokens = 2_000_000  # KV: 4 layers x 2 x 4 heads x 128 x 2 bytes x 2M = 15 GiB > 1 GiB free
     try:
         sess.run(synthetic(tokens, src.spec.vocab, nonce=2), 1)
         print("FAIL: the oversized run did not run out of memory")
