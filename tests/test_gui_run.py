@@ -157,3 +157,43 @@ def test_telemetry_reason_for_a_gpu_run_without_nvml():
         assert reason and not reason.startswith("unavailable:")
     else:
         sampler.stop()
+
+
+def test_out_of_memory_shows_what_to_change_and_the_next_run_succeeds(window, qtbot):
+    """An OOM (forced through the allocation hook) reaches the user as the engine's message."""
+    win = window
+
+    def oom(what: str, device: str, nbytes: int) -> None:
+        if what.startswith("KV for layers 2-3"):
+            raise MemoryError("simulated")
+
+    win.controller.hooks = PipelineHooks(before_alloc=oom)
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_tokens=256, decode_tokens=2)
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "failed")
+    box = win.error_box
+    assert box is not None and "out of memory on cpu allocating KV for layers 2-3" in box.text()
+    assert "--layer-split" in box.text()
+    assert wait_no_engine_threads() == []
+    box.accept()
+    qtbot.waitUntil(lambda: win.error_box is None, timeout=5_000)
+    win.controller.hooks = None
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+
+
+def test_stop_during_decode_keeps_the_prompts_result(window, qtbot):
+    win = window
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.01) if c == -1 else None)
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_tokens=256, decode_tokens=400)
+    _click_run(qtbot, win)
+    qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 4,
+                    timeout=RUN_TIMEOUT_MS)
+    qtbot.wait(100)  # into the decode steps
+    win.stop_button.click()
+    _wait_done(qtbot, win, "cancelled")
+    assert wait_no_engine_threads() == []
+    win.controller.hooks = None
+    set_form(win, decode_tokens=2)
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
