@@ -13,6 +13,8 @@ import threading
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 from engine.pipeline import PipelineHooks
+
+from .job_thread import JobThreadOwner
 from engine.topology import Topology
 
 from .event_batcher import DEFAULT_INTERVAL_S
@@ -22,7 +24,7 @@ from .session_cache import SessionCache
 log = logging.getLogger(__name__)
 
 
-class RunController(QObject):
+class RunController(JobThreadOwner, QObject):
     run_started = Signal(object)
     events = Signal(object)
     telemetry = Signal(object)
@@ -77,18 +79,6 @@ class RunController(QObject):
         self.busy_changed.emit(True)
         thread.start()
         return True
-
-    def stop(self) -> None:
-        """Ask the engine to stop at the next chunk boundary."""
-        if self._cancel is not None:
-            self._cancel.set()
-
-    def wait(self, timeout_ms: int = -1) -> bool:
-        """Block until the run thread has ended; True when it has (or none was running)."""
-        thread = self._thread
-        if thread is None:
-            return True
-        return thread.wait() if timeout_ms < 0 else thread.wait(timeout_ms)
 
     def shutdown(self) -> None:
         """Cancel, wait for the thread, free the Session: the window is closing."""

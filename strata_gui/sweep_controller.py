@@ -13,12 +13,14 @@ from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 from engine.pipeline import PipelineHooks
 
+from .job_thread import JobThreadOwner
+
 from .sweep_worker import SweepRecorder, SweepRequest, SweepWorker
 
 log = logging.getLogger(__name__)
 
 
-class SweepController(QObject):
+class SweepController(JobThreadOwner, QObject):
     progress = Signal(object)
     point_done = Signal(object)
     status = Signal(str)
@@ -59,16 +61,6 @@ class SweepController(QObject):
         self.busy_changed.emit(True)
         thread.start()
         return True
-
-    def stop(self) -> None:
-        if self._cancel is not None:
-            self._cancel.set()
-
-    def wait(self, timeout_ms: int = -1) -> bool:
-        thread = self._thread
-        if thread is None:
-            return True
-        return thread.wait() if timeout_ms < 0 else thread.wait(timeout_ms)
 
     def shutdown(self) -> None:
         if self._thread is not None:
