@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from engine.config import EngineConfig

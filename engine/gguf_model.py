@@ -1,9 +1,11 @@
 """GGUF file -> `ModelSpec` + memory-mapped tensors, checked before any device memory is taken.
 
-Parsing and dequantisation come from the `gguf` package.  Before its `GGUFReader` sees a file,
 `scan` walks the header, the metadata and the tensor table with `struct` and checks every count,
 length, type, dimension and offset against the file's size, so a corrupt or hostile file is
-refused in time and memory proportional to its header, never to the numbers written in it.
+refused in time and memory proportional to its header, never to the numbers written in it.  The
+loader then maps the tensors from that checked layout (gguf's GGUFReader decodes every metadata
+array item up front: seconds for a real vocabulary); the type tables, block sizes and the
+dequantisation of every quant type come from the `gguf` package.
 Everything that can be wrong with a file is reported as `GGUFError` naming the file and the
 problem (and, in `kind`, the class of problem).
 """
@@ -20,8 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-import gguf
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUFValueType
 
@@ -141,7 +142,7 @@ class LoadedModel:
     path: Path
     spec: ModelSpec
     metadata: dict[str, Any]
-    _reader: GGUFReader = field(repr=False)
+    _map: np.memmap = field(repr=False)
     _tensors: dict[str, Any] = field(repr=False)
 
     @property
@@ -179,37 +180,6 @@ class LoadedModel:
         kind = f"{s.n_experts} experts, top-{s.n_experts_used}" if s.is_moe else f"dense FFN {s.ffn}"
         return (f"{s.arch}: {s.n_layers} layers, hidden {s.hidden}, {s.n_heads}/{s.n_kv_heads} heads, "
                 f"{kind}, vocab {s.vocab}, {self.file_bytes / 2**20:.1f} MiB")
-
-
-def _field_value(f: Any) -> Any:
-    """Decode a ReaderField into a Python value (scalars, strings and arrays)."""
-    types = f.types
-    if not types:
-        return None
-    if types[0] == gguf.GGUFValueType.ARRAY:
-        sub = types[-1]
-        if sub == gguf.GGUFValueType.STRING:
-            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
-        return [f.parts[i].tolist()[0] for i in f.data]
-    if types[0] == gguf.GGUFValueType.STRING:
-        return bytes(f.parts[f.data[0]]).decode("utf-8", errors="replace")
-    return f.parts[f.data[0]].tolist()[0]
-
-
-def read_metadata(reader: GGUFReader, path: Path, with_arrays: bool = False) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
-    for key, f in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        if not with_arrays and f.types and f.types[0] == gguf.GGUFValueType.ARRAY:
-            meta[key] = f  # kept raw; decoded on demand (vocabularies are large)
-            continue
-        try:
-            meta[key] = _field_value(f)
-        except Exception as exc:  # a corrupt value is a file defect
-            raise GGUFError(path, f"cannot decode metadata key {_short(key)}: {type(exc).__name__}: "
-                                  f"{_cut(str(exc))}", KIND_METADATA) from None
-    return meta
 
 
 # --------------------------------------------------------------------------- the layout scan
@@ -560,24 +530,9 @@ def scan(path: Path | str) -> GGUFLayout:
         raise GGUFError(p, f"cannot read: {exc}", KIND_FILE) from None
 
 
-def open_reader(path: Path | str) -> GGUFReader:
-    """gguf's reader on a file that `scan` found sound; any exception it raises becomes GGUFError."""
-    p = Path(path)
-    scan(p)
-    return _gguf_reader(p)
-
-
-def _gguf_reader(p: Path) -> GGUFReader:
-    try:
-        return GGUFReader(p, "r")
-    except Exception as exc:  # scan should have caught it; never let gguf's own error types out
-        raise GGUFError(p, f"corrupt or truncated GGUF header, metadata or tensor table (gguf's reader: "
-                           f"{type(exc).__name__}: {_cut(str(exc))})", KIND_READER) from None
-
-
 def _describe(v: Any) -> str:
     """A short description of a metadata value for a message (arrays stay undecoded)."""
-    if isinstance(v, tuple) and hasattr(v, "types"):  # a raw ReaderField: an array
+    if isinstance(v, MetadataArray):
         return "an array"
     if isinstance(v, (list, tuple)):
         return f"a list of {len(v)} items"
@@ -712,9 +667,13 @@ def load(path: Path | str) -> LoadedModel:
     p = Path(path)
     layout = scan(p)
     size = layout.size
-    reader = _gguf_reader(p)
-    meta = read_metadata(reader, p)
-    tensors = {t.name: t for t in reader.tensors}
+    try:
+        meta, tensors, mapped = _read_layout(p, layout)
+    except GGUFError:
+        raise
+    except Exception as exc:  # scan vouched for every number; anything else is still the file's fault
+        raise GGUFError(p, f"corrupt GGUF metadata or tensor table ({type(exc).__name__}: {_cut(str(exc))})",
+                        KIND_READER) from None
     spec = spec_from_metadata(meta, tensors, p)
     ok_types = supported_types()
     for name, shape in expected_shapes(spec).items():
@@ -734,11 +693,99 @@ def load(path: Path | str) -> LoadedModel:
                 p, f"truncated file: tensor {name} needs bytes up to {t.data_offset + t.n_bytes}, "
                    f"file has {size}", KIND_TRUNCATED)
     log.info("loaded %s: %s", p.name, spec)
-    return LoadedModel(path=p, spec=spec, metadata=meta, _reader=reader, _tensors=tensors)
+    return LoadedModel(path=p, spec=spec, metadata=meta, _map=mapped, _tensors=tensors)
 
 
 def vocabulary(model: LoadedModel) -> list[str]:
     f = model.metadata.get("tokenizer.ggml.tokens")
     if f is None:
         raise GGUFError(model.path, "the file has no vocabulary (tokenizer.ggml.tokens): use token ids", KIND_METADATA)
-    return _field_value(f) if not isinstance(f, list) else f
+    return f.decode() if isinstance(f, MetadataArray) else list(f)
+
+
+# ------------------------------------------------------------------ reading a scanned file
+# gguf's GGUFReader builds a numpy view per metadata array item (about 25 us each): a real
+# model's 150k-token vocabulary and merges cost ~7 s and hundreds of MiB before the first
+# tensor.  `scan` has already located and bounds-checked every entry, so the loader reads the
+# scalars it needs straight from the mapped file, keeps arrays undecoded until asked for, and
+# maps each tensor exactly as GGUFReader would; gguf still does the dequantisation.
+
+_SCALARS = {
+    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
+    GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i", GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?",
+    GGUFValueType.UINT64: "Q", GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
+}
+_TYPED = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
+          GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
+          GGMLQuantizationType.I16: np.int16, GGMLQuantizationType.I32: np.int32,
+          GGMLQuantizationType.I64: np.int64}
+
+
+@dataclass(frozen=True)
+class MetadataArray:
+    """A metadata array left undecoded in the mapped file (vocabularies are large)."""
+
+    buf: Any
+    order: str
+    item_type: int
+    count: int
+    items_at: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def decode(self) -> list:
+        items, pos = [], self.items_at
+        if self.item_type == GGUFValueType.STRING:
+            for _ in range(self.count):
+                n = struct.unpack_from(self.order + "Q", self.buf, pos)[0]
+                items.append(bytes(self.buf[pos + 8:pos + 8 + n]).decode("utf-8", errors="replace"))
+                pos += 8 + n
+            return items
+        fmt = _SCALARS.get(GGUFValueType(self.item_type))
+        if fmt is None:
+            raise ValueError(f"arrays of {GGUFValueType(self.item_type).name} are not decoded")
+        return list(struct.unpack_from(f"{self.order}{self.count}{fmt}", self.buf, self.items_at))
+
+
+@dataclass(frozen=True)
+class MappedTensor:
+    """A tensor of the file, as gguf's ReaderTensor presents it (shape in ggml order)."""
+
+    name: str
+    tensor_type: GGMLQuantizationType
+    shape: np.ndarray
+    n_bytes: int
+    data_offset: int  # absolute, in the file
+    data: np.ndarray
+
+
+def _decode_value(buf: Any, order: str, vtype: int, pos: int) -> Any:
+    if vtype == GGUFValueType.STRING:
+        n = struct.unpack_from(order + "Q", buf, pos)[0]
+        return bytes(buf[pos + 8:pos + 8 + n]).decode("utf-8", errors="replace")
+    return struct.unpack_from(order + _SCALARS[GGUFValueType(vtype)], buf, pos)[0]
+
+
+def _read_layout(p: Path, layout: GGUFLayout) -> tuple[dict[str, Any], dict[str, MappedTensor], np.memmap]:
+    buf = np.memmap(p, mode="r")
+    order = layout.byte_order
+    meta: dict[str, Any] = {}
+    for kv in layout.kvs:
+        if kv.value_type == GGUFValueType.ARRAY:
+            meta[kv.key] = MetadataArray(buf, order, kv.item_type, kv.count, kv.value_offset + 12)
+        else:
+            meta[kv.key] = _decode_value(buf, order, kv.value_type, kv.value_offset)
+    tensors: dict[str, MappedTensor] = {}
+    for t in layout.tensors:
+        qtype = GGMLQuantizationType(t.ggml_type)
+        start = layout.data_start + t.data_offset
+        np_dims = tuple(reversed(t.dims))
+        raw = buf[start:start + t.n_bytes]
+        if qtype in _TYPED:
+            dtype = np.dtype(_TYPED[qtype]).newbyteorder(order)
+            data = raw.view(dtype).reshape(np_dims)
+        else:
+            data = raw.reshape(gguf_quants.quant_shape_to_byte_shape(np_dims, qtype))
+        tensors[t.name] = MappedTensor(t.name, qtype, np.array(t.dims, dtype=np.uint64), t.n_bytes, start, data)
+    return meta, tensors, buf

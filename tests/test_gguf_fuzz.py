@@ -238,7 +238,7 @@ def test_errors_from_gguf_itself_become_gguf_error(demo_path, monkeypatch):
     def broken_reader(*args, **kwargs):
         raise RuntimeError("unforeseen")
 
-    monkeypatch.setattr(gguf_model, "GGUFReader", broken_reader)
+    monkeypatch.setattr(gguf_model, "_decode_value", broken_reader)
     with pytest.raises(GGUFError) as ei:
         gguf_model.load(demo_path)
     assert ei.value.kind == "reader" and "RuntimeError: unforeseen" in str(ei.value)
