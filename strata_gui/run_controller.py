@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from engine.pipeline import PipelineHooks
 
@@ -48,10 +48,6 @@ class RunController(JobThreadOwner, QObject):
         self._cancel: threading.Event | None = None
         self.runs_started = 0
 
-    @property
-    def is_running(self) -> bool:
-        return self._thread is not None
-
     def start(self, request: RunRequest) -> bool:
         if self._thread is not None:
             log.warning("a run is already in flight; start ignored")
@@ -59,10 +55,6 @@ class RunController(JobThreadOwner, QObject):
         self._cancel = threading.Event()
         worker = RunWorker(request, self.sessions, self._cancel, self.hooks, self.topology, self.batch_interval_s,
                            self.recorder)
-        thread = QThread()
-        thread.setObjectName("strata-run")
-        worker.moveToThread(thread)
-        thread.started.connect(worker.run)
         worker.run_started.connect(self._on_run_started)
         worker.events.connect(self._on_events)
         worker.telemetry.connect(self._on_telemetry)
@@ -71,13 +63,8 @@ class RunController(JobThreadOwner, QObject):
         worker.cancelled.connect(self._on_cancelled)
         worker.failed.connect(self._on_failed)
         worker.saved.connect(self._on_saved)
-        # direct: quit from the worker thread itself, so shutdown() can block in wait()
-        worker.done.connect(thread.quit, Qt.ConnectionType.DirectConnection)
-        thread.finished.connect(self._on_thread_finished)
-        self._thread, self._worker = thread, worker
         self.runs_started += 1
-        self.busy_changed.emit(True)
-        thread.start()
+        self._launch(worker, "strata-run")
         return True
 
     def shutdown(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from engine.pipeline import PipelineHooks
 
@@ -36,30 +36,18 @@ class SweepController(JobThreadOwner, QObject):
         self._worker: SweepWorker | None = None
         self._cancel: threading.Event | None = None
 
-    @property
-    def is_running(self) -> bool:
-        return self._thread is not None
-
     def start(self, request: SweepRequest) -> bool:
         if self._thread is not None:
             log.warning("a sweep is already in flight; start ignored")
             return False
         self._cancel = threading.Event()
         worker = SweepWorker(request, self._cancel, self.recorder, self.hooks)
-        thread = QThread()
-        thread.setObjectName("strata-sweep")
-        worker.moveToThread(thread)
-        thread.started.connect(worker.run)
         worker.progress.connect(self._on_progress)
         worker.point_done.connect(self._on_point)
         worker.status.connect(self._on_status)
         worker.finished.connect(self._on_finished)
         worker.failed.connect(self._on_failed)
-        worker.done.connect(thread.quit, Qt.ConnectionType.DirectConnection)
-        thread.finished.connect(self._on_thread_finished)
-        self._thread, self._worker = thread, worker
-        self.busy_changed.emit(True)
-        thread.start()
+        self._launch(worker, "strata-sweep")
         return True
 
     def shutdown(self) -> None:
