@@ -28,7 +28,7 @@ SETTING_FLAGS = {  # CLI flag -> setting
     "devices": "devices", "layer_split": "layer_split", "prefill": "prefill", "pf_depth": "pf_depth",
     "prefill_main": "prefill_main", "pin_limit_gib": "pin_limit_gib", "gpu_order": "gpu_order",
     "expert_cache": "expert_cache", "handoff": "handoff", "dtype": "dtype", "timing": "timing",
-    "check_nan": "check_nan",
+    "check_nan": "check_nan", "cuda_graphs": "cuda_graphs",
 }
 
 
@@ -258,14 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--layer-split", dest="layer_split")
     r.add_argument("--prefill", help="chunk size: auto or N")
     r.add_argument("--pf-depth", dest="pf_depth", help="1 overlap (default), 0 join")
-    r.add_argument("--prefill-main", dest="prefill_main", action="store_const", const=True)
+    r.add_argument("--prefill-main", dest="prefill_main", nargs="?", const="1", metavar="0|1")
     r.add_argument("--pin-limit-gib", dest="pin_limit_gib")
     r.add_argument("--gpu-order", dest="gpu_order")
     r.add_argument("--expert-cache", dest="expert_cache")
     r.add_argument("--handoff", help="auto, peer or host")
     r.add_argument("--dtype")
-    r.add_argument("--timing", action="store_const", const=True, help="per-stage wall/compute/wait (stderr)")
-    r.add_argument("--check-nan", dest="check_nan", action="store_const", const=True)
+    r.add_argument("--timing", nargs="?", const="1", metavar="0|1", help="per-stage wall/compute/wait (stderr)")
+    r.add_argument("--check-nan", dest="check_nan", nargs="?", const="1", metavar="0|1")
+    r.add_argument("--cuda-graphs", dest="cuda_graphs", nargs="?", const="1", metavar="0|1",
+                   help="replay layers as CUDA graphs (default 1; 0 runs every op eagerly)")
     r.add_argument("--arm", action="append", help='settings of one arm, e.g. "pf_depth=0" (repeatable)')
     r.add_argument("--repeat", type=int, default=1)
     r.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per arm")
@@ -305,7 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if ns.verbose or getattr(ns, "timing", False) else logging.WARNING,
+    timing = getattr(ns, "timing", None)
+    try:
+        timing = bool(timing is not None and parse_setting("timing", timing))
+    except ConfigError:
+        timing = False  # reported with the other settings when the run parses them
+    logging.basicConfig(level=logging.INFO if ns.verbose or timing else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         if ns.cmd == "run":

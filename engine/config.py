@@ -43,14 +43,15 @@ ENV_NAMES: dict[str, str] = {
     "gpu_order": "STRATA_GPU_ORDER",
     "timing": "STRATA_PREFILL_TIMING",
     "check_nan": "STRATA_DBG_NAN",
+    "cuda_graphs": "STRATA_CUDA_GRAPHS",
 }
 
 # every setting `parse_setting` knows, in the order of DESIGN.md's table
 SETTING_NAMES: tuple[str, ...] = (
     "pf_depth", "prefill_main", "pin_limit_gib", "prefill", "gpu_order", "layer_split", "expert_cache",
-    "timing", "check_nan", "devices", "handoff", "dtype",
+    "timing", "check_nan", "devices", "handoff", "dtype", "cuda_graphs",
 )
-BOOL_SETTINGS = ("prefill_main", "timing", "check_nan")
+BOOL_SETTINGS = ("prefill_main", "timing", "check_nan", "cuda_graphs")
 CHOICES: dict[str, tuple[str, ...]] = {
     "gpu_order": ("pcie", "configured"),
     "handoff": ("auto", "peer", "host"),
@@ -92,6 +93,7 @@ class EngineConfig:
     dtype: str = "auto"
     timing: bool = False
     check_nan: bool = False
+    cuda_graphs: bool = True  # replay each layer's position-independent kernels as CUDA graphs
 
     # ------------------------------------------------------------------ parsing
     @classmethod

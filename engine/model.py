@@ -66,19 +66,20 @@ class Rope:
         ang = torch.outer(t, self.inv_freq)
         self.cos, self.sin = ang.cos().float(), ang.sin().float()
 
-    def apply_lowp(self, x: torch.Tensor, pos: int) -> torch.Tensor:
-        """RoPE in x's own dtype (bf16 on GPU), as HF applies it: x*cos + rotate_half(x)*sin.
-        Neox style only; five kernels instead of ten."""
-        n = x.shape[0]
+    def lowp_tables(self, pos: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of positions pos..pos+n-1 in `dtype`, shaped [n, 1, head_dim] (neox)."""
         self._ensure(pos + n)
-        key = (x.dtype, self.cos.shape[0])
+        key = (dtype, self.cos.shape[0])
         if getattr(self, "_lowp_key", None) != key:
-            self._cos_full = torch.cat((self.cos, self.cos), -1).to(x.dtype)[:, None, :]
-            self._sin_full = torch.cat((self.sin, self.sin), -1).to(x.dtype)[:, None, :]
+            self._cos_full = torch.cat((self.cos, self.cos), -1).to(dtype)[:, None, :]
+            self._sin_full = torch.cat((self.sin, self.sin), -1).to(dtype)[:, None, :]
             self._lowp_key = key
-        half = self.head_dim // 2
-        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * self._cos_full[pos:pos + n] + rot * self._sin_full[pos:pos + n]
+        return self._cos_full[pos:pos + n], self._sin_full[pos:pos + n]
+
+    def apply_lowp(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+        """RoPE in x's own dtype (bf16 on GPU), as HF applies it: x*cos + rotate_half(x)*sin."""
+        cos, sin = self.lowp_tables(pos, x.shape[0], x.dtype)
+        return rotate_lowp(x, cos, sin)
 
     def apply(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         """x: [n, heads, head_dim] at positions pos..pos+n-1."""
@@ -94,6 +95,14 @@ class Rope:
             x1, x2 = xf[..., 0::2], xf[..., 1::2]
             out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
         return out.to(x.dtype)
+
+
+def rotate_lowp(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox RoPE of x [n, heads, head_dim] with cos/sin tables [n, 1, head_dim]: five kernels,
+    no position argument, so a CUDA graph can hold it with the tables as its inputs."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
 
 
 @dataclass
@@ -211,7 +220,12 @@ class Layer:
     def fast_ok(self, x: torch.Tensor) -> bool:
         return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.spec.rope_style == "neox")
 
-    def fast_attention(self, x: torch.Tensor, kv: LayerKV, pos: int) -> torch.Tensor:
+    def pre_attention(self, x: torch.Tensor, cos: torch.Tensor,
+                      sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """attn norm, fused q/k/v, q/k norm and RoPE of a chunk: q [n, H, hd], k and v [n, KV, hd].
+
+        Depends on the position only through the cos/sin tables, so `engine.graphs` can
+        capture it once per chunk size."""
         s = self.spec
         if self.fused is None:
             self.fused = fuse_weights(s, self.w)
@@ -222,12 +236,22 @@ class Layer:
         qk = qkv[:, : (H + KV) * hd].view(n, H + KV, hd)
         if fw.qk_norm is not None:
             qk = F.rms_norm(qk, (hd,), None, s.rms_eps) * fw.qk_norm
-        qk = self.rope.apply_lowp(qk, pos)
+        qk = rotate_lowp(qk, cos, sin)
         v = qkv[:, (H + KV) * hd:].view(n, KV, hd)
-        keys, values = kv.append(qk[:, H:], v, pos)
-        return self._attend(qk[:, :H], keys, values, n, pos)
+        return qk[:, :H], qk[:, H:], v
+
+    def post_attention(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Output projection, residual, FFN norm, experts (resident) or dense FFN, residual."""
+        x = x + F.linear(o, self.w.wo)
+        h = F.rms_norm(x, (self.spec.hidden,), self.fused.ffn_norm, self.spec.rms_eps)
+        return x + (self.moe(h) if self.spec.is_moe else self.dense(h))
+
+    def graphable(self, x: torch.Tensor) -> bool:
+        """Whether this layer's GPU path holds no host synchronisation (streamed experts do)."""
+        return self.fast_ok(x) and self.cache is None and (not self.spec.is_moe or bool(self.use_grouped_mm))
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n: int, pos: int) -> torch.Tensor:
+        """Causal attention of the chunk's queries over keys/values [0, pos+n): [n, H*hd]."""
         s, total = self.spec, pos + n
         qt = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
         kt = keys.transpose(0, 1).unsqueeze(0)  # [1, KV, L, hd]
@@ -239,8 +263,7 @@ class Layer:
             o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
         else:
             o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=causal_lower_right(n, total), enable_gqa=gqa)
-        o = o.squeeze(0).transpose(0, 1).reshape(n, s.n_heads * s.head_dim)
-        return F.linear(o, self.w.wo)
+        return o.squeeze(0).transpose(0, 1).reshape(n, s.n_heads * s.head_dim)
 
     # ------------------------------------------------------------------ attention
     def attention(self, x: torch.Tensor, kv: LayerKV, pos: int) -> torch.Tensor:
@@ -256,7 +279,7 @@ class Layer:
         q = self.rope.apply(q, pos)
         k = self.rope.apply(k, pos)
         keys, values = kv.append(k, v, pos)
-        return self._attend(q, keys, values, n, pos)
+        return F.linear(self._attend(q, keys, values, n, pos), w.wo)
 
     # ------------------------------------------------------------------------ FFN
     def moe(self, h: torch.Tensor) -> torch.Tensor:
@@ -360,11 +383,12 @@ class Layer:
 
     def forward(self, x: torch.Tensor, kv: LayerKV, pos: int) -> torch.Tensor:
         if self.fast_ok(x):
-            x = x + self.fast_attention(x, kv, pos)
-            h = F.rms_norm(x, (self.spec.hidden,), self.fused.ffn_norm, self.spec.rms_eps)
-        else:
-            x = x + self.attention(x, kv, pos)
-            h = rms_norm(x, self.w.ffn_norm, self.spec.rms_eps)
+            cos, sin = self.rope.lowp_tables(pos, x.shape[0], x.dtype)
+            q, k, v = self.pre_attention(x, cos, sin)
+            keys, values = kv.append(k, v, pos)
+            return self.post_attention(x, self._attend(q, keys, values, x.shape[0], pos))
+        x = x + self.attention(x, kv, pos)
+        h = rms_norm(x, self.w.ffn_norm, self.spec.rms_eps)
         return x + (self.moe(h) if self.spec.is_moe else self.dense(h))
 
     __call__ = forward

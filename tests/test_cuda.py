@@ -104,3 +104,42 @@ def test_streamed_experts_on_cuda_match_resident_and_respect_the_pin_limit(demo_
         assert st["misses"] > 0 and (st["bytes_pinned"] > 0) == (pin > 0)
         assert any(e.kind == "stream" for e in sess.events)
         sess.close()
+
+
+@cuda
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3"])
+def test_cuda_graphs_replay_the_eager_kernels_bit_for_bit(make_arch, arch):
+    """Graph replay runs the eager path's own kernels: same logits, digest and tokens, on the
+    run that captures (second chunk on) and on a later run that replays from chunk 0."""
+    model = gguf_model.load(make_arch(arch))
+    ids = synthetic(256, model.spec.vocab, nonce=11)
+    eager = Session(model, EngineConfig(devices=["cuda:0"], prefill=64, cuda_graphs=False)).run(
+        ids, decode_tokens=6, logits_all=True)
+    sess = Session(model, EngineConfig(devices=["cuda:0"], prefill=64))
+    notes = []
+    for run in range(2):
+        res = sess.run(ids, decode_tokens=6, logits_all=True)
+        assert torch.equal(res.logits, eager.logits), f"run {run}"
+        assert res.report.digest == eager.report.digest
+        assert res.report.generated == eager.report.generated
+        notes.append(" ".join(res.report.notes))
+    assert sorted(k[2] for k in sess.stages[0].graph_sets) == [1, 64]  # decode steps and chunks
+    assert "CUDA graphs captured" in notes[0] and "CUDA graphs captured" not in notes[1]
+    sess.close()
+    assert not sess.stages[0].graph_sets
+
+
+@two_gpus
+def test_two_gpu_graphs_match_eager(demo_path):
+    model = gguf_model.load(demo_path)
+    ids = synthetic(512, model.spec.vocab, nonce=4)
+    digests = set()
+    for graphs in (False, True):
+        sess = Session(model, EngineConfig(devices=["cuda:0", "cuda:1"], prefill=64, gpu_order="configured",
+                                           cuda_graphs=graphs))
+        for _ in range(2):
+            res = sess.run(ids, decode_tokens=4)
+            digests.add((res.report.digest, tuple(res.report.generated)))
+        assert bool(sess.stages[1].graph_sets) == graphs
+        sess.close()
+    assert len(digests) == 1, digests

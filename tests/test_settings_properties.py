@@ -308,8 +308,8 @@ def _cli_config(argv: list[str]) -> EngineConfig:
 @given(data=st.data())
 def test_cli_values_round_trip(name, data):
     v = data.draw(VALID[name])
-    if name in BOOL_SETTINGS:  # store_const flags: present means on
-        argv = [FLAGS[name]] if v else []
+    if name in BOOL_SETTINGS:  # a bare flag means on; --flag=0 off
+        argv = [FLAGS[name]] if v else [FLAGS[name] + "=0"]
     else:
         argv = [f"{FLAGS[name]}={format_setting(name, v)}"]
     if name == "layer_split" and v != "auto":
