@@ -78,7 +78,10 @@ def set_form(win, **values) -> None:
 
 
 def engine_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.is_alive() and t.name.startswith(ENGINE_THREAD_PREFIXES)]
+    """Engine threads doing work.  A loaded session keeps its stage workers between runs; idle
+    ones (`strata_busy` clear) are not counted — closing the session stops them."""
+    return [t.name for t in threading.enumerate() if t.is_alive() and t.name.startswith(ENGINE_THREAD_PREFIXES)
+            and not (hasattr(t, "strata_busy") and not t.strata_busy.is_set())]
 
 
 def wait_no_engine_threads(timeout_s: float = 5.0) -> list[str]:

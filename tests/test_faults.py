@@ -26,8 +26,11 @@ def clean(demo):
         synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3).report
 
 
-def engine_threads():
-    return [t for t in threading.enumerate() if t.name.startswith(("strata-stage", "strata-digest"))]
+def settled(sess) -> bool:
+    """Nothing of the run is left working: no chunk in flight, every kept stage worker idle,
+    no digest thread."""
+    digest = [t for t in threading.enumerate() if t.name.startswith("strata-digest")]
+    return sess.in_flight() == 0 and not digest and len(sess.worker_threads()) <= len(sess.stages) - 1
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
@@ -41,7 +44,7 @@ def test_an_exception_in_any_stage_at_any_chunk(demo, clean, stage, chunk):
         sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3)
     assert (ei.value.stage, ei.value.chunk) == (stage, chunk)
     assert f"stage {stage} (cpu), chunk {chunk}" in str(ei.value) and "injected" in str(ei.value)
-    assert engine_threads() == []
+    assert settled(sess)
     assert all(st.kvs == [] for st in sess.stages)  # per-run memory released
     sess.hooks = PipelineHooks()
     again = sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3).report
@@ -63,7 +66,7 @@ def test_out_of_memory_names_device_what_and_what_to_change(demo, clean, what, w
         sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3)
     for w in words:
         assert w in str(ei.value), str(ei.value)
-    assert engine_threads() == [] and all(st.kvs == [] for st in sess.stages)
+    assert settled(sess) and all(st.kvs == [] for st in sess.stages)
     armed["on"] = False
     again = sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3).report
     assert again.digest == clean.digest
@@ -104,7 +107,7 @@ def test_cancel_at_load_prefill_and_decode(demo, clean):
         assert report.cancelled
         if phase == "decode":  # the prompt finished: its digest stands, no tokens are claimed
             assert report.digest == clean.digest and report.generated == []
-        assert engine_threads() == []
+        assert settled(sess)
     sess.hooks = PipelineHooks()
     again = sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3).report
     assert (again.digest, again.generated) == (clean.digest, clean.generated)

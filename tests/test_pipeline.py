@@ -1,6 +1,7 @@
 """The seeds' pipeline semantics on CPU stages: join vs overlap, digests, the finish guard."""
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -105,7 +106,7 @@ def test_exception_in_a_stage_surfaces_with_context(demo):
         sess.run(synthetic(128, demo.spec.vocab, nonce=1))
     err = ei.value
     assert (err.stage, err.chunk) == (2, 5) and "injected fault" in str(err) and "stage 2 (cpu), chunk 5" in str(err)
-    assert stage_threads() == []
+    assert sess.in_flight() == 0 and len(sess.worker_threads()) <= len(sess.stages) - 1
     sess.hooks = PipelineHooks()
     ok = sess.run(synthetic(128, demo.spec.vocab, nonce=1))
     clean = Session(demo, cfg).run(synthetic(128, demo.spec.vocab, nonce=1))
@@ -128,16 +129,39 @@ def test_cancel_returns_within_one_chunk(demo, depth):
     started = compute(sess.events, 0)
     assert max(started) == 3, "no chunk may start after the cancel"
     assert max(compute(sess.events, 1)) == 3, "chunks in flight were drained"
-    assert stage_threads() == []
+    assert sess.in_flight() == 0 and len(sess.worker_threads()) <= len(sess.stages) - 1
     sess.run(synthetic(64, demo.spec.vocab))  # the next run works
 
 
 def test_finish_guard_never_returns_with_chunks_in_flight(demo):
     """Every compute event of every stage is recorded before prefill returns."""
-    res, events, _ = run(demo, 1, devices=("cpu", "cpu", "cpu"), hooks=sleepy())
+    sess = Session(demo, EngineConfig(devices=["cpu"] * 3, prefill=16), hooks=sleepy())
+    sess.run(synthetic(128, demo.spec.vocab, nonce=5))
     for s in range(3):
-        assert sorted(compute(events, s)) == list(range(8))
-    assert stage_threads() == []
+        assert sorted(compute(sess.events, s)) == list(range(8))
+    assert sess.in_flight() == 0
+
+
+def test_stage_workers_are_kept_between_runs_and_stopped_by_close(demo):
+    """A fresh thread pays CUDA's per-thread set-up inside its first chunk: workers are kept."""
+    sess = Session(demo, EngineConfig(devices=["cpu"] * 3, prefill=16))
+    sess.run(synthetic(64, demo.spec.vocab, nonce=5))
+    threads = sess.worker_threads()
+    assert [t.name for t in threads] == ["strata-stage1", "strata-stage2"]
+    sess.run(synthetic(64, demo.spec.vocab, nonce=6))
+    assert sess.worker_threads() == threads and sess.in_flight() == 0
+    sess.close()
+    assert not any(t.is_alive() for t in threads) and sess.worker_threads() == []
+
+
+def test_an_unclosed_session_does_not_keep_its_workers(demo):
+    sess = Session(demo, EngineConfig(devices=["cpu"] * 2, prefill=16))
+    sess.run(synthetic(64, demo.spec.vocab, nonce=5))
+    (thread,) = sess.worker_threads()
+    del sess
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
 
 
 @pytest.mark.parametrize("settings, words", [
