@@ -29,6 +29,7 @@ SETTING_FLAGS = {  # CLI flag -> setting
     "prefill_main": "prefill_main", "pin_limit_gib": "pin_limit_gib", "gpu_order": "gpu_order",
     "expert_cache": "expert_cache", "handoff": "handoff", "dtype": "dtype", "timing": "timing",
     "check_nan": "check_nan", "cuda_graphs": "cuda_graphs",
+    "chunk_schedule": "chunk_schedule",
 }
 
 
@@ -109,12 +110,21 @@ def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 
         "tflops": tflops, "mfu": tflops / (peak_tflops * gpus) if peak_tflops else None,
         "row": "summary", "arm": p.arm, "prompt_tokens": p.prompt_tokens, "chunk": r.plan.chunk,
         "n_chunks": r.plan.n_chunks, "stages": len(r.plan.stages), "handoff": r.handoff,
+        "schedule": r.plan.schedule, "chunk_sizes": [n for _, n in r.plan.chunk_bounds()],
         "prefill_tok_s": p.median, "prefill_tok_s_all": p.tok_s, "spread": p.spread,
         "decode_tok_s": statistics.median([x.decode_tok_s for x in p.reports]),
         "ratio": p.median / base.median if base and base.median else 1.0,
         "busy_histogram": r.busy_histogram, "digest": r.digest, "experts": _experts(r),
         "per_stage": [vars(t) for t in r.per_stage],
     }
+
+
+def _chunks(r: dict[str, Any]) -> str:
+    """2048x16 for fixed chunks; 16 bal 4224..1344 for a balanced schedule (first..last size)."""
+    if r.get("schedule") == "balanced":
+        sizes = r["chunk_sizes"]
+        return f"{r['n_chunks']} bal {sizes[0]}..{sizes[-1]}"
+    return f"{r['chunk']}x{r['n_chunks']}"
 
 
 def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflops: float = 0.0) -> str:
@@ -125,7 +135,7 @@ def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflop
         return "\n".join(json.dumps(r) for r in rows)
     cols = ["arm", "prompt", "chunk", "stages", "prefill tok/s", "±", "decode tok/s", "ratio",
             "busy 0/1/..% ", "handoff", "digest"]
-    table = [[r["arm"], r["prompt_tokens"], f"{r['chunk']}x{r['n_chunks']}", r["stages"],
+    table = [[r["arm"], r["prompt_tokens"], _chunks(r), r["stages"],
               f"{r['prefill_tok_s']:.1f}", f"{r['spread'] * 100:.1f}%", f"{r['decode_tok_s']:.1f}",
               f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), r["handoff"], r["digest"][:12]] for r in rows]
     if any(r["experts"] for r in rows):
@@ -266,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dtype")
     r.add_argument("--timing", nargs="?", const="1", metavar="0|1", help="per-stage wall/compute/wait (stderr)")
     r.add_argument("--check-nan", dest="check_nan", nargs="?", const="1", metavar="0|1")
+    r.add_argument("--chunk-schedule", dest="chunk_schedule",
+                   help="fixed (default) or balanced (as many chunks, each of equal modelled cost)")
     r.add_argument("--cuda-graphs", dest="cuda_graphs", nargs="?", const="1", metavar="0|1",
                    help="replay layers as CUDA graphs (default 1; 0 runs every op eagerly)")
     r.add_argument("--arm", action="append", help='settings of one arm, e.g. "pf_depth=0" (repeatable)')

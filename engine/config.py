@@ -44,18 +44,20 @@ ENV_NAMES: dict[str, str] = {
     "timing": "STRATA_PREFILL_TIMING",
     "check_nan": "STRATA_DBG_NAN",
     "cuda_graphs": "STRATA_CUDA_GRAPHS",
+    "chunk_schedule": "STRATA_CHUNK_SCHEDULE",
 }
 
 # every setting `parse_setting` knows, in the order of DESIGN.md's table
 SETTING_NAMES: tuple[str, ...] = (
     "pf_depth", "prefill_main", "pin_limit_gib", "prefill", "gpu_order", "layer_split", "expert_cache",
-    "timing", "check_nan", "devices", "handoff", "dtype", "cuda_graphs",
+    "timing", "check_nan", "devices", "handoff", "dtype", "cuda_graphs", "chunk_schedule",
 )
 BOOL_SETTINGS = ("prefill_main", "timing", "check_nan", "cuda_graphs")
 CHOICES: dict[str, tuple[str, ...]] = {
     "gpu_order": ("pcie", "configured"),
     "handoff": ("auto", "peer", "host"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "chunk_schedule": ("fixed", "balanced"),
 }
 MAX_PREFILL = 1 << 20
 
@@ -94,6 +96,9 @@ class EngineConfig:
     timing: bool = False
     check_nan: bool = False
     cuda_graphs: bool = True  # replay each layer's position-independent kernels as CUDA graphs
+    # fixed: every chunk `prefill` tokens; balanced: as many chunks, each of equal modelled cost
+    # (bigger early, smaller late).  Balanced was slower on H200 (docs/benchmarks.md): opt-in.
+    chunk_schedule: str = "fixed"
 
     # ------------------------------------------------------------------ parsing
     @classmethod

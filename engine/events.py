@@ -59,6 +59,15 @@ class RunPlan:
     prefill_main: bool
     pf_depth: int
     chunk_reason: str = ""
+    schedule: str = "fixed"  # fixed or balanced (see engine.chunking)
+    bounds: tuple[tuple[int, int], ...] = ()  # (start, tokens) of every chunk; () = fixed cuts of `chunk`
+
+    def chunk_bounds(self) -> list[tuple[int, int]]:
+        if self.bounds:
+            return [tuple(b) for b in self.bounds]
+        from .chunking import chunk_bounds
+
+        return chunk_bounds(self.prompt_tokens, self.chunk)
 
 
 @dataclass

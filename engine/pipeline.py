@@ -192,6 +192,10 @@ class _Worker:
             self.thread.join()
 
 
+_MEASURED: dict[tuple, tuple[dict[int, float], float, float]] = {}  # see Session.chunk_cost
+_MEASURED_LOCK = threading.Lock()
+
+
 class _Clock:
     """Maps CUDA event times onto host perf_counter_ns through an anchor per device."""
 
@@ -555,64 +559,91 @@ class Session:
     # ---------------------------------------------------------------- chunking
     def chunk_cost(self) -> chunking.ChunkCost:
         """Measure one layer on the main device: time per candidate chunk size at position 0,
-        attention's extra time per (token x cached key), and host launch time per layer."""
+        attention's extra time per (token x cached key), and host launch time per layer.
+
+        Measured once per process for a (model shape, device kind, dtype, streaming): sessions of
+        one benchmark or app then plan the same chunks, so their digests stay comparable."""
         if self._chunk_cost is None:
             st = self.stages[0]
-            layer = st.layers[0]
-            dt = self.dtypes[st.device]
-            cuda = st.device.type == "cuda"
-            sizes = chunking.GPU_CANDIDATES if cuda else chunking.CPU_CANDIDATES[2:6]
-            prefix = 8192 if cuda else 256
-            probe = 2048 if cuda else 64
-            kv = LayerKV(max(max(sizes), prefix + probe), self.spec.n_kv_heads, self.spec.head_dim, st.device, dt)
-            gen = torch.Generator().manual_seed(0)
+            dev = torch.cuda.get_device_name(st.device) if st.device.type == "cuda" else "cpu"
+            key = (repr(self.spec), dev, str(self.dtypes[st.device]), st.layers[0].cache is not None)
+            with _MEASURED_LOCK:
+                measured = _MEASURED.get(key)
+                if measured is None:
+                    measured = _MEASURED[key] = self._measure_layer()
+            depth = max(s.end - s.first for s in self.stages)
+            self._chunk_cost = chunking.ChunkCost(*measured, depth)
+            log.info("chunk cost on %s: %s", st.name, self._chunk_cost)
+        return self._chunk_cost
 
-            def timed(n: int, pos: int, reps: int = 2) -> float:
-                x = torch.randn(n, self.spec.hidden, generator=gen).to(st.device, dt)
-                best = float("inf")
-                for _ in range(reps + 1):  # the first call warms kernels for this shape up
-                    kv.length = pos
-                    st._sync()
-                    t0 = time.perf_counter()
-                    layer(x, kv, pos)
-                    st._sync()
-                    best = min(best, time.perf_counter() - t0)
-                return best
+    def _measure_layer(self) -> tuple[dict[int, float], float, float]:
+        st = self.stages[0]
+        layer = st.layers[0]
+        dt = self.dtypes[st.device]
+        cuda = st.device.type == "cuda"
+        sizes = chunking.GPU_CANDIDATES if cuda else chunking.CPU_CANDIDATES[2:6]
+        prefix = 8192 if cuda else 256
+        probe = 2048 if cuda else 64
+        kv = LayerKV(max(max(sizes), prefix + probe), self.spec.n_kv_heads, self.spec.head_dim, st.device, dt)
+        gen = torch.Generator().manual_seed(0)
 
-            with torch.inference_mode():
-                kv.k.normal_()
-                kv.v.normal_()
-                layer_s = {n: timed(n, 0) for n in sizes}
-                deep = timed(probe, prefix)
-                attn = max(deep - timed(probe, 0), 0.0) / (probe * prefix)
-                x = torch.randn(256, self.spec.hidden, generator=gen).to(st.device, dt)
+        def timed(n: int, pos: int, reps: int = 2) -> float:
+            x = torch.randn(n, self.spec.hidden, generator=gen).to(st.device, dt)
+            best = float("inf")
+            for _ in range(reps + 1):  # the first call warms kernels for this shape up
+                kv.length = pos
+                st._sync()
+                t0 = time.perf_counter()
+                layer(x, kv, pos)
+                st._sync()
+                best = min(best, time.perf_counter() - t0)
+            return best
+
+        with torch.inference_mode():
+            kv.k.normal_()
+            kv.v.normal_()
+            layer_s = {n: timed(n, 0) for n in sizes}
+            deep = timed(probe, prefix)
+            attn = max(deep - timed(probe, 0), 0.0) / (probe * prefix)
+            x = torch.randn(256, self.spec.hidden, generator=gen).to(st.device, dt)
+            host = float("inf")
+            for _ in range(3):  # the first call of a new shape plans its kernels on the host: skip it
                 kv.length = 0
                 st._sync()
                 t0 = time.perf_counter()
                 layer(x, kv, 0)  # launch only: the host's share of a layer
-                host = time.perf_counter() - t0 if cuda else 0.0
+                host = min(host, time.perf_counter() - t0) if cuda else 0.0
                 st._sync()
-            depth = max(s.end - s.first for s in self.stages)
-            self._chunk_cost = chunking.ChunkCost(layer_s, attn, host, depth)
-            log.info("measured chunk cost on %s: %s", st.name, self._chunk_cost)
-        return self._chunk_cost
+        return layer_s, attn, host
 
     def choose_chunk(self, n_tokens: int) -> tuple[int, str]:
-        c = self.config.prefill
-        if isinstance(c, int):
-            return c, f"fixed {c}"
+        chunk, _, why = self.choose_schedule(n_tokens)
+        return chunk, why
+
+    def choose_schedule(self, n_tokens: int) -> tuple[int, str, str]:
+        """(chunk size, fixed|balanced, why) from the prefill and chunk_schedule settings."""
+        c, kind = self.config.prefill, self.config.chunk_schedule
         n_stages = 1 if self.config.prefill_main else len(self.stages)
+        if isinstance(c, int):
+            if kind == "balanced" and c < n_tokens:
+                return c, "balanced", (f"{-(-n_tokens // c)} chunks of about {c} tokens, sized for equal "
+                                       f"modelled cost (chunk_schedule=balanced)")
+            return c, "fixed", f"fixed {c}"
         cands = chunking.GPU_CANDIDATES if self.devices[0].type == "cuda" else chunking.CPU_CANDIDATES
-        return chunking.choose_chunk(n_tokens, n_stages, self.chunk_cost(), cands)
+        return chunking.choose_schedule(n_tokens, n_stages, self.chunk_cost(), cands, (kind,))
 
     def plan(self, n_tokens: int, decode_tokens: int = 0) -> RunPlan:
-        chunk, why = self.choose_chunk(n_tokens)
+        chunk, kind, why = self.choose_schedule(n_tokens)
+        bounds = chunking.schedule(n_tokens, chunk, kind, self.chunk_cost() if kind == "balanced" else None)
+        if kind == "balanced":
+            chunk = max(n for _, n in bounds)  # buffers are sized by the largest chunk
         return RunPlan(
             run_id=self.run_id or "",
             stages=tuple(StagePlan(s.index, s.name, s.first, s.end) for s in self.stages),
-            prompt_tokens=n_tokens, chunk=chunk, n_chunks=len(chunking.chunk_bounds(n_tokens, chunk)),
+            prompt_tokens=n_tokens, chunk=chunk, n_chunks=len(bounds),
             decode_tokens=decode_tokens, handoff=self.handoff_kind, prefill_main=self.config.prefill_main,
-            pf_depth=self.config.pf_depth, chunk_reason=why)
+            pf_depth=self.config.pf_depth, chunk_reason=why, schedule=kind,
+            bounds=tuple(bounds) if kind == "balanced" else ())
 
     # --------------------------------------------------------------- per-run state
     def _alloc(self, what: str, device: torch.device | str, nbytes: int, advice: str, make: Callable):
@@ -703,7 +734,9 @@ class Session:
                 st.cache.reset_stats()
         plan = self.plan(n, decode_tokens)
         # graphs for the run's chunk size and for decode steps; other sizes' graphs are freed
-        self.graph_sizes = {plan.chunk, 1} if self.config.cuda_graphs else set()
+        # (a balanced schedule's chunks all differ in size: only decode steps are graphed then)
+        sizes = {plan.chunk, 1} if plan.schedule == "fixed" else {1}
+        self.graph_sizes = sizes if self.config.cuda_graphs else set()
         for st in self.stages:
             st.drop_graphs(keep=self.graph_sizes)
         if on_plan is not None:
@@ -754,7 +787,7 @@ class Session:
             t0 = time.perf_counter()
             cancelled = False
             try:
-                last_logits, all_logits, digest = self.prefill(ids, plan.chunk, cancel, logits_all)
+                last_logits, all_logits, digest = self.prefill(ids, plan.chunk_bounds(), cancel, logits_all)
             except Cancelled:
                 cancelled = True
                 last_logits, all_logits, digest = None, None, ""
@@ -801,7 +834,7 @@ class Session:
             raise exc
         return RunResult(report, all_logits, last_logits)
 
-    def prefill(self, ids: torch.Tensor, chunk: int, cancel: threading.Event | None,
+    def prefill(self, ids: torch.Tensor, bounds: list[tuple[int, int]], cancel: threading.Event | None,
                 logits_all: bool) -> tuple[torch.Tensor, torch.Tensor | None, str]:
         self.prompt_ids = ids.to(self.devices[0])
         self._digest = _Digest()
@@ -809,7 +842,6 @@ class Session:
         self._last_logits: torch.Tensor | None = None
         self._logits_all = logits_all
         self._n_prompt = int(ids.numel())
-        bounds = chunking.chunk_bounds(self._n_prompt, chunk)
         if self.config.prefill_main and len(self.stages) > 1:
             try:
                 self._prefill_main(bounds, cancel)

@@ -360,7 +360,8 @@ class MainWindow(QMainWindow):
         self.progress.setValue(0)
         self._show_progress()
         reused = " (model already loaded)" if info.session_reused else ""
-        self.set_status(f"running{reused}: {plan.prompt_tokens:,} tokens as {plan.n_chunks} × {plan.chunk} on "
+        self.set_status(f"running{reused}: {plan.prompt_tokens:,} tokens as {plan.n_chunks} "
+                        f"{'balanced chunks of up to' if plan.schedule == 'balanced' else '×'} {plan.chunk} on "
                         f"{len(plan.stages)} stage(s) · {plan.chunk_reason}")
 
     def _on_events(self, batch: list) -> None:

@@ -25,7 +25,8 @@ SOURCES = ("run", "sweep", "import")
 STATUSES = ("finished", "cancelled")
 
 # the order a config diff lists settings in (anything else follows, sorted)
-CONFIG_ORDER = ("model", "devices", "gpu_order", "layer_split", "prefill", "pf_depth", "prefill_main",
+CONFIG_ORDER = ("model", "devices", "gpu_order", "layer_split", "prefill", "chunk_schedule", "pf_depth", "prefill_main",
+                "cuda_graphs",
                 "pin_limit_gib", "expert_cache", "handoff", "dtype", "timing", "check_nan", "prompt",
                 "prompt_tokens", "decode_tokens")
 
@@ -118,6 +119,7 @@ def report_from_dict(data: Mapping[str, Any]) -> RunReport:
     try:
         plan_d = dict(data["plan"])
         plan_d["stages"] = tuple(StagePlan(**_pick(StagePlan, s)) for s in plan_d.get("stages", ()))
+        plan_d["bounds"] = tuple((int(a), int(n)) for a, n in plan_d.get("bounds", ()))
         plan = RunPlan(**_pick(RunPlan, plan_d))
         per_stage = [StageTotals(**_pick(StageTotals, t)) for t in data.get("per_stage", [])]
         fields = _pick(RunReport, data)

@@ -17,7 +17,8 @@ from engine.config import ENV_NAMES, ConfigError, EngineConfig, parse_setting
 log = logging.getLogger(__name__)
 
 # field names of the form (one error slot each); "general" takes what no field owns
-FIELDS = ("model", "devices", "gpu_order", "layer_split", "prefill", "pf_depth", "prefill_main",
+FIELDS = ("model", "devices", "gpu_order", "layer_split", "prefill", "chunk_schedule", "pf_depth", "prefill_main",
+          "cuda_graphs",
           "pin_limit_gib", "expert_cache", "prompt", "decode_tokens", "general")
 
 MAX_PROMPT_TOKENS = 1 << 20
@@ -33,6 +34,7 @@ class RunSettings:
     split_counts: str = ""
     chunk_mode: str = "auto"  # auto | fixed
     chunk_size: str = "256"
+    chunk_schedule: str = "fixed"  # fixed | balanced
     pf_depth: int = 1
     prefill_main: bool = False
     pin_limit_gib: str = "auto"
@@ -41,6 +43,7 @@ class RunSettings:
     prompt_tokens: int = 2048
     prompt_text: str = ""
     decode_tokens: int = 16
+    cuda_graphs: bool = True
 
     def overrides(self) -> dict[str, Any]:
         """The engine settings as raw values for `EngineConfig.from_sources` (GUI > env > default)."""
@@ -49,6 +52,8 @@ class RunSettings:
             "gpu_order": self.gpu_order,
             "layer_split": self.split_counts if self.split_mode == "manual" else "auto",
             "prefill": self.chunk_size if self.chunk_mode == "fixed" else "auto",
+            "chunk_schedule": self.chunk_schedule,
+            "cuda_graphs": self.cuda_graphs,
             "pf_depth": self.pf_depth,
             "prefill_main": self.prefill_main,
             "pin_limit_gib": self.pin_limit_gib,
@@ -99,6 +104,10 @@ class RunSettings:
                 s.pf_depth = value
             elif name == "prefill_main":
                 s.prefill_main = value
+            elif name == "chunk_schedule":
+                s.chunk_schedule = value
+            elif name == "cuda_graphs":
+                s.cuda_graphs = value
             elif name == "gpu_order":
                 s.gpu_order = value
             elif name == "pin_limit_gib":

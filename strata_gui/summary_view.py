@@ -101,7 +101,12 @@ class SummaryView(QWidget):
             rows.append(("Decode", f"<b>{r.decode_tok_s:,.1f} tok/s</b> · {steps} steps in {r.decode_s * 1e3:,.1f} ms"))
         else:
             rows.append(("Decode", "no decode steps in this run"))
-        rows.append(("Chunks", f"{plan.n_chunks} × {plan.chunk} tokens ({html.escape(_short(plan.chunk_reason))})"))
+        if plan.schedule == "balanced" and plan.bounds:
+            sizes = [n for _, n in plan.bounds]
+            what = f"{plan.n_chunks} balanced chunks, {sizes[0]:,} … {sizes[-1]:,} tokens"
+        else:
+            what = f"{plan.n_chunks} × {plan.chunk} tokens"
+        rows.append(("Chunks", f"{what} ({html.escape(_short(plan.chunk_reason))})"))
         depth = "1 (overlap)" if plan.pf_depth == 1 else "0 (join)"
         rows.append(("Pipeline", f"depth {depth}" + (" · prefill on the main device" if plan.prefill_main else "")))
         rows.append(("Hand-off", html.escape(r.handoff)))

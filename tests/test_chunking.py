@@ -1,5 +1,6 @@
 """The auto chunk model: prompt length AND stage count decide, from measured costs."""
-from engine.chunking import ChunkCost, chunk_bounds, choose_chunk, makespan
+from engine.chunking import (GRAIN, ChunkCost, balanced_bounds, bounds_makespan, choose_chunk, choose_schedule,
+                             chunk_bounds, makespan, schedule)
 
 CANDS = (1024, 2048, 4096, 8192, 16384)
 # per-layer seconds at each size: small chunks use the GPU less well (not a straight line)
@@ -36,3 +37,44 @@ def test_interpolation_and_attention_term():
     assert c.t0(3072) == (LAYER_S[2048] + LAYER_S[4096]) / 2
     assert c.stage_time(1024, 8192) == LAYER_S[1024] + 1e-9 * 1024 * 8192
     assert makespan(4096, 4096, 2, c) == 2 * LAYER_S[4096]
+
+
+# attention's extra cost per (token x cached key) per layer, about what H200 showed (3.1 ms per 16 layers
+# for 2048 more keys at chunk 2048)
+ATTN = 5e-11
+
+
+def test_balanced_chunks_cover_the_prompt_and_cost_the_same():
+    c = cost(attn=ATTN)
+    for n, k in ((32768, 16), (65536, 32), (10000, 7)):
+        b = balanced_bounds(n, k, c)
+        assert [p for p, _ in b] == [sum(m for _, m in b[:i]) for i in range(len(b))]  # contiguous
+        assert sum(m for _, m in b) == n and len(b) <= k
+        assert all(m % GRAIN == 0 for _, m in b[:-1])
+        sizes = [m for _, m in b]
+        assert sizes == sorted(sizes, reverse=True)  # deeper chunks attend to more: they get smaller
+        times = [c.layer_time(m, p) for p, m in b[:-1]]
+        assert max(times) / min(times) < 1.1, times
+
+
+def test_balanced_schedule_shrinks_the_pipeline_bubble():
+    """Equal chunks make each stage wait for its predecessor's costlier chunk; balanced ones don't."""
+    c = cost(attn=ATTN)
+    for n in (32768, 65536):
+        fixed = makespan(n, 2048, 2, c)
+        balanced = bounds_makespan(balanced_bounds(n, n // 2048, c), 2, c)
+        ideal = bounds_makespan(chunk_bounds(n, 2048), 1, c)  # the work itself, no bubble
+        assert balanced < fixed
+        assert (balanced - ideal) < 0.75 * (fixed - ideal)
+
+
+def test_schedule_choice_follows_the_setting():
+    c = cost(attn=ATTN)
+    assert schedule(4096, 1024, "fixed", c) == chunk_bounds(4096, 1024)
+    assert len(schedule(65536, 2048, "balanced", c)) == 32
+    chunk, kind, why = choose_schedule(65536, 2, c, CANDS)
+    assert kind in ("fixed", "balanced") and str(chunk) in why
+    assert choose_schedule(65536, 2, c, CANDS, ("fixed",))[1] == "fixed"
+    assert choose_schedule(65536, 1, c, CANDS)[1] == "fixed"  # one stage: no bubble to balance
+    assert choose_schedule(65536, 1, c, CANDS, ("balanced",))[1] == "balanced"  # unless asked
+    assert choose_schedule(100, 2, c, CANDS)[0] == 100

@@ -197,3 +197,21 @@ def test_stop_during_decode_keeps_the_prompts_result(window, qtbot):
     set_form(win, decode_tokens=2)
     _click_run(qtbot, win)
     _wait_done(qtbot, win, "finished")
+
+
+def test_balanced_schedule_and_cuda_graphs_settings_reach_the_engine(window, qtbot):
+    """The form's chunk schedule and CUDA-graphs switch become the run's settings; the Gantt
+    shows the balanced chunks the plan made."""
+    win = window
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", chunk_schedule="balanced",
+             cuda_graphs=False, prompt_mode="tokens", prompt_tokens=512, decode_tokens=2)
+    assert win.settings_panel.chunk_schedule.currentText() == "balanced"
+    assert not win.settings_panel.cuda_graphs.isChecked()
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+    plan = win.last_report.plan
+    assert plan.schedule == "balanced" and plan.n_chunks == 8 and sum(n for _, n in plan.bounds) == 512
+    session = win.controller.sessions.session
+    assert session.config.chunk_schedule == "balanced" and session.config.cuda_graphs is False
+    ok, what = win.gantt.store.one_compute_per_stage_chunk(2, plan.n_chunks)
+    assert ok, what

@@ -212,3 +212,25 @@ def test_busy_histogram_counts_concurrent_stages():
           StageEvent("r", 0, "cpu", 1, "compute", 10, 12)]
     h = busy_histogram(ev, 2)
     assert h == pytest.approx([0.0, 13 / 20, 7 / 20])
+
+
+def test_balanced_schedule_runs_its_planned_chunks_and_keeps_digests(demo):
+    """chunk_schedule=balanced: as many chunks as the fixed size would make, bigger early and
+    smaller late; every stage count and depth plans the same chunks (costs are measured once per
+    process), so the digests agree."""
+    ids = synthetic(512, demo.spec.vocab, nonce=9)
+    seen = {}
+    for devices, depth in ((["cpu"], 1), (["cpu", "cpu"], 1), (["cpu", "cpu"], 0), (["cpu"] * 3, 1)):
+        sess = Session(demo, EngineConfig(devices=devices, prefill=64, pf_depth=depth, chunk_schedule="balanced"))
+        res = sess.run(ids, decode_tokens=3)
+        plan = res.report.plan
+        assert plan.schedule == "balanced" and plan.n_chunks <= 8 and len(plan.bounds) == plan.n_chunks
+        assert sum(n for _, n in plan.bounds) == 512 and plan.chunk == max(n for _, n in plan.bounds)
+        tokens = {e.chunk: e.tokens for e in sess.events if e.kind == "compute" and e.stage == 0}
+        assert [tokens[c] for c in range(plan.n_chunks)] == [n for _, n in plan.bounds]
+        assert "balanced" in plan.chunk_reason
+        seen[(len(devices), depth)] = (plan.bounds, res.report.digest, tuple(res.report.generated))
+        sess.close()
+    assert len(set(seen.values())) == 1, seen
+    fixed = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=64, chunk_schedule="fixed")).run(ids)
+    assert fixed.report.plan.bounds == () and fixed.report.plan.n_chunks == 8
