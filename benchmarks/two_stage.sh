@@ -16,11 +16,12 @@ section() { echo; echo "## $*"; echo; }
 if [ -z "${SKIP_TESTS:-}" ]; then
   section "CUDA tests"; python3 -m pytest -q tests/test_cuda.py -s 2>&1 | grep -E "bf16|grouped|passed|failed|Error|assert" | head -40
 fi
-for sched in ${SCHEDULES:-fixed balanced}; do
-  c=${CHUNK:-2048}
-  section "chunk $c, schedule $sched"
-  $B --prefill $c --chunk-schedule $sched --arm "$G1" --arm "$G2 pf_depth=0" --arm "$G2 pf_depth=1" \
-     --trace "$OUTDIR/overlap2-$sched-$c.json.gz" 2>&1 | grep -E "^\||chunk cost|error|Error"
+for c in ${CHUNKS:-2048}; do
+  for sched in ${SCHEDULES-fixed balanced}; do
+    section "chunk $c, schedule $sched"
+    $B --prefill $c --chunk-schedule $sched --arm "$G1" --arm "$G2 pf_depth=0" --arm "$G2 pf_depth=1" \
+       --trace "$OUTDIR/overlap2-$sched-$c.json.gz" 2>&1 | grep -E "^\||chunk cost|error|Error"
+  done
 done
 section "chunk auto"
 $B --arm "$G1" --arm "$G2 pf_depth=0" --arm "$G2 pf_depth=1" 2>&1 | grep -E "^\||chunk cost|auto:|error|Error"
