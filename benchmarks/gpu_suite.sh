@@ -1,17 +1,10 @@
 #!/usr/bin/env bash
 # The GPU benchmark suite behind docs/benchmarks.md (4x H200: 1-, 2- and 4-stage arms).
 # Every table is printed by strata-bench; this script only chooses the arms.
-set -u
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=.:/tmp/site
-fi
-OUTDIR=${OUT:-/tmp/out}; mkdir -p "$OUTDIR"
-M=${MODEL:-synthetic:qwen3-30b-a3b:n_layers=32}
+. "$(dirname "$0")/device_env.sh"
 SIZES=${SIZES:-8192,16384,32768,65536}
 B="python3 -m engine.bench run --model $M --peak-tflops 794 --gpu-order configured"
 G1="devices=cuda:0"; G2="devices=cuda:0,cuda:1"; G4="devices=cuda:0,cuda:1,cuda:2,cuda:3"
-section() { echo; echo "## $*"; echo; }
 
 section "CUDA tests"; python3 -m pytest -q tests/test_cuda.py -s 2>&1 | grep -E "bf16|grouped|passed|failed|Error"
 section "profile, 4 layers, one 4096-token chunk"; python3 benchmarks/profile_prefill.py --layers 4 --tokens 4096 2>&1 | grep -v Warn | head -16

@@ -1,17 +1,10 @@
 #!/usr/bin/env bash
 # CUDA graphs on vs off: the CUDA tests, then one GPU vs 2-stage join/overlap (docs/benchmarks.md).
-set -u
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=.:/tmp/site
-fi
-OUTDIR=${OUT:-/tmp/out}; mkdir -p "$OUTDIR"
-M=${MODEL:-synthetic:qwen3-30b-a3b:n_layers=32}
+. "$(dirname "$0")/device_env.sh"
 SIZES=${SIZES:-32768,65536}
 CHUNKS=${CHUNKS:-2048}
 B="python3 -m engine.bench run --model $M --peak-tflops 794 --gpu-order configured"
 G1="devices=cuda:0"; G2="devices=cuda:0,cuda:1"
-section() { echo; echo "## $*"; echo; }
 if [ -z "${SKIP_TESTS:-}" ]; then
   section "CUDA tests"; python3 -m pytest -q tests/test_cuda.py -s 2>&1 | grep -E "bf16|grouped|passed|failed|Error|assert" | head -40
 fi

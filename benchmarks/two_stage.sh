@@ -2,17 +2,10 @@
 # One GPU vs 2-stage join vs 2-stage overlap, per chunk schedule (docs/benchmarks.md, issue 3).
 # Each invocation holds its arms' weights at once; expert_cache=all keeps every expert resident
 # (the auto cache would leave a later arm too little room and stream).
-set -u
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=.:/tmp/site
-fi
-OUTDIR=${OUT:-/tmp/out}; mkdir -p "$OUTDIR"
-M=${MODEL:-synthetic:qwen3-30b-a3b:n_layers=32}
+. "$(dirname "$0")/device_env.sh"
 SIZES=${SIZES:-8192,16384,32768,65536}
 B="python3 -m engine.bench -v run --model $M --peak-tflops 794 --gpu-order configured --expert-cache all --prompt-tokens $SIZES --repeat ${REPEAT:-2}"
 G1="devices=cuda:0"; G2="devices=cuda:0,cuda:1"
-section() { echo; echo "## $*"; echo; }
 if [ -z "${SKIP_TESTS:-}" ]; then
   section "CUDA tests"; python3 -m pytest -q tests/test_cuda.py -s 2>&1 | grep -E "bf16|grouped|passed|failed|Error|assert" | head -40
 fi
