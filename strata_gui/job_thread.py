@@ -4,22 +4,29 @@ Subclasses set `_thread` (the QThread, None when idle) and `_cancel` (the thread
 engine checks at chunk boundaries)."""
 from __future__ import annotations
 
+import logging
 import threading
 
-from PySide6.QtCore import QObject, Qt, QThread
+from PySide6.QtCore import QObject, Qt, QThread, Slot
+
+log = logging.getLogger(__name__)
 
 
 class JobThreadOwner:
     _thread: QThread | None = None
+    _worker: QObject | None = None
     _cancel: threading.Event | None = None
 
     @property
     def is_running(self) -> bool:
         return self._thread is not None
 
-    def _launch(self, worker: QObject, name: str) -> None:
+    def _launch(self, worker: QObject, name: str, relayed: tuple[str, ...]) -> None:
         """Run `worker.run` in a new QThread named `name`; the worker's `done` ends the thread.
-        The subclass connects the worker's own signals first and has `_on_thread_finished`."""
+        Each signal named in `relayed` is re-emitted by this controller's own signal of that
+        name, in the GUI thread (a signal-to-signal connection is queued to its receiver)."""
+        for name_ in relayed:
+            getattr(worker, name_).connect(getattr(self, name_))
         thread = QThread()
         thread.setObjectName(name)
         worker.moveToThread(thread)
@@ -42,3 +49,22 @@ class JobThreadOwner:
         if thread is None:
             return True
         return thread.wait() if timeout_ms < 0 else thread.wait(timeout_ms)
+
+    def _wait_out(self, what: str) -> None:
+        """Window closing during a job: stop it and wait for its thread."""
+        if self._thread is not None:
+            log.info("closing during a %s: stopping it and waiting for its thread", what)
+            self.stop()
+            self._thread.wait()
+            self._on_thread_finished()
+
+    @Slot()
+    def _on_thread_finished(self) -> None:
+        thread, worker = self._thread, self._worker
+        if thread is None:
+            return
+        self._thread, self._worker, self._cancel = None, None, None
+        if worker is not None:
+            worker.deleteLater()
+        thread.deleteLater()
+        self.busy_changed.emit(False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QThread, Signal
 
 from engine.pipeline import PipelineHooks
 
@@ -55,67 +55,12 @@ class RunController(JobThreadOwner, QObject):
         self._cancel = threading.Event()
         worker = RunWorker(request, self.sessions, self._cancel, self.hooks, self.topology, self.batch_interval_s,
                            self.recorder)
-        worker.run_started.connect(self._on_run_started)
-        worker.events.connect(self._on_events)
-        worker.telemetry.connect(self._on_telemetry)
-        worker.status.connect(self._on_status)
-        worker.finished.connect(self._on_finished)
-        worker.cancelled.connect(self._on_cancelled)
-        worker.failed.connect(self._on_failed)
-        worker.saved.connect(self._on_saved)
         self.runs_started += 1
-        self._launch(worker, "strata-run")
+        self._launch(worker, "strata-run", ("run_started", "events", "telemetry", "status", "finished",
+                                            "cancelled", "failed", "saved"))
         return True
 
     def shutdown(self) -> None:
         """Cancel, wait for the thread, free the Session: the window is closing."""
-        if self._thread is not None:
-            log.info("closing during a run: cancelling and waiting for the run thread")
-            self.stop()
-            self._thread.wait()
-            self._on_thread_finished()
+        self._wait_out("run")
         self.sessions.close()
-
-    # -------------------------------------------------- worker -> GUI thread
-    @Slot(object)
-    def _on_run_started(self, info: object) -> None:
-        self.run_started.emit(info)
-
-    @Slot(object)
-    def _on_events(self, batch: object) -> None:
-        self.events.emit(batch)
-
-    @Slot(object)
-    def _on_telemetry(self, samples: object) -> None:
-        self.telemetry.emit(samples)
-
-    @Slot(str)
-    def _on_status(self, text: str) -> None:
-        self.status.emit(text)
-
-    @Slot(object)
-    def _on_finished(self, report: object) -> None:
-        self.finished.emit(report)
-
-    @Slot(str)
-    def _on_cancelled(self, message: str) -> None:
-        self.cancelled.emit(message)
-
-    @Slot(str, str, str)
-    def _on_failed(self, title: str, message: str, details: str) -> None:
-        self.failed.emit(title, message, details)
-
-    @Slot(object)
-    def _on_saved(self, result: object) -> None:
-        self.saved.emit(result)
-
-    @Slot()
-    def _on_thread_finished(self) -> None:
-        thread, worker = self._thread, self._worker
-        if thread is None:
-            return
-        self._thread, self._worker, self._cancel = None, None, None
-        if worker is not None:
-            worker.deleteLater()
-        thread.deleteLater()
-        self.busy_changed.emit(False)

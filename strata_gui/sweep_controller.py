@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QThread, Signal
 
 from engine.pipeline import PipelineHooks
 
@@ -42,49 +42,8 @@ class SweepController(JobThreadOwner, QObject):
             return False
         self._cancel = threading.Event()
         worker = SweepWorker(request, self._cancel, self.recorder, self.hooks)
-        worker.progress.connect(self._on_progress)
-        worker.point_done.connect(self._on_point)
-        worker.status.connect(self._on_status)
-        worker.finished.connect(self._on_finished)
-        worker.failed.connect(self._on_failed)
-        self._launch(worker, "strata-sweep")
+        self._launch(worker, "strata-sweep", ("progress", "point_done", "status", "finished", "failed"))
         return True
 
     def shutdown(self) -> None:
-        if self._thread is not None:
-            log.info("closing during a sweep: stopping it and waiting for the sweep thread")
-            self.stop()
-            self._thread.wait()
-            self._on_thread_finished()
-
-    # -------------------------------------------------- worker -> GUI thread
-    @Slot(object)
-    def _on_progress(self, p: object) -> None:
-        self.progress.emit(p)
-
-    @Slot(object)
-    def _on_point(self, sample: object) -> None:
-        self.point_done.emit(sample)
-
-    @Slot(str)
-    def _on_status(self, text: str) -> None:
-        self.status.emit(text)
-
-    @Slot(bool, str)
-    def _on_finished(self, stopped: bool, message: str) -> None:
-        self.finished.emit(stopped, message)
-
-    @Slot(str, str, str)
-    def _on_failed(self, title: str, message: str, details: str) -> None:
-        self.failed.emit(title, message, details)
-
-    @Slot()
-    def _on_thread_finished(self) -> None:
-        thread, worker = self._thread, self._worker
-        if thread is None:
-            return
-        self._thread, self._worker, self._cancel = None, None, None
-        if worker is not None:
-            worker.deleteLater()
-        thread.deleteLater()
-        self.busy_changed.emit(False)
+        self._wait_out("sweep")
