@@ -37,12 +37,7 @@ def chunk_bounds(n_tokens: int, chunk: int) -> list[tuple[int, int]]:
     return [(s, min(chunk, n_tokens - s)) for s in range(0, n_tokens, chunk)]
 
 
-SCHEDULES = ("fixed", "balanced")
 GRAIN = 64  # balanced chunk sizes are multiples of this many tokens
-
-
-def fixed_bounds(n_tokens: int, chunk: int) -> list[tuple[int, int]]:
-    return chunk_bounds(n_tokens, chunk)
 
 
 @dataclass(frozen=True)
