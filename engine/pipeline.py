@@ -626,8 +626,7 @@ class Session:
         n_stages = 1 if self.config.prefill_main else len(self.stages)
         if isinstance(c, int):
             if kind == "balanced" and c < n_tokens:
-                return c, "balanced", (f"{-(-n_tokens // c)} chunks of about {c} tokens, sized for equal "
-                                       f"modelled cost (chunk_schedule=balanced)")
+                return c, "balanced", f"balanced from {c}-token chunks: equal modelled cost each"
             return c, "fixed", f"fixed {c}"
         cands = chunking.GPU_CANDIDATES if self.devices[0].type == "cuda" else chunking.CPU_CANDIDATES
         return chunking.choose_schedule(n_tokens, n_stages, self.chunk_cost(), cands, (kind,))
