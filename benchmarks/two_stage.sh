@@ -16,5 +16,6 @@ for c in ${CHUNKS:-2048}; do
        --trace "$OUTDIR/overlap2-$sched-$c.json.gz" 2>&1 | grep -E "^\||chunk cost|error|Error"
   done
 done
+[ -n "${SKIP_AUTO:-}" ] && exit 0
 section "chunk auto"
 $B --arm "$G1" --arm "$G2 pf_depth=0" --arm "$G2 pf_depth=1" 2>&1 | grep -E "^\||chunk cost|auto:|error|Error"

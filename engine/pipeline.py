@@ -8,6 +8,12 @@ it returns only after the successor's run for the same chunk returned.  The oute
 never returns with chunks in flight: a guard calls `finish()` on every path.
 
 Stage 0 runs in the caller's thread (the root `prefill`), every later stage in its own worker.
+
+On CUDA a stage's `run` launches its work and does not wait for the GPU: the hand-off to the
+next GPU is ordered by CUDA events between streams (`Stage.hand_off`), GPU timings are resolved
+by a helper thread (`gpu_timing`), and a stage keeps at most two chunks queued on its device
+(`Stage.throttle`), so a cancel or an error still surfaces within a chunk.  Join (depth 0)
+keeps its meaning: the last stage's run returns only once its GPU finished the chunk.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import torch
 from . import chunking
 from .config import ConfigError, EngineConfig
 from .events import EventSink, RunPlan, RunReport, StageEvent, StagePlan, busy_histogram, format_timing, stage_totals
+from .gpu_timing import DeferredTimer, DeviceClock, GpuInterval, timing_event
 from .graphs import GraphedLayers
 from .experts import ExpertCache, ExpertStats, HostArena, physical_ram, plan_experts, resolve_pin_limit
 from .kv import LayerKV
@@ -193,28 +200,8 @@ class _Worker:
 
 
 _MEASURED: dict[tuple, tuple[dict[int, float], float, float]] = {}  # see Session.chunk_cost
+IDLE_MIN_NS = 20_000  # a GPU's idle gaps between chunks shorter than this are not reported as waits
 _MEASURED_LOCK = threading.Lock()
-
-
-class _Clock:
-    """Maps CUDA event times onto host perf_counter_ns through an anchor per device."""
-
-    def __init__(self) -> None:
-        self.anchors: dict[torch.device, tuple[torch.cuda.Event, int]] = {}
-
-    def anchor(self, device: torch.device) -> None:
-        if device.type != "cuda":
-            return
-        torch.cuda.synchronize(device)
-        with torch.cuda.device(device):
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-        ev.synchronize()
-        self.anchors[device] = (ev, time.perf_counter_ns())
-
-    def to_host_ns(self, device: torch.device, ev: "torch.cuda.Event") -> int:
-        a, host = self.anchors[device]
-        return host + int(a.elapsed_time(ev) * 1e6)
 
 
 class Stage:
@@ -231,6 +218,12 @@ class Stage:
         self.pending: Future | None = None
         self.worker: _Worker | None = None  # runs this stage's chunks (stages after the first)
         self.input_buf: torch.Tensor | None = None  # this stage's ONE chunk input buffer
+        # CUDA: the stream all of this stage's compute runs on (every thread's default stream of
+        # the device), a stream for hand-offs to the next GPU, and the end of the last compute
+        self.stream = torch.cuda.default_stream(device) if device.type == "cuda" else None
+        self.copy_stream: "torch.cuda.Stream | None" = None
+        self.done: "torch.cuda.Event | None" = None
+        self._prev_end: "torch.cuda.Event | None" = None  # for the idle gap before the next compute
         self.host_buf: torch.Tensor | None = None  # pinned staging for a host hand-off to the successor
         self.handoff = "none"
         self.cache: ExpertCache | None = None  # streamed experts of this stage's device
@@ -249,31 +242,50 @@ class Stage:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _gpu_event(self, chunk: int, kind: str, start: "torch.cuda.Event", end: "torch.cuda.Event",
+                   end_device: torch.device | None = None, tokens: int = 0, nbytes: int = 0, note: str = "",
+                   min_ns: int = 0) -> None:
+        """An event timed by CUDA events, delivered once the GPU has passed `end` (never blocks)."""
+        s = self.session
+        run_id, index, name = s.run_id, self.index, self.name
+
+        def deliver(t0: int, t1: int) -> None:
+            s._emit(StageEvent(run_id, index, name, chunk, kind, t0, t1, tokens, nbytes, note))
+
+        s.timer.submit(GpuInterval(self.device, start, end_device or self.device, end, deliver, min_ns))
+
     def compute(self, x: torch.Tensor, layers: Sequence[Layer], kvs: Sequence[LayerKV], pos: int,
                 chunk: int, tokens: int, note: str = "") -> torch.Tensor:
-        """Run layers on x, timed on the device clock, with the NaN check and test hook."""
+        """Run layers on x, timed on the device clock, with the NaN check and test hook.
+
+        On CUDA this launches the work and returns; `self.done` marks its end on the stream."""
         s = self.session
         timed = s.events_on
-        cuda = self.device.type == "cuda"
-        if timed and cuda:
-            with torch.cuda.device(self.device):
-                ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                ev0.record()
-        t0 = time.perf_counter_ns()
         if self.cache is not None:
             self.cache.chunk = chunk
-        x = self.forward_layers(x, layers, kvs, pos, chunk)
-        if timed:
-            if cuda:
-                with torch.cuda.device(self.device):
-                    ev1.record()
-                ev1.synchronize()
-                start, end = s.clock.to_host_ns(self.device, ev0), s.clock.to_host_ns(self.device, ev1)
-            else:
-                start, end = t0, time.perf_counter_ns()
-            self._event(chunk, "compute", start, end, tokens=tokens, note=note)
+        if self.device.type == "cuda":
+            ev0 = timing_event(self.device) if timed else None
+            x = self.forward_layers(x, layers, kvs, pos, chunk)
+            self.done = ev1 = timing_event(self.device)
+            if timed:
+                self._gpu_event(chunk, "compute", ev0, ev1, tokens=tokens, note=note)
+                if self._prev_end is not None:  # the device idled between this stage's chunks
+                    self._gpu_event(chunk, "wait", self._prev_end, ev0, note="GPU idle before this chunk",
+                                    min_ns=IDLE_MIN_NS)
+                self._prev_end = ev1
+        else:
+            t0 = time.perf_counter_ns()
+            x = self.forward_layers(x, layers, kvs, pos, chunk)
+            if timed:
+                self._event(chunk, "compute", t0, time.perf_counter_ns(), tokens=tokens, note=note)
         self.emit_streams()
         return x
+
+    def throttle(self, prev: "torch.cuda.Event | None") -> None:
+        """Wait (off the GPU's critical path: the next chunk is already queued behind it) until
+        the chunk before last has finished: at most two chunks queued on a device."""
+        if prev is not None:
+            prev.synchronize()
 
     def forward_layers(self, x: torch.Tensor, layers: Sequence[Layer], kvs: Sequence[LayerKV], pos: int,
                        chunk: int) -> torch.Tensor:
@@ -357,6 +369,7 @@ class Stage:
 
     def _run(self, chunk: int, pos: int, n: int) -> None:
         s = self.session
+        prev = self.done
         if self.index == 0:
             x = self.head.embed_tokens(s.prompt_ids[pos:pos + n])
         else:
@@ -364,12 +377,18 @@ class Stage:
         x = self.compute(x, self.layers, self.kvs, pos, chunk, n)
         if self.successor is None:
             s._finish_chunk(self, x, chunk, pos, n)
+            if s.config.pf_depth == 0:
+                self.throttle(self.done)  # join: the chain returns once the last GPU finished the chunk
+            else:
+                self.throttle(prev)
             return
         self.reap(chunk)
         self.hand_off(x, chunk, n)
         self.pending = self.successor.worker.submit(self.successor.run, chunk, pos, n)
         if s.config.pf_depth == 0:
             self.reap(chunk, note="join")
+        else:
+            self.throttle(prev)
 
     def reap(self, chunk: int, note: str = "reap") -> None:
         """Wait for the one outstanding successor job; its exception surfaces here."""
@@ -381,24 +400,77 @@ class Stage:
             fut.result()
         finally:
             t1 = time.perf_counter_ns()
-            if self.session.events_on and t1 - t0 > 0:
+            # a GPU stage's thread waits while its device still works: its waits are the idle
+            # gaps between computes, timed on the device (see `compute`)
+            if self.session.events_on and t1 - t0 > 0 and self.device.type != "cuda":
                 self._event(chunk, "wait", t0, t1, note=note)
 
     def hand_off(self, x: torch.Tensor, chunk: int, n: int) -> None:
         """Copy activations into the successor's input buffer (peer, host-staged or same device)."""
-        dst = self.successor.input_buf[:n]
-        t0 = time.perf_counter_ns()
-        if self.handoff == "host":
-            stage = self.host_buf[:n]
-            stage.copy_(x)  # D2H into pinned memory (synchronous)
-            dst.copy_(stage, non_blocking=True)
+        succ = self.successor
+        dst = succ.input_buf[:n]
+        nbytes = x.numel() * x.element_size()
+        timed = self.session.events_on
+        if self.device.type == "cuda" and succ.device.type == "cuda":
+            if self.device == succ.device:  # one GPU: both stages' work is ordered on its stream
+                start = timing_event(self.device) if timed else None
+                dst.copy_(x)
+                end, end_device = (timing_event(self.device) if timed else None), self.device
+            else:
+                start, end, end_device = self._copy_between_gpus(x, dst, n)
+            if timed:
+                self._gpu_event(chunk, "copy", start, end, end_device=end_device, tokens=n, nbytes=nbytes,
+                                note=self.handoff)
+            return
+        t0 = time.perf_counter_ns()  # a CPU on either side: synchronous copies, timed on the host
+        if self.handoff == "host" and self.host_buf is not None and x.device.type == "cuda":
+            staged = self.host_buf[:n]
+            staged.copy_(x)  # D2H into pinned memory (synchronous)
+            dst.copy_(staged)
         else:
             dst.copy_(x)
-        if self.session.events_on:
-            self._sync()
-            self.successor._sync()
-            self._event(chunk, "copy", t0, time.perf_counter_ns(), tokens=n,
-                        nbytes=x.numel() * x.element_size(), note=self.handoff)
+        if timed:
+            self._event(chunk, "copy", t0, time.perf_counter_ns(), tokens=n, nbytes=nbytes, note=self.handoff)
+
+    def _copy_between_gpus(self, x: torch.Tensor, dst: torch.Tensor, n: int) -> tuple:
+        """Queue the copy of x into the successor's input buffer, ordered by events alone:
+
+        * it starts once this stage's compute of x ended (`self.done`) and once the successor's
+          stream has run everything queued so far: its run of the previous chunk (reaped before
+          this hand-off), the last reader of the ONE input buffer;
+        * the successor's stream waits for the copy before it computes this chunk;
+        * this stage's stream waits for the copy to have read x before the next chunk may
+          overwrite it (graph replays reuse their output memory).
+
+        Peer copies run on this stage's copy stream; a host hand-off stages through pinned memory
+        (device-to-host on the copy stream, host-to-device on the successor's stream)."""
+        succ = self.successor
+        if self.copy_stream is None:
+            self.copy_stream = torch.cuda.Stream(self.device)
+        cs = self.copy_stream
+        cs.wait_event(self.done)
+        free = torch.cuda.Event()
+        free.record(succ.stream)
+        cs.wait_event(free)
+        start = timing_event(self.device, cs)
+        if self.handoff == "host":
+            staged = self.host_buf[:n]
+            with torch.cuda.stream(cs):
+                staged.copy_(x, non_blocking=True)
+            on_host = torch.cuda.Event()
+            on_host.record(cs)
+            succ.stream.wait_event(on_host)
+            with torch.cuda.device(succ.device):  # the successor's (current, default) stream
+                dst.copy_(staged, non_blocking=True)
+            end, end_device = timing_event(succ.device, succ.stream), succ.device
+        else:
+            with torch.cuda.stream(cs):
+                dst.copy_(x, non_blocking=True)  # torch makes the successor's current stream wait for it
+            end, end_device = timing_event(self.device, cs), self.device
+        read = torch.cuda.Event()
+        read.record(cs)
+        self.stream.wait_event(read)
+        return start, end, end_device
 
     def finish(self) -> None:
         """Join this stage's outstanding successor job (and, through it, the chain below)."""
@@ -424,7 +496,8 @@ class Session:
         self.events_on = events
         self._load_cancel = cancel  # checked between layers while weights load
         self.telemetry_interval_s = telemetry_interval_s
-        self.clock = _Clock()
+        self.clock = DeviceClock()
+        self.timer = DeferredTimer(self.clock, lambda: _Worker("strata-timing"))
         self.run_id = ""
         self.events: list[StageEvent] = []
         self._events_lock = threading.Lock()
@@ -798,6 +871,7 @@ class Session:
                 except Cancelled:
                     cancelled = True
             t2 = time.perf_counter()
+        self.timer.flush()  # every GPU timing delivered before the report counts them
         expert_stats = []
         for st in self.stages:
             if st.cache is not None:
@@ -841,12 +915,16 @@ class Session:
         self._last_logits: torch.Tensor | None = None
         self._logits_all = logits_all
         self._n_prompt = int(ids.numel())
+        for st in self.stages:
+            st.done = st._prev_end = None
         if self.config.prefill_main and len(self.stages) > 1:
             try:
                 self._prefill_main(bounds, cancel)
             except BaseException:
+                self._guard()
                 self._digest.close()
                 raise
+            self._drain_devices()
         else:
             self._start_workers()
             try:
@@ -881,9 +959,11 @@ class Session:
         for c, (pos, n) in enumerate(bounds):
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
+            prev = main.done
             x = main.head.embed_tokens(self.prompt_ids[pos:pos + n])
             x = main.compute(x, layers, kvs, pos, c, n, note=note)
             self._finish_chunk(main, x, c, pos, n, head=self._main_head)
+            main.throttle(prev)
         # hand the KV of layers [K, n) to the stages that own them (peer copy where available)
         extra = kvs[len(main.layers):]
         for st in self.stages[1:]:
@@ -906,9 +986,17 @@ class Session:
                 st.worker = _Worker(f"strata-stage{st.index}")
 
     def finish(self) -> None:
-        """Join the whole split: each stage reaps its outstanding job, first to last."""
+        """Join the whole split: each stage reaps its outstanding job, first to last, then every
+        device finishes what was queued and the GPU timings are delivered."""
         for st in self.stages:
             st.finish()
+        self._drain_devices()
+
+    def _drain_devices(self) -> None:
+        for d in dict.fromkeys(self.devices):
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
+        self.timer.flush()
 
     def in_flight(self) -> int:
         """Chunks submitted and not yet reaped, or still running (0 whenever prefill returned)."""
@@ -926,6 +1014,10 @@ class Session:
                 st.finish()
             except BaseException as exc:  # already surfacing (or secondary): never leave chunks running
                 log.debug("drained stage %d after error: %s", st.index, exc)
+        try:
+            self._drain_devices()
+        except BaseException as exc:
+            log.debug("draining devices after error: %s", exc)
 
     def _stop_workers(self) -> None:
         self._guard()
@@ -933,6 +1025,7 @@ class Session:
             if st.worker is not None:
                 st.worker.stop()
                 st.worker = None
+        self.timer.stop()
 
     def decode(self, first_token: int, steps: int, pos: int, cancel: threading.Event | None) -> list[int]:
         """Greedy decode through the split; generated[0] = first_token."""

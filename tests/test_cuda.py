@@ -75,6 +75,10 @@ def test_two_gpu_digests_and_handoffs(demo_path):
         "overlap peer": dict(devices=["cuda:0", "cuda:1"], handoff="peer"),
         "overlap host": dict(devices=["cuda:0", "cuda:1"], handoff="host"),
         "prefill-main": dict(devices=["cuda:0", "cuda:1"], prefill_main=True),
+        # a slow successor: stage 0 runs ahead and must not overwrite the ONE input buffer early
+        "slow successor peer": dict(devices=["cuda:0", "cuda:1"], layer_split=[1, 3], handoff="peer"),
+        "slow successor host": dict(devices=["cuda:0", "cuda:1"], layer_split=[1, 3], handoff="host"),
+        "slow first stage": dict(devices=["cuda:0", "cuda:1"], layer_split=[3, 1]),
     }.items():
         sess = Session(model, EngineConfig(prefill=64, gpu_order="configured", **kw))
         res = sess.run(ids, decode_tokens=6)
@@ -143,3 +147,58 @@ def test_two_gpu_graphs_match_eager(demo_path):
         assert bool(sess.stages[1].graph_sets) == graphs
         sess.close()
     assert len(digests) == 1, digests
+
+
+def _spans(events, kind):
+    return {(e.stage, e.chunk): (e.start_ns, e.end_ns) for e in events if e.kind == kind}
+
+
+def _check_gpu_timeline(sess, n_chunks: int, join: bool) -> None:
+    """The events of a run on CUDA stages, timed on the GPUs, obey the pipeline's order."""
+    comp = _spans(sess.events, "compute")
+    copy = _spans(sess.events, "copy")
+    n_stages = len(sess.stages)
+    assert len(comp) == n_stages * n_chunks
+    for st in range(n_stages):
+        ends = [comp[st, c] for c in range(n_chunks)]
+        for (a0, a1), (b0, b1) in zip(ends, ends[1:]):
+            assert a1 <= b0, f"stage {st}: two chunks computing at once"
+    slack = 50_000  # 50 us: anchors of two devices are taken one after the other
+    for st in range(n_stages - 1):
+        for c in range(n_chunks):
+            assert comp[st, c][1] <= copy[st, c][0] + slack, f"copy of chunk {c} before its compute ended"
+            assert copy[st, c][1] <= comp[st + 1, c][0] + slack, f"stage {st + 1} computed chunk {c} before it arrived"
+    if join:
+        for c in range(n_chunks - 1):
+            assert comp[n_stages - 1, c][1] <= comp[0, c + 1][0] + slack, f"join: chunk {c + 1} started early"
+
+
+@cuda
+def test_one_gpu_two_stages_events_are_gpu_timed_and_ordered(demo_path):
+    """Two stages on one GPU (the hand-off is a same-device copy ordered on its stream)."""
+    model = gguf_model.load(demo_path)
+    ids = synthetic(512, model.spec.vocab, nonce=6)
+    ref = Session(model, EngineConfig(devices=["cuda:0"], prefill=64)).run(ids, decode_tokens=4)
+    for depth in (0, 1):
+        sess = Session(model, EngineConfig(devices=["cuda:0", "cuda:0"], prefill=64, pf_depth=depth))
+        res = sess.run(ids, decode_tokens=4)
+        assert (res.report.digest, res.report.generated) == (ref.report.digest, ref.report.generated)
+        _check_gpu_timeline(sess, 8, join=depth == 0)
+        assert sess.in_flight() == 0
+        sess.close()
+
+
+@two_gpus
+@pytest.mark.parametrize("handoff", ["peer", "host"])
+def test_two_gpu_events_follow_the_pipeline_order(demo_path, handoff):
+    model = gguf_model.load(demo_path)
+    ids = synthetic(1024, model.spec.vocab, nonce=8)
+    for depth in (0, 1):
+        sess = Session(model, EngineConfig(devices=["cuda:0", "cuda:1"], prefill=128, pf_depth=depth,
+                                           handoff=handoff, gpu_order="configured"))
+        for _ in range(2):  # the second run replays CUDA graphs from its first chunk
+            res = sess.run(ids)
+            _check_gpu_timeline(sess, 8, join=depth == 0)
+        busy = res.report.busy_histogram
+        assert abs(sum(busy) - 1.0) < 1e-6
+        sess.close()
