@@ -29,6 +29,9 @@ def synthetic(n_tokens: int, vocab: int, nonce: int = 0) -> list[int]:
     return body.tolist()
 
 
+WARMUP_NONCE = -1  # the warm-up prompt of a sweep (never one of the measured prompts)
+
+
 def sweep_nonce(prompt_tokens: int, repeat: int) -> int:
     """Nonce for one point of a sweep: the same for every arm, different per repeat."""
     return prompt_tokens * 1000 + repeat

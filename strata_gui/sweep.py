@@ -29,8 +29,6 @@ log = logging.getLogger(__name__)
 MAX_SIZES = 32
 MAX_REPEATS = 100
 MAX_PROMPT_TOKENS = 1 << 20
-WARMUP_TOKENS = 512
-WARMUP_NONCE = -1  # the bench's warm-up prompt
 
 # RunSettings.overrides() key -> strata-bench flag (for the command that reproduces a sweep)
 BENCH_FLAGS = {"devices": "--devices", "gpu_order": "--gpu-order", "layer_split": "--layer-split",
@@ -95,7 +93,7 @@ class SweepPlan:
     sizes: tuple[int, ...]
     arms: tuple[SweepArm, ...]
     repeats: int = 1
-    warmup: int = 1  # unmeasured warm-up runs per arm before the first point (as strata-bench)
+    warmup: int = 1  # unmeasured warm-up runs per arm before each prompt size's points (as strata-bench)
     decode_tokens: int = 0
     model: str = ""  # for the table's heading and the history
     base: Mapping[str, Any] = field(default_factory=dict)  # the Run tab's settings (raw values)
@@ -335,6 +333,6 @@ class SweepResults:
         return "\n".join(lines) + "\n"
 
 
-def warmup_ids(plan: SweepPlan, vocab: int) -> list[int]:
-    """The warm-up prompt of strata-bench: min(first size, 512) tokens, nonce -1."""
-    return prompts.synthetic(min(plan.sizes[0], WARMUP_TOKENS), vocab, nonce=WARMUP_NONCE)
+def warmup_ids(prompt_tokens: int, vocab: int) -> list[int]:
+    """strata-bench's warm-up prompt for one size: that many tokens, never a measured prompt."""
+    return prompts.synthetic(prompt_tokens, vocab, nonce=prompts.WARMUP_NONCE)

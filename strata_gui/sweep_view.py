@@ -38,8 +38,8 @@ TIPS = {
             "baseline of the ratio column.",
     "repeats": "Runs per (arm, size); the table shows the median and the spread (half the range as a share of "
                "the median).  Repeats get different prompts (a new nonce), arms identical ones.",
-    "warmup": "Unmeasured warm-up runs per arm before the first point (the first run of a process pays for "
-              "kernel set-up), as strata-bench --warmup.",
+    "warmup": "Unmeasured warm-up runs per arm before each prompt size (the first run of a chunk shape pays "
+              "for kernel set-up and CUDA graph capture), as strata-bench --warmup.",
     "decode": "Tokens to generate after each prompt (0: prefill only).",
 }
 

@@ -126,8 +126,6 @@ class SweepWorker(QObject):
                 sessions.append(sess)
             stopped = self.cancel.is_set()
             if not stopped:
-                stopped = not self._warm_up(sessions, plan, model.spec.vocab)
-            if not stopped:
                 stopped = not self._run_steps(sessions, plan, model.spec.vocab, counter)
             msg = (f"stopped after {self._done} of {plan.total} runs; the finished points are kept" if stopped
                    else f"finished all {plan.total} runs")
@@ -145,12 +143,14 @@ class SweepWorker(QObject):
                     log.exception("closing a sweep session failed")
             self.done.emit()
 
-    def _warm_up(self, sessions: list[Session], plan: SweepPlan, vocab: int) -> bool:
-        ids = warmup_ids(plan, vocab)
-        for i, sess in enumerate(sessions):
-            for k in range(plan.warmup):
-                self.status.emit(f"warming up arm {plan.arms[i].name} ({k + 1}/{plan.warmup}, {len(ids)} tokens, "
-                                 "not measured) …")
+    def _warm_up(self, sessions: list[Session], plan: SweepPlan, prompt_tokens: int, vocab: int) -> bool:
+        """Unmeasured runs at one prompt size: the first sight of its chunk shapes plans kernels and
+        captures CUDA graphs, which a measured run must not pay for."""
+        ids = warmup_ids(prompt_tokens, vocab)
+        for k in range(plan.warmup):
+            for i, sess in enumerate(sessions):
+                self.status.emit(f"warming up arm {plan.arms[i].name} at {format_tokens(prompt_tokens)} tokens "
+                                 f"({k + 1}/{plan.warmup}, not measured) …")
                 try:
                     sess.run(ids, 0, cancel=self.cancel)
                 except Cancelled:
@@ -161,9 +161,14 @@ class SweepWorker(QObject):
         req = self.request
         ids_for: dict[tuple[int, int], list[int]] = {}
         total = plan.total
+        warmed: set[int] = set()
         for step in plan.steps():
             if self.cancel.is_set():
                 return False
+            if step.prompt_tokens not in warmed:
+                warmed.add(step.prompt_tokens)
+                if not self._warm_up(sessions, plan, step.prompt_tokens, vocab):
+                    return False
             key = (step.prompt_tokens, step.repeat)
             ids = ids_for.get(key)
             if ids is None:

@@ -93,3 +93,27 @@ def test_trace_option_writes_a_loadable_trace(tmp_path, demo_path, capsys):
     events, meta = trace.load(p)
     assert {e.stage for e in events if e.kind == "compute"} == {0, 1}
     assert meta["report"]["plan"]["n_chunks"] == 3
+
+
+def test_warm_up_runs_every_prompt_size_unmeasured(demo_path, capsys, monkeypatch):
+    """A measured run never pays the first sight of its size's chunk shapes: every arm runs
+    each prompt size once, unmeasured and on a prompt no measured run uses, before its repeats."""
+    from engine.pipeline import Session
+
+    calls: list[tuple[int, int]] = []
+    real_run = Session.run
+
+    def run(self, ids, *a, **kw):
+        calls.append((len(ids), tuple(list(ids)[:4])))
+        return real_run(self, ids, *a, **kw)
+
+    monkeypatch.setattr(Session, "run", run)
+    rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu", "--prefill", "16",
+                         "--prompt-tokens", "32,48", "--arm", "pf_depth=0", "--arm", "pf_depth=1",
+                         "--format", "json", "--warmup", "1")
+    assert rc == 0
+    runs = [json.loads(line) for line in out.splitlines() if json.loads(line)["row"] == "run"]
+    assert len(runs) == 4  # warm-ups print no rows
+    assert [n for n, _ in calls] == [32, 32, 32, 32, 48, 48, 48, 48]
+    warm32, meas32 = calls[0][1], calls[2][1]
+    assert warm32 != meas32  # the first token carries the nonce: warm-up and measured prompts differ

@@ -173,3 +173,28 @@ def test_bad_plans_are_refused_then_a_stopped_sweep_keeps_its_finished_points(wi
     assert win.history.list_sweeps()[0].status == "stopped"
     assert len(win.history.list_runs(source="sweep")) == done
     assert win.run_button.isEnabled() and view.start_button.isEnabled()
+
+
+def test_sweep_worker_warms_up_every_size_like_the_bench(demo_path, monkeypatch):
+    """Each prompt size gets its unmeasured warm-up runs (one per arm) before its first point."""
+    from engine.pipeline import Session
+    from strata_gui.sweep_worker import SweepRequest, SweepWorker
+
+    sizes: list[int] = []
+    real_run = Session.run
+
+    def run(self, ids, *a, **kw):
+        sizes.append(len(ids))
+        return real_run(self, ids, *a, **kw)
+
+    monkeypatch.setattr(Session, "run", run)
+    plan = SweepPlan((64, 96), ARMS, repeats=1, warmup=1, model="demo", base=BASE)
+    configs = tuple(arm_config(BASE, a, env={}) for a in ARMS)
+    worker = SweepWorker(SweepRequest(demo_path, "demo", plan, configs, sweep_id=8), threading.Event())
+    statuses, samples = [], []
+    worker.status.connect(statuses.append)
+    worker.point_done.connect(samples.append)
+    worker.run()
+    assert sizes == [64, 64, 64, 64, 96, 96, 96, 96]  # warm-up x 2 arms, then the 2 measured runs
+    assert len(samples) == 4
+    assert any("warming up arm join at 96 tokens" in s for s in statuses)
