@@ -58,7 +58,7 @@ class GpuInterval:
     end_device: torch.device
     end: "torch.cuda.Event"
     deliver: Callable[[int, int], None]  # (start_ns, end_ns) on the host clock
-    min_ns: int = 0  # shorter intervals are dropped (idle gaps of a few microseconds)
+    min_ns: int = 0  # when set, shorter intervals are dropped (idle gaps of a few microseconds)
 
 
 class DeferredTimer:
@@ -97,5 +97,7 @@ def _resolve(clock: DeviceClock, iv: GpuInterval) -> None:
     except Exception as exc:  # a timing that cannot be read must not fail the run (the stage reports GPU errors)
         log.warning("GPU timing could not be resolved: %s", exc)
         return
-    if end - start >= iv.min_ns:
-        iv.deliver(start, max(end, start))
+    if iv.min_ns and end - start < iv.min_ns:
+        return
+    # two devices' anchors differ by microseconds: a short cross-device copy may map end < start
+    iv.deliver(start, max(end, start))

@@ -229,7 +229,6 @@ class Stage:
         self.cache: ExpertCache | None = None  # streamed experts of this stage's device
         # CUDA graphs per (first layer, layer count, chunk size): see engine/graphs.py
         self.graph_sets: dict[tuple[int, int, int], GraphedLayers] = {}
-        self.graph_seen: set[tuple[int, int, int]] = set()
         self.graph_failed: set[tuple[int, int, int]] = set()
 
     # ------------------------------------------------------------------ helpers
@@ -293,7 +292,7 @@ class Stage:
         the test hook and errors that name stage, layer and chunk."""
         s = self.session
         hook = s.hooks.after_layer
-        graphed = self._graphs_for(x, layers)
+        graphed, capture = self._graphs_for(x, layers)
         for i, (layer, kv) in enumerate(zip(layers, kvs)):
             try:
                 x = graphed.forward(i, x, kv, pos) if graphed is not None else layer(x, kv, pos)
@@ -305,24 +304,29 @@ class Stage:
                 raise
             except Exception as exc:
                 raise StageError(self.index, self.name, chunk, layer.index, exc) from exc
+        if capture:
+            self._capture(layers, x.shape[0], x.dtype)
         return x
 
-    def _graphs_for(self, x: torch.Tensor, layers: Sequence[Layer]) -> GraphedLayers | None:
-        """The CUDA graphs of these layers at x's chunk size: captured the second time a size
-        the run asked for is seen (the first, eager, pass warms kernels up); None = eager."""
+    def _graphs_for(self, x: torch.Tensor, layers: Sequence[Layer]) -> tuple[GraphedLayers | None, bool]:
+        """(the CUDA graphs of these layers at x's chunk size or None = eager, whether to capture
+        them after this eager pass).  A size the run asks for is captured right after its first,
+        eager, pass (which warms the kernels up), so a one-chunk prompt captures in its first run."""
         s = self.session
         n = x.shape[0]
         if self.device.type != "cuda" or not layers or n not in s.graph_sizes:
-            return None
+            return None, False
         key = (layers[0].index, len(layers), n)
         graphed = self.graph_sets.get(key)
         if graphed is not None or key in self.graph_failed:
-            return graphed
-        if key not in self.graph_seen or not all(layer.graphable(x) for layer in layers):
-            self.graph_seen.add(key)
-            return None
+            return graphed, False
+        return None, all(layer.graphable(x) for layer in layers)
+
+    def _capture(self, layers: Sequence[Layer], n: int, dtype: torch.dtype) -> None:
+        s = self.session
+        key = (layers[0].index, len(layers), n)
         try:
-            graphed = GraphedLayers(layers, n, self.device, x.dtype)
+            graphed = GraphedLayers(layers, n, self.device, dtype)
             graphed.capture()
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             self.graph_failed.add(key)
@@ -332,19 +336,17 @@ class Stage:
             s.notes.append(msg)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            return None
+            return
         self.graph_sets[key] = graphed
         s.notes.append(f"CUDA graphs captured for layers {layers[0].index}-{layers[-1].index} on {self.name} "
                        f"at chunk {n}: {graphed.capture_s * 1e3:.0f} ms, "
                        f"{graphed.reserved_bytes / 2**20:.0f} MiB")
-        return graphed
 
     def drop_graphs(self, keep: set[int] | None = None) -> None:
         """Free the graph sets of chunk sizes not in `keep` (all when None)."""
         for key in list(self.graph_sets):
             if keep is None or key[2] not in keep:
                 self.graph_sets.pop(key).close()
-        self.graph_seen = {k for k in self.graph_seen if keep is not None and k[2] in keep}
         self.graph_failed = {k for k in self.graph_failed if keep is not None and k[2] in keep}
 
     def emit_streams(self) -> None:
@@ -632,14 +634,16 @@ class Session:
     # ---------------------------------------------------------------- chunking
     def chunk_cost(self) -> chunking.ChunkCost:
         """Measure one layer on the main device: time per candidate chunk size at position 0,
-        attention's extra time per (token x cached key), and host launch time per layer.
+        attention's extra time per (token x cached key), and host launch time per layer, the
+        way a fixed-size chunk runs (CUDA graphs when `cuda_graphs` is on).
 
         Measured once per process for a (model shape, device kind, dtype, streaming): sessions of
         one benchmark or app then plan the same chunks, so their digests stay comparable."""
         if self._chunk_cost is None:
             st = self.stages[0]
             dev = torch.cuda.get_device_name(st.device) if st.device.type == "cuda" else "cpu"
-            key = (repr(self.spec), dev, str(self.dtypes[st.device]), st.layers[0].cache is not None)
+            key = (repr(self.spec), dev, str(self.dtypes[st.device]), st.layers[0].cache is not None,
+                   self.config.cuda_graphs)
             with _MEASURED_LOCK:
                 measured = _MEASURED.get(key)
                 if measured is None:
@@ -659,6 +663,23 @@ class Session:
         probe = 2048 if cuda else 64
         kv = LayerKV(max(max(sizes), prefix + probe), self.spec.n_kv_heads, self.spec.head_dim, st.device, dt)
         gen = torch.Generator().manual_seed(0)
+        graphs: dict[int, GraphedLayers] = {}
+
+        def forward(x: torch.Tensor, pos: int) -> None:
+            n = x.shape[0]
+            if cuda and self.config.cuda_graphs and n not in graphs and layer.graphable(x):
+                try:  # what a run replays at this size (eager costs host launches graphs do not)
+                    g = GraphedLayers([layer], n, st.device, dt)
+                    g.capture()
+                    graphs[n] = g
+                except (torch.OutOfMemoryError, RuntimeError) as exc:
+                    log.info("chunk cost at %d tokens measured eagerly: graph capture failed (%s)", n, exc)
+                    graphs[n] = None
+            g = graphs.get(n)
+            if g is not None:
+                g.forward(0, x, kv, pos)
+            else:
+                layer(x, kv, pos)
 
         def timed(n: int, pos: int, reps: int = 2) -> float:
             x = torch.randn(n, self.spec.hidden, generator=gen).to(st.device, dt)
@@ -667,26 +688,34 @@ class Session:
                 kv.length = pos
                 st._sync()
                 t0 = time.perf_counter()
-                layer(x, kv, pos)
+                forward(x, pos)
                 st._sync()
                 best = min(best, time.perf_counter() - t0)
             return best
 
-        with torch.inference_mode():
-            kv.k.normal_()
-            kv.v.normal_()
-            layer_s = {n: timed(n, 0) for n in sizes}
-            deep = timed(probe, prefix)
-            attn = max(deep - timed(probe, 0), 0.0) / (probe * prefix)
-            x = torch.randn(256, self.spec.hidden, generator=gen).to(st.device, dt)
-            host = float("inf")
-            for _ in range(3):  # the first call of a new shape plans its kernels on the host: skip it
-                kv.length = 0
-                st._sync()
-                t0 = time.perf_counter()
-                layer(x, kv, 0)  # launch only: the host's share of a layer
-                host = min(host, time.perf_counter() - t0) if cuda else 0.0
-                st._sync()
+        try:
+            with torch.inference_mode():
+                kv.k.normal_()
+                kv.v.normal_()
+                layer_s = {n: timed(n, 0) for n in sizes}
+                deep = timed(probe, prefix)
+                attn = max(deep - timed(probe, 0), 0.0) / (probe * prefix)
+                x = torch.randn(min(sizes), self.spec.hidden, generator=gen).to(st.device, dt)
+                host = float("inf")
+                for _ in range(3):  # the first call of a new shape plans its kernels on the host: skip it
+                    kv.length = 0
+                    st._sync()
+                    t0 = time.perf_counter()
+                    forward(x, 0)  # launch only: the host's share of a layer
+                    host = min(host, time.perf_counter() - t0) if cuda else 0.0
+                    st._sync()
+        finally:
+            for g in graphs.values():
+                if g is not None:
+                    g.close()
+            graphs.clear()
+            if cuda:
+                torch.cuda.empty_cache()
         return layer_s, attn, host
 
     def choose_chunk(self, n_tokens: int) -> tuple[int, str]:
@@ -797,6 +826,7 @@ class Session:
         if ids.min() < 0 or ids.max() >= self.spec.vocab:
             raise ConfigError("prompt", f"token id {int(ids.max() if ids.max() >= self.spec.vocab else ids.min())}",
                               f"ids in 0..{self.spec.vocab - 1} (the model's vocabulary)")
+        self.timer.flush()  # a failed run's late GPU timings land before its events are dropped
         self.run_id = uuid.uuid4().hex[:12]
         with self._events_lock:
             self.events = []
@@ -805,9 +835,10 @@ class Session:
             if st.cache is not None:
                 st.cache.reset_stats()
         plan = self.plan(n, decode_tokens)
-        # graphs for the run's chunk size and for decode steps; other sizes' graphs are freed
-        # (a balanced schedule's chunks all differ in size: only decode steps are graphed then)
-        sizes = {plan.chunk, 1} if plan.schedule == "fixed" else {1}
+        # graphs for the run's chunk sizes (the fixed size and the prompt's remainder) and for
+        # decode steps; other sizes' graphs are freed (a balanced schedule's chunks all differ
+        # in size: only decode steps are graphed then)
+        sizes = {k for _, k in plan.chunk_bounds()} | {1} if plan.schedule == "fixed" else {1}
         self.graph_sizes = sizes if self.config.cuda_graphs else set()
         for st in self.stages:
             st.drop_graphs(keep=self.graph_sizes)
@@ -847,6 +878,9 @@ class Session:
         except Cancelled:
             raise
         except BaseException:
+            digest = getattr(self, "_digest", None)
+            if digest is not None:
+                digest.close()  # its hashing thread, when decode failed after prefill
             self._free_run_state()
             raise
 
@@ -859,10 +893,10 @@ class Session:
             t0 = time.perf_counter()
             cancelled = False
             try:
-                last_logits, all_logits, digest = self.prefill(ids, plan.chunk_bounds(), cancel, logits_all)
+                last_logits, all_logits, hashing = self.prefill(ids, plan.chunk_bounds(), cancel, logits_all)
             except Cancelled:
                 cancelled = True
-                last_logits, all_logits, digest = None, None, ""
+                last_logits, all_logits, hashing = None, None, None
             t1 = time.perf_counter()
             generated: list[int] = []
             if not cancelled and decode_tokens > 0:
@@ -871,7 +905,10 @@ class Session:
                 except Cancelled:
                     cancelled = True
             t2 = time.perf_counter()
-        self.timer.flush()  # every GPU timing delivered before the report counts them
+        # bookkeeping after the clock stopped: the digest's hashing thread finishes the last chunk
+        # (the prompt's KV and logits were ready at t1), and every GPU timing is delivered
+        digest = hashing.hexdigest() if hashing is not None else ""
+        self.timer.flush()
         expert_stats = []
         for st in self.stages:
             if st.cache is not None:
@@ -908,7 +945,9 @@ class Session:
         return RunResult(report, all_logits, last_logits)
 
     def prefill(self, ids: torch.Tensor, bounds: list[tuple[int, int]], cancel: threading.Event | None,
-                logits_all: bool) -> tuple[torch.Tensor, torch.Tensor | None, str]:
+                logits_all: bool) -> tuple[torch.Tensor, torch.Tensor | None, "_Digest"]:
+        """Every chunk through the split; returns the last position's logits, all logits when
+        asked, and the output digest (`hexdigest()` waits for its hashing thread)."""
         self.prompt_ids = ids.to(self.devices[0])
         self._digest = _Digest()
         self._logits: list[torch.Tensor] = []
@@ -939,7 +978,7 @@ class Session:
                 raise
             self._guard()
         logits = torch.cat(self._logits) if logits_all else None
-        return self._last_logits, logits, self._digest.hexdigest()
+        return self._last_logits, logits, self._digest
 
     def _finish_chunk(self, st: Stage, x: torch.Tensor, chunk: int, pos: int, n: int,
                       head: Head | None = None) -> None:
@@ -987,7 +1026,7 @@ class Session:
 
     def finish(self) -> None:
         """Join the whole split: each stage reaps its outstanding job, first to last, then every
-        device finishes what was queued and the GPU timings are delivered."""
+        device finishes what was queued (GPU timings are delivered by `timer.flush()`)."""
         for st in self.stages:
             st.finish()
         self._drain_devices()
@@ -996,7 +1035,6 @@ class Session:
         for d in dict.fromkeys(self.devices):
             if d.type == "cuda":
                 torch.cuda.synchronize(d)
-        self.timer.flush()
 
     def in_flight(self) -> int:
         """Chunks submitted and not yet reaped, or still running (0 whenever prefill returned)."""

@@ -202,3 +202,28 @@ def test_two_gpu_events_follow_the_pipeline_order(demo_path, handoff):
         busy = res.report.busy_histogram
         assert abs(sum(busy) - 1.0) < 1e-6
         sess.close()
+
+
+@cuda
+def test_chunk_cost_is_measured_as_runs_execute_and_frees_its_graphs(demo_path):
+    """With CUDA graphs on, auto's per-size costs come from graph replays (what a fixed chunk
+    runs), and measuring leaves no graph memory behind."""
+    from engine import pipeline
+
+    model = gguf_model.load(demo_path)
+    costs = {}
+    for graphs in (False, True):
+        sess = Session(model, EngineConfig(devices=["cuda:0"], cuda_graphs=graphs))
+        sizes = []
+        for _ in range(2):  # the first measurement also grows lasting caches (RoPE tables)
+            pipeline._MEASURED.clear()
+            sess._chunk_cost = None
+            before = torch.cuda.memory_allocated()
+            cost = sess.chunk_cost()
+            sizes.append(torch.cuda.memory_allocated() - before)
+        assert sizes[1] <= 2**20, f"graphs={graphs}: measuring kept {sizes} bytes"  # graph pools: 100s of MiB
+        assert all(t > 0 for t in cost.layer_s.values()) and cost.host_s_per_layer > 0
+        costs[graphs] = cost
+        sess.close()
+    # one graph replay launches far less from the host than ~50 eager ops
+    assert costs[True].host_s_per_layer < costs[False].host_s_per_layer, costs
