@@ -1,7 +1,8 @@
 """The event contract between engine and GUI, and the statistics every consumer shares.
 
-A `StageEvent` is one interval of one stage: computing a chunk, waiting on its successor,
-copying activations, streaming experts, or a decode step.  Times are host
+A `StageEvent` is one interval of one stage: computing a chunk, waiting (a GPU idle between
+its chunks; a CPU stage's thread waiting on its successor), copying activations, streaming
+experts, or a decode step.  Times are host
 `time.perf_counter_ns()`; GPU work is mapped onto that clock (see `pipeline`).
 """
 from __future__ import annotations

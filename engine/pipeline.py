@@ -269,8 +269,7 @@ class Stage:
             if timed:
                 self._gpu_event(chunk, "compute", ev0, ev1, tokens=tokens, note=note)
                 if self._prev_end is not None:  # the device idled between this stage's chunks
-                    self._gpu_event(chunk, "wait", self._prev_end, ev0, note="GPU idle before this chunk",
-                                    min_ns=IDLE_MIN_NS)
+                    self._gpu_event(chunk, "wait", self._prev_end, ev0, note="idle", min_ns=IDLE_MIN_NS)
                 self._prev_end = ev1
         else:
             t0 = time.perf_counter_ns()

@@ -42,6 +42,8 @@ WAIT_MEANING = {
     "reap": "reap: waiting for the successor's previous job before handing this chunk over",
     "join": "join (depth 0): waiting until the successor's run of this chunk returned",
     "finish": "finish guard: draining the split at the end of the prefill",
+    "idle": "GPU idle before this chunk: its input had not arrived, the successor's input buffer was "
+            "still busy, or the host had not launched it yet",
 }
 
 

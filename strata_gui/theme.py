@@ -21,7 +21,8 @@ class KindStyle:
 
 KIND_STYLES: dict[str, KindStyle] = {
     "compute": KindStyle("#0072B2", "compute", "a stage computing its layers for chunk Cn"),
-    "wait": KindStyle("#A8A8A8", "wait", "a stage waiting on its successor (reap / join / finish guard)"),
+    "wait": KindStyle("#A8A8A8", "wait", "a stage waiting: a GPU idle between its chunks, or a CPU stage's "
+                                         "thread waiting on its successor (reap / join / finish guard)"),
     "copy": KindStyle("#009E73", "copy", "activations handed to the next stage (or KV after prefill-main)"),
     "stream": KindStyle("#CC79A7", "stream", "expert weights streamed from host RAM"),
     "decode": KindStyle("#D55E00", "decode", "one decode step Tn through the split"),
