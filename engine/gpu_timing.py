@@ -10,8 +10,8 @@ chunk while the GPU works, and hand-offs between GPUs are ordered on the GPUs th
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
@@ -62,31 +62,41 @@ class GpuInterval:
 
 
 class DeferredTimer:
-    """Resolves `GpuInterval`s in submission order on a helper thread (`submit` never blocks).
+    """Resolves `GpuInterval`s in submission order on one helper thread; `submit` never waits
+    for the GPU and may be called from every stage thread.
 
-    `flush()` returns once every interval submitted so far has been delivered."""
+    `flush()` returns once every interval submitted before it was delivered (it queues a marker
+    behind them on the helper's FIFO and waits for it)."""
 
     def __init__(self, clock: DeviceClock, start_worker: Callable[[], "object"]) -> None:
         self.clock = clock
         self._start_worker = start_worker  # makes the thread lazily: CPU-only sessions never need it
         self._worker = None
-        self._last: Future | None = None
+        self._lock = threading.Lock()
 
     def submit(self, iv: GpuInterval) -> None:
-        if self._worker is None:
-            self._worker = self._start_worker()
-        self._last = self._worker.submit(_resolve, self.clock, iv)
+        with self._lock:
+            if self._worker is None:
+                self._worker = self._start_worker()
+            self._worker.submit(_resolve, self.clock, iv)
 
     def flush(self) -> None:
-        last, self._last = self._last, None
-        if last is not None:
-            last.result()
+        with self._lock:
+            if self._worker is None:
+                return
+            marker = self._worker.submit(_marker)
+        marker.result()
 
     def stop(self) -> None:
         self.flush()
-        if self._worker is not None:
-            self._worker.stop()
-            self._worker = None
+        with self._lock:
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop()
+
+
+def _marker() -> None:
+    """Queued by `flush`: once it ran, everything queued before it has."""
 
 
 def _resolve(clock: DeviceClock, iv: GpuInterval) -> None:

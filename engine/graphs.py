@@ -32,18 +32,23 @@ from .model import Layer
 log = logging.getLogger(__name__)
 
 _streams = threading.local()
+# One capture at a time in the process: entering a capture synchronises the device and empties
+# the allocator's cache, which must not meet another thread's capture in progress.
+CAPTURE_LOCK = threading.RLock()
 
 
 def capture_stream(device: torch.device) -> "torch.cuda.Stream":
     """This thread's capture stream for a device.  Reused: libraries keep a workspace per stream
     they run on (measured 256 MiB per new stream on H200), so a fresh stream per capture would
-    leave one behind every time."""
+    leave one behind every time.  High priority: torch hands out streams of each priority from
+    its own pool in rotation, so no side stream of another thread (digest, hand-off) can be
+    this one while it captures."""
     per_device = getattr(_streams, "by_device", None)
     if per_device is None:
         per_device = _streams.by_device = {}
     stream = per_device.get(device)
     if stream is None:
-        stream = per_device[device] = torch.cuda.Stream(device)
+        stream = per_device[device] = torch.cuda.Stream(device, priority=-1)
     return stream
 
 
@@ -86,7 +91,7 @@ class GraphedLayers:
         spec = self.layers[0].spec
         n = self.n
         x = self.x_in
-        with torch.cuda.device(self.device), torch.inference_mode():
+        with CAPTURE_LOCK, torch.cuda.device(self.device), torch.inference_mode():
             stream = capture_stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             for layer in self.layers:

@@ -13,10 +13,11 @@ On CUDA a stage's `run` launches its work and does not wait for the GPU: the han
 next GPU is ordered by CUDA events between streams (`Stage.hand_off`), GPU timings are resolved
 by a helper thread (`gpu_timing`), and a stage keeps at most two chunks queued on its device
 (`Stage.throttle`), so a cancel or an error still surfaces within a chunk.  Join (depth 0)
-keeps its meaning: the last stage's run returns only once its GPU finished the chunk.
+keeps its meaning: the last stage's run returns only once its GPU finished computing the chunk.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -35,7 +36,7 @@ from . import chunking
 from .config import ConfigError, EngineConfig
 from .events import EventSink, RunPlan, RunReport, StageEvent, StagePlan, busy_histogram, format_timing, stage_totals
 from .gpu_timing import DeferredTimer, DeviceClock, GpuInterval, timing_event
-from .graphs import GraphedLayers
+from .graphs import CAPTURE_LOCK, GraphedLayers
 from .experts import ExpertCache, ExpertStats, HostArena, physical_ram, plan_experts, resolve_pin_limit
 from .kv import LayerKV
 from .model import Head, Layer, Rope, WeightSource, load_head, load_layer_weights, resolve_dtype
@@ -108,10 +109,10 @@ class _Digest:
     On CUDA the bytes leave the GPU on a side stream into pinned memory and are hashed by a
     helper thread, so hashing never stalls the last stage (it cost 64% of a chunk inline)."""
 
-    def __init__(self) -> None:
+    def __init__(self, streams: "dict[torch.device, torch.cuda.Stream]") -> None:
         self.md5 = hashlib.md5()
         self.pool: ThreadPoolExecutor | None = None
-        self.streams: dict[torch.device, torch.cuda.Stream] = {}
+        self.streams = streams  # the session's: one side stream per device for its whole life
         self.pending: list[Future] = []
 
     def add(self, x: torch.Tensor) -> None:
@@ -322,6 +323,10 @@ class Stage:
         return None, all(layer.graphable(x) for layer in layers)
 
     def _capture(self, layers: Sequence[Layer], n: int, dtype: torch.dtype) -> None:
+        with CAPTURE_LOCK:  # the fallback's empty_cache must not meet another thread's capture
+            self._capture_locked(layers, n, dtype)
+
+    def _capture_locked(self, layers: Sequence[Layer], n: int, dtype: torch.dtype) -> None:
         s = self.session
         key = (layers[0].index, len(layers), n)
         try:
@@ -358,10 +363,15 @@ class Stage:
                             note=f"layer {layer}: {pinned / 2**20:.1f} MiB pinned, {pageable / 2**20:.1f} MiB pageable")
 
     # --------------------------------------------------------------- the pipeline
+    def on_stream(self):
+        """The stage's stream as the current one (stage 0 runs in the caller's thread, which may
+        have made another stream current): every event and hand-off assumes it."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
     def run(self, chunk: int, pos: int, n: int) -> None:
         """Compute this stage's layers for one chunk, then hand it on (see module doc)."""
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self.on_stream():
                 self._run(chunk, pos, n)
         except (StageError, Cancelled):
             raise
@@ -499,6 +509,7 @@ class Session:
         self.telemetry_interval_s = telemetry_interval_s
         self.clock = DeviceClock()
         self.timer = DeferredTimer(self.clock, lambda: _Worker("strata-timing"))
+        self._digest_streams: dict[torch.device, torch.cuda.Stream] = {}
         self.run_id = ""
         self.events: list[StageEvent] = []
         self._events_lock = threading.Lock()
@@ -667,6 +678,7 @@ class Session:
         def forward(x: torch.Tensor, pos: int) -> None:
             n = x.shape[0]
             if cuda and self.config.cuda_graphs and n not in graphs and layer.graphable(x):
+                layer(x, kv, pos)  # an eager pass first, as a run does: kernels set up outside capture
                 try:  # what a run replays at this size (eager costs host launches graphs do not)
                     g = GraphedLayers([layer], n, st.device, dt)
                     g.capture()
@@ -877,9 +889,13 @@ class Session:
         except Cancelled:
             raise
         except BaseException:
-            digest = getattr(self, "_digest", None)
-            if digest is not None:
-                digest.close()  # its hashing thread, when decode failed after prefill
+            try:
+                digest = getattr(self, "_digest", None)
+                if digest is not None:
+                    digest.close()  # its hashing thread, when decode failed after prefill
+                self.timer.flush()  # the failed run's GPU timings reach the sink before run() raises
+            except BaseException as exc:  # secondary: the original error is what surfaces
+                log.debug("cleaning up after a failed run: %s", exc)
             self._free_run_state()
             raise
 
@@ -948,7 +964,7 @@ class Session:
         """Every chunk through the split; returns the last position's logits, all logits when
         asked, and the output digest (`hexdigest()` waits for its hashing thread)."""
         self.prompt_ids = ids.to(self.devices[0])
-        self._digest = _Digest()
+        self._digest = _Digest(self._digest_streams)
         self._logits: list[torch.Tensor] = []
         self._last_logits: torch.Tensor | None = None
         self._logits_all = logits_all

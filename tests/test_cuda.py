@@ -114,7 +114,8 @@ def test_streamed_experts_on_cuda_match_resident_and_respect_the_pin_limit(demo_
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3"])
 def test_cuda_graphs_replay_the_eager_kernels_bit_for_bit(make_arch, arch):
     """Graph replay runs the eager path's own kernels: same logits, digest and tokens, on the
-    run that captures (second chunk on) and on a later run that replays from chunk 0."""
+    run that captures (after the first chunk's eager pass) and on a later run that replays from
+    chunk 0."""
     model = gguf_model.load(make_arch(arch))
     ids = synthetic(256, model.spec.vocab, nonce=11)
     eager = Session(model, EngineConfig(devices=["cuda:0"], prefill=64, cuda_graphs=False)).run(
@@ -227,3 +228,21 @@ def test_chunk_cost_is_measured_as_runs_execute_and_frees_its_graphs(demo_path):
         sess.close()
     # one graph replay launches far less from the host than ~50 eager ops
     assert costs[True].host_s_per_layer < costs[False].host_s_per_layer, costs
+
+
+@cuda
+def test_two_stages_capture_a_remainder_chunk_concurrently_and_match_eager(demo_path):
+    """96 tokens at chunk 64: both stages capture sizes 64 and 32 in their first run, from two
+    threads at once (one capture at a time in the process), and every run matches eager."""
+    model = gguf_model.load(demo_path)
+    ids = synthetic(96, model.spec.vocab, nonce=12)
+    devices = ["cuda:0", "cuda:1"] if torch.cuda.device_count() > 1 else ["cuda:0", "cuda:0"]
+    eager = Session(model, EngineConfig(devices=devices, prefill=64, cuda_graphs=False, gpu_order="configured")
+                    ).run(ids, decode_tokens=4)
+    sess = Session(model, EngineConfig(devices=devices, prefill=64, gpu_order="configured"))
+    for _ in range(3):
+        res = sess.run(ids, decode_tokens=4)
+        assert (res.report.digest, res.report.generated) == (eager.report.digest, eager.report.generated)
+    for st in sess.stages:
+        assert sorted(k[2] for k in st.graph_sets) == [1, 32, 64]
+    sess.close()

@@ -88,3 +88,35 @@ def test_a_cpu_only_timer_starts_no_thread():
     timer.flush()
     timer.stop()
     assert started == []
+
+
+def test_flush_waits_for_intervals_submitted_from_every_stage_thread():
+    """Stage threads submit concurrently; a flush (before the run report is built) must cover
+    all of them, not just the last one to return from submit."""
+    timer = _timer()
+    got = []
+    lock = threading.Lock()
+    d0 = torch.device("cuda:0")
+    gate = Event(0)  # every interval waits on this "GPU" event
+
+    def record(key: tuple[str, int]):
+        def deliver(start: int, end: int) -> None:
+            with lock:
+                got.append(key)
+        return deliver
+
+    def stage(name: str) -> None:
+        for i in range(50):
+            timer.submit(GpuInterval(d0, Event(0), d0, gate, record((name, i))))
+
+    threads = [threading.Thread(target=stage, args=(f"stage{k}",)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == []
+    gate.done.set()
+    timer.flush()
+    assert len(got) == 150
+    assert [i for name, i in got if name == "stage1"] == list(range(50))  # each thread's in its order
+    timer.stop()
