@@ -192,10 +192,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
             pts = {name: Point(name, n) for name, _ in sessions}
             # unmeasured runs at this size: the first sight of its chunk shapes plans kernels and
             # captures CUDA graphs, which a measured run must not pay for
-            warm = fixed_ids if fixed_ids is not None else prompts.synthetic(n, model.spec.vocab, prompts.WARMUP_NONCE)
-            for _ in range(ns.warmup):
-                for name, sess in sessions:
-                    sess.run(warm, 0)
+            if ns.warmup:
+                warm = fixed_ids if fixed_ids is not None else prompts.warmup_ids(n, model.spec.vocab)
+                for _ in range(ns.warmup):
+                    for name, sess in sessions:
+                        sess.run(warm, 0)
             for rep in range(ns.repeat):
                 ids = fixed_ids if fixed_ids is not None else prompts.synthetic(
                     n, model.spec.vocab, prompts.sweep_nonce(n, rep))

@@ -323,10 +323,6 @@ class Stage:
         return None, all(layer.graphable(x) for layer in layers)
 
     def _capture(self, layers: Sequence[Layer], n: int, dtype: torch.dtype) -> None:
-        with CAPTURE_LOCK:  # the fallback's empty_cache must not meet another thread's capture
-            self._capture_locked(layers, n, dtype)
-
-    def _capture_locked(self, layers: Sequence[Layer], n: int, dtype: torch.dtype) -> None:
         s = self.session
         key = (layers[0].index, len(layers), n)
         try:
@@ -338,7 +334,7 @@ class Stage:
                    f"chunk {n}: capture failed ({str(exc).splitlines()[0][:200]}); running eagerly")
             log.warning("%s", msg)
             s.notes.append(msg)
-            if torch.cuda.is_available():
+            with CAPTURE_LOCK:  # emptying the cache must not meet another thread's capture
                 torch.cuda.empty_cache()
             return
         self.graph_sets[key] = graphed
@@ -474,13 +470,13 @@ class Stage:
             with torch.cuda.device(succ.device):  # the successor's (current, default) stream
                 dst.copy_(staged, non_blocking=True)
             end, end_device = timing_event(succ.device, succ.stream), succ.device
+            read = on_host
         else:
             with torch.cuda.stream(cs):
                 dst.copy_(x, non_blocking=True)  # torch makes the successor's current stream wait for it
             end, end_device = timing_event(self.device, cs), self.device
-        read = torch.cuda.Event()
-        read.record(cs)
-        self.stream.wait_event(read)
+            read = end
+        self.stream.wait_event(read)  # x has been read
         return start, end, end_device
 
     def finish(self) -> None:
@@ -673,7 +669,7 @@ class Session:
         probe = 2048 if cuda else 64
         kv = LayerKV(max(max(sizes), prefix + probe), self.spec.n_kv_heads, self.spec.head_dim, st.device, dt)
         gen = torch.Generator().manual_seed(0)
-        graphs: dict[int, GraphedLayers] = {}
+        graphs: dict[int, GraphedLayers | None] = {}  # None: capture failed, timed eagerly
 
         def forward(x: torch.Tensor, pos: int) -> None:
             n = x.shape[0]

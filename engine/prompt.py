@@ -32,6 +32,11 @@ def synthetic(n_tokens: int, vocab: int, nonce: int = 0) -> list[int]:
 WARMUP_NONCE = -1  # the warm-up prompt of a sweep (never one of the measured prompts)
 
 
+def warmup_ids(prompt_tokens: int, vocab: int) -> list[int]:
+    """A sweep's unmeasured warm-up prompt for one size (strata-bench and the app's Sweep)."""
+    return synthetic(prompt_tokens, vocab, nonce=WARMUP_NONCE)
+
+
 def sweep_nonce(prompt_tokens: int, repeat: int) -> int:
     """Nonce for one point of a sweep: the same for every arm, different per repeat."""
     return prompt_tokens * 1000 + repeat

@@ -17,6 +17,7 @@ from .compare import Comparison, compare, format_ratio, unchanged
 from .gantt import GanttView
 from .history import RunHistory
 from .run_record import RunRecord, describe
+from .summary_view import busy_plot
 from .theme import ERROR_COLOR, MUTED_COLOR
 
 log = logging.getLogger(__name__)
@@ -101,15 +102,7 @@ class CompareView(QWidget):
         self._table_setup(self.metrics)
         self.metrics.setToolTip("Ratios are after / before; green where the after run is better, red where worse.")
 
-        self.hist = pg.PlotWidget()
-        hp = self.hist.getPlotItem()
-        hp.setMenuEnabled(False)
-        hp.hideButtons()
-        hp.setMouseEnabled(x=False, y=False)
-        hp.setTitle("Busy histogram: share of prefill wall time", size="10pt")
-        hp.setLabel("bottom", "stages computing at once")
-        hp.setLabel("left", "% of prefill wall time")
-        hp.showGrid(y=True, alpha=0.25)
+        self.hist, hp = busy_plot("Busy histogram: share of prefill wall time", "% of prefill wall time")
         self.hist_legend = hp.addLegend(offset=(10, 5), labelTextSize="9pt")
         self.bars_before = pg.BarGraphItem(x=np.zeros(0), height=np.zeros(0), width=0.36,
                                            brush=pg.mkBrush(BEFORE_COLOR), pen=pg.mkPen(None), name="before")

@@ -14,11 +14,10 @@ import argparse
 import logging
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from PySide6.QtCore import QEventLoop, QSettings
+from PySide6.QtCore import QSettings
 
 from .run_settings import RunSettings
 
@@ -50,18 +49,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .app import make_app
     from .mainwindow import MainWindow
+    from .selftest import wait_until
 
     app = make_app()
     ns.out.mkdir(parents=True, exist_ok=True)
 
     def pump(until: Callable[[], bool], timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while not until():
-            if time.monotonic() > deadline:
-                return False
-            app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 20)
-            time.sleep(0.002)
-        return True
+        return wait_until(app, until, timeout_s)
 
     written: list[Path] = []
     with tempfile.TemporaryDirectory() as tmp:

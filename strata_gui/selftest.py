@@ -33,7 +33,8 @@ class SelftestResult:
     message: str
 
 
-def _wait(app: QApplication, done: Callable[[], bool], timeout_s: float) -> bool:
+def wait_until(app: QApplication, done: Callable[[], bool], timeout_s: float) -> bool:
+    """Process Qt events until done() or the timeout; whether done() came true."""
     deadline = time.monotonic() + timeout_s
     while not done():
         if time.monotonic() > deadline:
@@ -62,12 +63,12 @@ def run_selftest(app: QApplication, demo_model: Path, screenshot: Path | None = 
         try:
             win.resize(1600, 1000)
             win.show()
-            _wait(app, lambda: not win.jobs.busy, 30.0)
+            wait_until(app, lambda: not win.jobs.busy, 30.0)
             win.apply_settings(SELFTEST_SETTINGS)
             if not win.start_run():
                 errors = "; ".join(f"{k}: {v}" for k, v in win.validation.errors.items())
                 return SelftestResult(False, f"selftest: Run refused: {errors or 'a run is already in flight'}")
-            if not _wait(app, lambda: not win.controller.is_running, timeout_s):
+            if not wait_until(app, lambda: not win.controller.is_running, timeout_s):
                 win.controller.stop()
                 return SelftestResult(False, f"selftest: the run did not finish within {timeout_s:.0f} s")
             app.processEvents()

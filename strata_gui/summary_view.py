@@ -21,6 +21,20 @@ log = logging.getLogger(__name__)
 STAGE_COLUMNS = ("stage", "device", "layers", "chunks", "wall\nms", "compute\nms", "wait\nms", "copy\nms", "busy\n%")
 
 
+def busy_plot(title: str, left_label: str) -> tuple[pg.PlotWidget, pg.PlotItem]:
+    """A fixed (no zoom, no menu) plot for a busy histogram: x = stages computing at once."""
+    widget = pg.PlotWidget()
+    hp = widget.getPlotItem()
+    hp.setMenuEnabled(False)
+    hp.hideButtons()
+    hp.setMouseEnabled(x=False, y=False)
+    hp.setTitle(title, size="10pt")
+    hp.setLabel("bottom", "stages computing at once")
+    hp.setLabel("left", left_label)
+    hp.showGrid(y=True, alpha=0.25)
+    return widget, hp
+
+
 class SummaryView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -53,18 +67,10 @@ class SummaryView(QWidget):
         mid.addWidget(self.expert)
         mid.addStretch(1)
 
-        self.hist = pg.PlotWidget()
+        self.hist, hp = busy_plot("Busy histogram", "share of prefill wall time (%)")
         self.hist.setMinimumWidth(250)
         self.hist.setToolTip("Share of the prefill's wall time with exactly k stages computing, k = 0…N: "
                              "a full pipeline spends most of its time at k = N.")
-        hp = self.hist.getPlotItem()
-        hp.setMenuEnabled(False)
-        hp.hideButtons()
-        hp.setMouseEnabled(x=False, y=False)
-        hp.setTitle("Busy histogram", size="10pt")
-        hp.setLabel("bottom", "stages computing at once")
-        hp.setLabel("left", "share of prefill wall time (%)")
-        hp.showGrid(y=True, alpha=0.25)
         self.bars = pg.BarGraphItem(x=np.zeros(0), height=np.zeros(0), width=0.6,
                                     brush=pg.mkBrush(QColor(KIND_STYLES["compute"].color)), pen=pg.mkPen(None))
         hp.addItem(self.bars)

@@ -332,7 +332,3 @@ class SweepResults:
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
         return "\n".join(lines) + "\n"
 
-
-def warmup_ids(prompt_tokens: int, vocab: int) -> list[int]:
-    """strata-bench's warm-up prompt for one size: that many tokens, never a measured prompt."""
-    return prompts.synthetic(prompt_tokens, vocab, nonce=prompts.WARMUP_NONCE)

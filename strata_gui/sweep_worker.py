@@ -27,7 +27,7 @@ from engine.pipeline import Cancelled, PipelineHooks, Session
 
 from .history import SweepMember
 from .run_record import RunRecord, record_config
-from .sweep import SweepPlan, SweepSample, SweepStep, format_tokens, warmup_ids
+from .sweep import SweepPlan, SweepSample, SweepStep, format_tokens
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class SweepWorker(QObject):
     def _warm_up(self, sessions: list[Session], plan: SweepPlan, prompt_tokens: int, vocab: int) -> bool:
         """Unmeasured runs at one prompt size: the first sight of its chunk shapes plans kernels and
         captures CUDA graphs, which a measured run must not pay for."""
-        ids = warmup_ids(prompt_tokens, vocab)
+        ids = prompts.warmup_ids(prompt_tokens, vocab)
         for k in range(plan.warmup):
             for i, sess in enumerate(sessions):
                 self.status.emit(f"warming up arm {plan.arms[i].name} at {format_tokens(prompt_tokens)} tokens "
@@ -165,7 +165,7 @@ class SweepWorker(QObject):
         for step in plan.steps():
             if self.cancel.is_set():
                 return False
-            if step.prompt_tokens not in warmed:
+            if plan.warmup and step.prompt_tokens not in warmed:
                 warmed.add(step.prompt_tokens)
                 if not self._warm_up(sessions, plan, step.prompt_tokens, vocab):
                     return False
