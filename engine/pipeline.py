@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import chunking
+from .chunk_cost import ChunkCostProbe
 from .config import ConfigError, EngineConfig
 from .events import EventSink, RunPlan, RunReport, StageEvent, StagePlan, busy_histogram, format_timing, stage_totals
 from .gpu_timing import DeferredTimer, DeviceClock, GpuInterval, timing_event
@@ -661,69 +662,11 @@ class Session:
 
     def _measure_layer(self) -> tuple[dict[int, float], float, float]:
         st = self.stages[0]
-        layer = st.layers[0]
-        dt = self.dtypes[st.device]
         cuda = st.device.type == "cuda"
         sizes = chunking.GPU_CANDIDATES if cuda else chunking.CPU_CANDIDATES[2:6]
-        prefix = 8192 if cuda else 256
-        probe = 2048 if cuda else 64
-        kv = LayerKV(max(max(sizes), prefix + probe), self.spec.n_kv_heads, self.spec.head_dim, st.device, dt)
-        gen = torch.Generator().manual_seed(0)
-        graphs: dict[int, GraphedLayers | None] = {}  # None: capture failed, timed eagerly
-
-        def forward(x: torch.Tensor, pos: int) -> None:
-            n = x.shape[0]
-            if cuda and self.config.cuda_graphs and n not in graphs and layer.graphable(x):
-                layer(x, kv, pos)  # an eager pass first, as a run does: kernels set up outside capture
-                try:  # what a run replays at this size (eager costs host launches graphs do not)
-                    g = GraphedLayers([layer], n, st.device, dt)
-                    g.capture()
-                    graphs[n] = g
-                except (torch.OutOfMemoryError, RuntimeError) as exc:
-                    log.info("chunk cost at %d tokens measured eagerly: graph capture failed (%s)", n, exc)
-                    graphs[n] = None
-            g = graphs.get(n)
-            if g is not None:
-                g.forward(0, x, kv, pos)
-            else:
-                layer(x, kv, pos)
-
-        def timed(n: int, pos: int, reps: int = 2) -> float:
-            x = torch.randn(n, self.spec.hidden, generator=gen).to(st.device, dt)
-            best = float("inf")
-            for _ in range(reps + 1):  # the first call warms kernels for this shape up
-                kv.length = pos
-                st._sync()
-                t0 = time.perf_counter()
-                forward(x, pos)
-                st._sync()
-                best = min(best, time.perf_counter() - t0)
-            return best
-
-        try:
-            with torch.inference_mode():
-                kv.k.normal_()
-                kv.v.normal_()
-                layer_s = {n: timed(n, 0) for n in sizes}
-                deep = timed(probe, prefix)
-                attn = max(deep - timed(probe, 0), 0.0) / (probe * prefix)
-                x = torch.randn(min(sizes), self.spec.hidden, generator=gen).to(st.device, dt)
-                host = float("inf")
-                for _ in range(3):  # the first call of a new shape plans its kernels on the host: skip it
-                    kv.length = 0
-                    st._sync()
-                    t0 = time.perf_counter()
-                    forward(x, 0)  # launch only: the host's share of a layer
-                    host = min(host, time.perf_counter() - t0) if cuda else 0.0
-                    st._sync()
-        finally:
-            for g in graphs.values():
-                if g is not None:
-                    g.close()
-            graphs.clear()
-            if cuda:
-                torch.cuda.empty_cache()
-        return layer_s, attn, host
+        probe = ChunkCostProbe(st.layers[0], st.device, self.dtypes[st.device],
+                               graphs=cuda and self.config.cuda_graphs)
+        return probe.measure(sizes, prefix=8192 if cuda else 256, probe=2048 if cuda else 64).astuple()
 
     def choose_chunk(self, n_tokens: int) -> tuple[int, str]:
         chunk, _, why = self.choose_schedule(n_tokens)

@@ -1,0 +1,161 @@
+"""Measure what `chunking` plans from: one layer's cost per chunk size, the way chunks run.
+
+A probe runs one layer of the main device at each candidate chunk size on a KV cache of its
+own: t0(c) at position 0, attention's extra time per (query token x cached key) from one chunk
+behind a long prefix, and the host's time to launch a layer.  With CUDA graphs on, a size is
+first run eagerly once (kernels set up outside capture, as a run does), then captured, and
+the timed calls replay the graph — eager timing is bound by host launches at small sizes.
+
+The bookkeeping a run's KV cache enforces holds here too: before every call the probe's cache
+holds exactly `pos` tokens, so a warm-up or capture pass never leaves the cache one chunk
+ahead of the call that is timed.  The graph factory and the device sync are parameters, so
+the bookkeeping is tested on CPU with a recording fake (tests/test_chunk_cost.py).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from .kv import LayerKV
+from .model import Layer
+
+log = logging.getLogger(__name__)
+
+
+class LayerGraph(Protocol):
+    """What the probe needs of a captured layer set (engine.graphs.GraphedLayers)."""
+
+    def capture(self) -> None: ...
+    def forward(self, i: int, x: torch.Tensor, kv: LayerKV, pos: int) -> torch.Tensor: ...
+    def close(self) -> None: ...
+
+
+GraphFactory = Callable[[Sequence[Layer], int, torch.device, torch.dtype], LayerGraph]
+
+
+def _cuda_graphs(layers: Sequence[Layer], n: int, device: torch.device, dtype: torch.dtype) -> LayerGraph:
+    from .graphs import GraphedLayers
+
+    return GraphedLayers(layers, n, device, dtype)
+
+
+@dataclass
+class LayerCost:
+    """Seconds per layer at each chunk size (position 0), attention seconds per (token x cached
+    key), host launch seconds per layer: the first three fields of `chunking.ChunkCost`."""
+
+    layer_s: dict[int, float]
+    attn_s: float
+    host_s: float
+
+    def astuple(self) -> tuple[dict[int, float], float, float]:
+        return self.layer_s, self.attn_s, self.host_s
+
+
+@dataclass
+class ChunkCostProbe:
+    layer: Layer
+    device: torch.device
+    dtype: torch.dtype
+    graphs: bool  # time graph replays (what a run with cuda_graphs on executes)
+    graph_factory: GraphFactory = _cuda_graphs
+    reps: int = 2  # timed calls per point, after one untimed call
+    _graphs: dict[int, LayerGraph | None] = field(default_factory=dict, init=False)  # None: eager
+    kv: LayerKV | None = field(default=None, init=False)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def measure(self, sizes: Sequence[int], prefix: int, probe: int, seed: int = 0) -> LayerCost:
+        spec = self.layer.spec
+        self.kv = LayerKV(max(max(sizes), prefix + probe), spec.n_kv_heads, spec.head_dim, self.device, self.dtype)
+        gen = torch.Generator().manual_seed(seed)
+
+        def tokens(n: int) -> torch.Tensor:
+            return torch.randn(n, spec.hidden, generator=gen).to(self.device, self.dtype)
+
+        try:
+            with torch.inference_mode():
+                self.kv.k.normal_()
+                self.kv.v.normal_()
+                layer_s = {n: self._best(tokens(n), 0) for n in sizes}
+                x = tokens(probe)
+                deep = self._best(x, prefix)
+                attn = max(deep - self._best(x, 0), 0.0) / (probe * prefix)
+                host = self._host_launch(tokens(min(sizes))) if self.device.type == "cuda" else 0.0
+        finally:
+            self.close()
+        return LayerCost(layer_s, attn, host)
+
+    def close(self) -> None:
+        """Free every captured graph (and the device's cached blocks they held)."""
+        for g in self._graphs.values():
+            if g is not None:
+                g.close()
+        self._graphs.clear()
+        self.kv = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ internals
+    def _call(self, x: torch.Tensor, pos: int) -> None:
+        """One forward of the layer at `pos` as a run executes it; the cache first holds `pos`."""
+        g = self._graph(x)  # may run an eager pass of its own first: set the cache after it
+        kv = self.kv
+        assert kv is not None
+        kv.length = pos
+        if g is not None:
+            g.forward(0, x, kv, pos)
+        else:
+            self.layer(x, kv, pos)
+
+    def _graph(self, x: torch.Tensor) -> LayerGraph | None:
+        """The captured graph at x's size, capturing it on first sight (after one eager pass on
+        an emptied cache, as a run's first chunk of that size); None where it runs eagerly."""
+        n = x.shape[0]
+        if not self.graphs:
+            return None
+        if n not in self._graphs:
+            if not self.layer.graphable(x):
+                self._graphs[n] = None
+                return None
+            kv = self.kv
+            assert kv is not None
+            kv.length = 0
+            self.layer(x, kv, 0)
+            try:
+                g = self.graph_factory([self.layer], n, self.device, self.dtype)
+                g.capture()
+                self._graphs[n] = g
+            except (torch.OutOfMemoryError, RuntimeError) as exc:
+                log.info("chunk cost at %d tokens measured eagerly: graph capture failed (%s)", n, exc)
+                self._graphs[n] = None
+        return self._graphs[n]
+
+    def _best(self, x: torch.Tensor, pos: int) -> float:
+        self._call(x, pos)  # untimed: warms this shape up (and captures its graph)
+        best = float("inf")
+        for _ in range(self.reps):
+            self.sync()
+            t0 = time.perf_counter()
+            self._call(x, pos)
+            self.sync()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def _host_launch(self, x: torch.Tensor) -> float:
+        """The host's share of a layer: launch time alone (the first call of a shape plans
+        its kernels on the host, so the best of three)."""
+        host = float("inf")
+        for _ in range(3):
+            self.sync()
+            t0 = time.perf_counter()
+            self._call(x, 0)
+            host = min(host, time.perf_counter() - t0)
+            self.sync()
+        return host

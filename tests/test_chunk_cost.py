@@ -1,0 +1,90 @@
+"""The chunk-cost probe's bookkeeping, on CPU: the KV cache holds exactly `pos` tokens before
+every call, each chunk size is captured once after one eager pass, and every graph is freed.
+
+The graph factory is the probe's parameter; a recording fake stands in for CUDA graphs and
+runs the layer eagerly, so the real KV cache's own position check applies to every call."""
+from __future__ import annotations
+
+import torch
+
+from engine.chunk_cost import ChunkCostProbe
+from engine.config import EngineConfig
+from engine.gguf_model import load
+from engine.pipeline import Session
+
+
+class RecordingGraphs:
+    """Stands in for engine.graphs.GraphedLayers; records what the probe asks of it."""
+
+    def __init__(self, log: list, layers, n: int, device, dtype) -> None:
+        self.log, self.layers, self.n = log, list(layers), n
+        self.closed = False
+        log.append(("create", n))
+
+    def capture(self) -> None:
+        self.log.append(("capture", self.n))
+
+    def forward(self, i: int, x: torch.Tensor, kv, pos: int) -> torch.Tensor:
+        assert not self.closed
+        self.log.append(("replay", self.n, kv.length, pos))
+        return self.layers[i](x, kv, pos)  # the real layer: its KV append checks the position
+
+    def close(self) -> None:
+        self.closed = True
+        self.log.append(("close", self.n))
+
+
+def _probe(demo_path, monkeypatch, log: list, made: list) -> ChunkCostProbe:
+    sess = Session(load(demo_path), EngineConfig(devices=["cpu"]))
+    layer = sess.stages[0].layers[0]
+    monkeypatch.setattr(layer, "graphable", lambda x: True)  # as on CUDA with resident experts
+
+    def factory(layers, n, device, dtype):
+        g = RecordingGraphs(log, layers, n, device, dtype)
+        made.append(g)
+        return g
+
+    return ChunkCostProbe(layer, torch.device("cpu"), torch.float32, graphs=True, graph_factory=factory)
+
+
+def test_every_timed_call_sees_the_cache_at_its_position_and_graphs_are_freed(demo_path, monkeypatch):
+    log: list = []
+    made: list[RecordingGraphs] = []
+    probe = _probe(demo_path, monkeypatch, log, made)
+    cost = probe.measure(sizes=(16, 32, 64), prefix=128, probe=32)
+
+    replays = [e for e in log if e[0] == "replay"]
+    assert replays and all(length == pos for _, _, length, pos in replays)
+    assert {pos for *_, pos in replays} == {0, 128}  # the attention probe runs behind a prefix
+    captures = [e[1] for e in log if e[0] == "capture"]
+    assert sorted(captures) == [16, 32, 64]  # one capture per size, the probe size reused
+    assert all(g.closed for g in made) and len(made) == 3
+    assert probe.kv is None
+    assert set(cost.layer_s) == {16, 32, 64} and all(t > 0 for t in cost.layer_s.values())
+    assert cost.attn_s >= 0.0 and cost.host_s == 0.0  # no launch cost on CPU
+
+
+def test_a_failed_capture_is_timed_eagerly_and_the_rest_still_graphed(demo_path, monkeypatch):
+    log: list = []
+    made: list[RecordingGraphs] = []
+    probe = _probe(demo_path, monkeypatch, log, made)
+    real = probe.graph_factory
+
+    def flaky(layers, n, device, dtype):
+        if n == 32:
+            raise RuntimeError("capture failed: out of graph memory")
+        return real(layers, n, device, dtype)
+
+    probe.graph_factory = flaky
+    cost = probe.measure(sizes=(16, 32), prefix=64, probe=16)
+    assert {e[1] for e in log if e[0] == "replay"} == {16}
+    assert set(cost.layer_s) == {16, 32}
+    assert all(g.closed for g in made)
+
+
+def test_cpu_session_measures_its_cost_without_graphs(demo_path):
+    sess = Session(load(demo_path), EngineConfig(devices=["cpu"]))
+    cost = sess.chunk_cost()
+    assert cost.layer_s and all(t > 0 for t in cost.layer_s.values())
+    # the probe leaves the session's own state alone: a run after it works
+    assert sess.run(list(range(40)), 0).report.plan.prompt_tokens == 40
