@@ -15,12 +15,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import failure
 from . import prompt as prompts
 from . import synth
 from .config import ConfigError, EngineConfig, parse_setting
 from .events import RunReport, format_timing
-from .gguf_model import GGUFError, load
-from .pipeline import Cancelled, Session, StageError
+from .gguf_model import load
+from .pipeline import Session
 
 log = logging.getLogger("strata.bench")
 
@@ -337,9 +338,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if value < low:
                     raise ConfigError(name, value, f"an integer >= {low}")
         return ns.func(ns)
-    except (ConfigError, GGUFError, StageError, Cancelled) as exc:
-        print(f"strata-bench: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("strata-bench: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if failure.is_user_error(exc):
+            print(f"strata-bench: error: {exc}", file=sys.stderr)
+            return failure.BAD_INPUT
+        if ns.verbose:
+            log.exception("internal error")
+        print(f"strata-bench: {failure.record(exc, f'strata-bench {ns.cmd}').line}", file=sys.stderr)
+        return failure.INTERNAL_ERROR
 
 
 if __name__ == "__main__":

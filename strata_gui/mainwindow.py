@@ -33,7 +33,7 @@ from .run_controller import RunController
 from .run_progress import RunProgress
 from .run_record import RunRecord
 from .run_settings import RunSettings, Validation, check_devices, validate
-from .run_worker import RunRequest, RunStarted, SaveResult
+from .run_job import RunRequest, RunStarted, SaveResult
 from .settings_panel import SettingsPanel
 from .settings_store import SettingsStore
 from .summary_view import SummaryView

@@ -18,7 +18,8 @@ from .job_thread import JobThreadOwner
 from engine.topology import Topology
 
 from .event_batcher import DEFAULT_INTERVAL_S
-from .run_worker import RunRecorder, RunRequest, RunWorker
+from .run_job import RunRecorder, RunRequest
+from .run_worker import RunWorker
 from .session_cache import SessionCache
 
 log = logging.getLogger(__name__)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from PySide6.QtCore import QObject, Signal, Slot
 
+from engine import failure
 from engine import prompt as prompts
 from engine.config import EngineConfig
 from engine.events import StageEvent
@@ -133,8 +133,7 @@ class SweepWorker(QObject):
                 msg += f"; {len(self.save_errors)} run(s) not saved to the history: {self.save_errors[0]}"
             self.finished.emit(stopped, msg)
         except Exception as exc:
-            log.exception("sweep failed")
-            self.failed.emit(f"Sweep failed: {type(exc).__name__}", str(exc), traceback.format_exc())
+            self.failed.emit(*failure.dialog_text(exc, "the sweep", "Sweep failed"))
         finally:
             for sess in sessions:
                 try:

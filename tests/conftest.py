@@ -9,6 +9,10 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+if "STRATA_LOG_DIR" not in os.environ:  # internal-error logs of the tests stay out of the user's folder
+    import tempfile
+
+    os.environ["STRATA_LOG_DIR"] = tempfile.mkdtemp(prefix="strata-test-logs-")
 
 from engine import synth  # noqa: E402
 

@@ -117,3 +117,43 @@ def test_warm_up_runs_every_prompt_size_unmeasured(demo_path, capsys, monkeypatc
     assert [n for n, _ in calls] == [32, 32, 32, 32, 48, 48, 48, 48]
     warm32, meas32 = calls[0][1], calls[2][1]
     assert warm32 != meas32  # the first token carries the nonce: warm-up and measured prompts differ
+
+
+INJECT = """
+import sys
+import engine.model
+def boom(self, *args, **kwargs):
+    raise ZeroDivisionError("injected internal error")
+engine.model.Head.final_norm = boom
+from engine.bench import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_internal_error_is_one_line_naming_its_log_not_a_traceback(demo_path, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from engine import failure
+
+    env = {**os.environ, "STRATA_LOG_DIR": str(tmp_path / "logs")}
+    proc = subprocess.run([sys.executable, "-c", INJECT, "run", "--model", str(demo_path), "--devices", "cpu",
+                           "--prompt-tokens", "32", "--warmup", "0"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == failure.INTERNAL_ERROR == 3, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
+    line = lines[0]
+    assert line.startswith("strata-bench: internal error in strata-bench run at ")
+    assert "ZeroDivisionError: injected internal error" in line
+    log_file = tmp_path / "logs" / line.rsplit("full traceback in ", 1)[1].split("/")[-1]
+    text = log_file.read_text()
+    assert "Traceback (most recent call last)" in text and "injected internal error" in text
+
+
+def test_bad_input_keeps_its_own_exit_code(capsys):
+    from engine import failure
+
+    rc, _, err = run_cli(capsys, "run", "--model", "demo", "--devices", "cpu", "--prefill", "abc")
+    assert rc == failure.BAD_INPUT == 2 and err.startswith("strata-bench: error: ") and "prefill" in err

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from gui_support import (qsettings, qt_settings_sandbox, set_form, themed_app,  # noqa: F401
                          wait_no_engine_threads, window)
@@ -85,8 +86,10 @@ def test_stop_mid_run_leaves_no_thread_and_the_next_run_works(window, qtbot):
     assert ok, what
 
 
-def test_engine_error_shows_a_dialog_and_the_next_run_succeeds(window, qtbot):
+def test_engine_error_shows_a_dialog_and_the_next_run_succeeds(window, qtbot, tmp_path, monkeypatch):
     win = window
+    log_dir = tmp_path / "logs"
+    monkeypatch.setenv("STRATA_LOG_DIR", str(log_dir))
 
     def fault(stage: int, layer: int, chunk: int) -> None:
         if stage == 1 and chunk == 2:
@@ -98,8 +101,14 @@ def test_engine_error_shows_a_dialog_and_the_next_run_succeeds(window, qtbot):
     _wait_done(qtbot, win, "failed")
     box = win.error_box
     assert box is not None and box.isVisible()
-    assert "stage 1 (cpu), chunk 2" in box.text() and "injected fault" in box.text()
-    assert "StageError" in box.windowTitle()
+    # an internal error: one line (what, where, the log file), the traceback behind Details
+    line = box.text()
+    assert line.startswith("internal error in the run at pipeline.py:") and "\n" not in line
+    assert "stage 1 (cpu), chunk 2" in line and "injected fault" in line
+    log_file = Path(line.rsplit("full traceback in ", 1)[1])
+    assert log_file.parent == log_dir and "Traceback (most recent call last)" in log_file.read_text()
+    assert "Traceback (most recent call last)" in box.detailedText()
+    assert box.windowTitle() == "Run failed: internal error"
     assert wait_no_engine_threads() == []
     box.accept()
     qtbot.waitUntil(lambda: win.error_box is None, timeout=5_000)
@@ -150,7 +159,7 @@ def test_text_prompt_is_tokenised_with_the_models_vocabulary(window, qtbot):
 def test_telemetry_reason_for_a_gpu_run_without_nvml():
     from engine.config import EngineConfig
     from engine.topology import Topology
-    from strata_gui.run_worker import make_sampler
+    from strata_gui.run_job import make_sampler
 
     sampler, reason = make_sampler(EngineConfig(devices=["cpu", "cpu"]), Topology(reason="no CUDA devices: test"))
     if sampler is None:  # this machine: no NVML
