@@ -1,33 +1,96 @@
-"""Where one chunk's time goes on a GPU: torch.profiler's top CUDA ops for a prefill.
+"""Where a prefill's GPU time goes: torch.profiler's top kernels, and time and MFU per part.
 
-    python3 benchmarks/profile_prefill.py --layers 4 --tokens 4096
+Parts: attention (cuDNN/flash/efficient kernels), expert GEMMs (grouped GEMM), dense GEMMs
+(q/k/v, output projection, router), everything else (norms, RoPE, top-k, sort, gathers,
+casts, copies). FLOPs per part are counted from the model's shapes and the run's chunks.
+
+    python3 benchmarks/profile_prefill.py --layers 16 --tokens 32768 [--prefill auto|N]
 """
 from __future__ import annotations
 
 import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
 
+import torch
 from torch.profiler import ProfilerActivity, profile
 
-from engine.config import EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
-from engine.synth import SyntheticSource, recipe_from_args
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.config import EngineConfig  # noqa: E402
+from engine.prompt import synthetic, warmup_ids  # noqa: E402
+from engine.synth import SyntheticSource, recipe_from_args  # noqa: E402
+
+PARTS = ("attention", "expert GEMMs", "dense GEMMs", "everything else")
+
+
+def part_of(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("cudnn", "flash", "fmha", "attention", "sdpa", "sm90_fprop")):
+        return "attention"
+    if "grouped" in n or "ptr_array" in n:
+        return "expert GEMMs"
+    if any(k in n for k in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_")):
+        return "dense GEMMs"
+    return "everything else"
+
+
+def part_flops(spec, bounds: list[tuple[int, int]]) -> dict[str, float]:
+    """FLOPs of each part over the run (all layers), from shapes and chunk bounds."""
+    L, d, H, KV, hd = spec.n_layers, spec.hidden, spec.n_heads, spec.n_kv_heads, spec.head_dim
+    tokens = sum(n for _, n in bounds)
+    attn = sum(4.0 * H * hd * n * (p + (n + 1) / 2) for p, n in bounds)  # QK^T and PV, causal diagonal
+    dense = 2.0 * tokens * (d * (H + 2 * KV) * hd + H * hd * d + (d * spec.n_experts if spec.n_experts else 0))
+    experts = 2.0 * tokens * 3 * d * (spec.expert_ffn * spec.n_experts_used if spec.n_experts else spec.ffn)
+    return {"attention": L * attn, "expert GEMMs": L * experts, "dense GEMMs": L * dense, "everything else": 0.0}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--prefill", default="auto", help="chunk size: auto or N")
     ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--peak-tflops", type=float, default=794.0)
+    ap.add_argument("--top", type=int, default=18)
     ns = ap.parse_args()
     src = SyntheticSource(recipe_from_args("qwen3-30b-a3b", n_layers=ns.layers), ns.device)
-    sess = Session(src, EngineConfig(devices=[ns.device], prefill=ns.tokens))
+    from engine.pipeline import Session
+
+    sess = Session(src, EngineConfig.from_sources({"devices": ns.device, "prefill": ns.prefill}))
     ids = synthetic(ns.tokens, src.spec.vocab)
-    sess.run(ids)  # warm-up
+    sess.run(warmup_ids(ns.tokens, src.spec.vocab))  # warm-up: kernels planned, graphs captured
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         res = sess.run(ids)
-    print(f"prefill {res.report.prefill_tok_s:.0f} tok/s")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+    rep = res.report
+    bounds = list(rep.plan.chunk_bounds())
+    print(f"prefill {rep.prefill_tok_s:,.0f} tok/s, {rep.plan.n_chunks} x {rep.plan.chunk} "
+          f"({rep.plan.chunk_reason}); attention: {rep.attention}")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=ns.top, max_name_column_width=70))
+    by_part: dict[str, float] = defaultdict(float)
+    for e in prof.key_averages():
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0.0)
+        by_part[part_of(e.key)] += us / 1e6
+    flops = part_flops(src.spec, bounds)
+    total = sum(by_part.values())
+    print(f"\n| part | GPU s | share | TFLOP | TFLOP/s | MFU ({ns.peak_tflops:.0f}) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for p in PARTS:
+        s, f = by_part.get(p, 0.0), flops[p]
+        rate = f / s / 1e12 if s and f else 0.0
+        print(f"| {p} | {s:.4f} | {s / total * 100 if total else 0:.1f}% | {f / 1e12:.2f} | "
+              f"{rate:.0f} | {rate / ns.peak_tflops * 100:.1f}% |" if f else
+              f"| {p} | {s:.4f} | {s / total * 100 if total else 0:.1f}% | — | — | — |")
+    wall = rep.prefill_s
+    print(f"| GPU kernels total | {total:.4f} | | {sum(flops.values()) / 1e12:.2f} | "
+          f"{sum(flops.values()) / total / 1e12:.0f} | wall {wall:.4f} s, "
+          f"MFU {sum(flops.values()) / wall / 1e12 / ns.peak_tflops * 100:.1f}% |")
+    sess.close()
 
 
 if __name__ == "__main__":

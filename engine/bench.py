@@ -214,7 +214,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
                             "row": "run", "arm": name, "prompt_tokens": n, "repeat": rep, "chunk": r.plan.chunk,
                             "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
                             "digest": r.digest, "generated": r.generated, "busy_histogram": r.busy_histogram,
-                            "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff,
+                            "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
                             "device_order": r.device_order}), flush=True)
             points.extend(pts[name] for name, _ in sessions)
     finally:
@@ -222,6 +222,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
             sess.close()
     if ns.format != "json" or len(points) > 1:
         print(render(points, [a for a, _ in arms], ns.format, model.spec, ns.peak_tflops))
+    if ns.format == "md" and last is not None and last[1].report.attention:
+        print(f"\nattention: {last[1].report.attention}")
     if ns.format != "json" and last is not None and len(points) == 1:
         r = last[1].report
         print(f"\ngenerated: {r.generated}\ndigest: {r.digest}")

@@ -103,6 +103,7 @@ class RunReport:
     notes: list[str] = field(default_factory=list)
     telemetry: list[dict] = field(default_factory=list)  # GPU samples on the event clock
     telemetry_status: str = ""
+    attention: str = ""  # the attention kernel per device (engine/attention.py)
 
     def to_dict(self) -> dict:
         from dataclasses import asdict

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
+from .attention import chunk_attention, kernel_for
 from .gguf_model import ModelSpec
 from .kv import LayerKV
 
@@ -251,19 +251,10 @@ class Layer:
         return self.fast_ok(x) and self.cache is None and (not self.spec.is_moe or bool(self.use_grouped_mm))
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n: int, pos: int) -> torch.Tensor:
-        """Causal attention of the chunk's queries over keys/values [0, pos+n): [n, H*hd]."""
-        s, total = self.spec, pos + n
-        qt = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
-        kt = keys.transpose(0, 1).unsqueeze(0)  # [1, KV, L, hd]
-        vt = values.transpose(0, 1).unsqueeze(0)
-        gqa = s.n_heads != s.n_kv_heads
-        if n == 1:
-            o = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
-        elif n == total:
-            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
-        else:
-            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=causal_lower_right(n, total), enable_gqa=gqa)
-        return o.squeeze(0).transpose(0, 1).reshape(n, s.n_heads * s.head_dim)
+        """Causal attention of the chunk's queries over keys/values [0, pos+n): [n, H*hd], on
+        the kernel chosen for this device (engine/attention.py)."""
+        s = self.spec
+        return chunk_attention(q, keys, values, pos, kernel_for(q.device, s.n_heads, s.n_kv_heads, s.head_dim, q.dtype))
 
     # ------------------------------------------------------------------ attention
     def attention(self, x: torch.Tensor, kv: LayerKV, pos: int) -> torch.Tensor:

@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import chunking
+from .attention import kernel_for
 from .chunk_cost import ChunkCostProbe
 from .config import ConfigError, EngineConfig
 from .events import EventSink, RunPlan, RunReport, StageEvent, StagePlan, busy_histogram, format_timing, stage_totals
@@ -632,6 +633,12 @@ class Session:
             return "none (one stage)"
         return kinds[0] if len(set(kinds)) == 1 else ",".join(kinds)
 
+    def attention_kernels(self) -> str:
+        """The attention kernel of each device of the split, e.g. "cuda:0 cuDNN prefix+diagonal split"."""
+        s = self.spec
+        return "; ".join(f"{d}: {kernel_for(d, s.n_heads, s.n_kv_heads, s.head_dim, self.dtypes[d]).describe()}"
+                         for d in dict.fromkeys(st.device for st in self.stages))
+
     def _emit(self, ev: StageEvent) -> None:
         with self._events_lock:
             self.events.append(ev)
@@ -888,7 +895,7 @@ class Session:
             busy_histogram=busy_histogram(prefill_events, len(self.stages)),
             handoff=self.handoff_kind, device_order=list(self.device_order),
             order_reason=self.order_reason, cancelled=cancelled, notes=list(self.notes),
-            expert_stats=expert_stats,
+            expert_stats=expert_stats, attention=self.attention_kernels(),
             telemetry=samples, telemetry_status=telemetry_status)
         if self.config.timing:
             log.info("prefill timing (run %s):\n%s", self.run_id, format_timing(report.per_stage))

@@ -116,6 +116,8 @@ class SummaryView(QWidget):
         depth = "1 (overlap)" if plan.pf_depth == 1 else "0 (join)"
         rows.append(("Pipeline", f"depth {depth}" + (" · prefill on the main device" if plan.prefill_main else "")))
         rows.append(("Hand-off", html.escape(r.handoff)))
+        if r.attention:
+            rows.append(("Attention", html.escape(r.attention)))
         rows.append(("Order used", f"{html.escape(', '.join(r.device_order))}<br>"
                                    f"<span style='color:{MUTED_COLOR}'>{html.escape(r.order_reason)}</span>"))
         rows.append(("Digest", f"<code>{html.escape(r.digest)}</code>"))

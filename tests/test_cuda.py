@@ -246,3 +246,37 @@ def test_two_stages_capture_a_remainder_chunk_concurrently_and_match_eager(demo_
     for st in sess.stages:
         assert sorted(k[2] for k in st.graph_sets) == [1, 32, 64]
     sess.close()
+
+
+@cuda
+@pytest.mark.parametrize("pos,n", [(0, 2048), (6144, 2048), (1024, 512)])
+def test_chunk_attention_split_matches_the_masked_reference(pos, n):
+    """The cuDNN prefix+diagonal split gives the lower-right-masked SDPA's result (bf16 rounding),
+    on Qwen3-30B-A3B's heads (32 q / 4 kv of 128), and the device chose it."""
+    from engine.attention import CUDNN_SPLIT, SDPA, AttentionKernel, chunk_attention, kernel_for
+
+    dev = torch.device("cuda:0")
+    kernel = kernel_for(dev, 32, 4, 128, torch.bfloat16)
+    print(f"attention kernel: {kernel.describe()}")
+    assert kernel.name == CUDNN_SPLIT, kernel  # H200 with torch's cuDNN: the fast path
+    gen = torch.Generator().manual_seed(pos + n)
+    q = torch.randn(n, 32, 128, generator=gen).to(dev, torch.bfloat16)
+    k = torch.randn(pos + n, 4, 128, generator=gen).to(dev, torch.bfloat16)
+    v = torch.randn(pos + n, 4, 128, generator=gen).to(dev, torch.bfloat16)
+    got = chunk_attention(q, k, v, pos, kernel).float()
+    want = chunk_attention(q, k, v, pos, AttentionKernel(SDPA)).float()
+    exact = chunk_attention(q.float(), k.float(), v.float(), pos, AttentionKernel(SDPA))
+    err_split = (got - exact).abs().max().item()
+    err_ref = (want - exact).abs().max().item()
+    print(f"pos {pos} n {n}: split {err_split:.2e}, masked SDPA {err_ref:.2e} from fp32")
+    assert err_split <= max(2 * err_ref, 4e-3)
+
+
+@cuda
+def test_run_report_names_the_attention_kernel(demo_path):
+    model = gguf_model.load(demo_path)
+    sess = Session(model, EngineConfig(devices=["cuda:0"], prefill=64))
+    rep = sess.run(synthetic(128, model.spec.vocab, nonce=3), 0).report
+    print(f"attention: {rep.attention}")
+    assert rep.attention.startswith("cuda:0: ") and ("cuDNN" in rep.attention or "SDPA" in rep.attention)
+    sess.close()
