@@ -29,9 +29,9 @@ def part_of(name: str) -> str:
     n = name.lower()
     if any(k in n for k in ("cudnn", "flash", "fmha", "attention", "sdpa", "sm90_fprop")):
         return "attention"
-    if "grouped" in n or "ptr_array" in n:
+    if "grouped" in n or "ptr_array" in n or "group" in n or "cutlass" in n:  # torch._grouped_mm: CUTLASS 3.x
         return "expert GEMMs"
-    if any(k in n for k in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_")):
+    if any(k in n for k in ("gemm", "nvjet", "xmma", "cublas", "sm90_")):
         return "dense GEMMs"
     return "everything else"
 

