@@ -9,7 +9,7 @@ the diagonal block (causal, square) — each returning its log-sum-exp, merged e
 
     o = o_diag + s * (o_pre - o_diag),   s = exp(lse_pre) / (exp(lse_pre) + exp(lse_diag)) = sigmoid(lse_pre - lse_diag)
 
-(one lerp kernel; s from the fp32 log-sum-exps).  Which kernel a device uses is decided once, at the
+(one fp32 lerp; s from the fp32 log-sum-exps).  Which kernel a device uses is decided once, at the
 first call on it, by running the split on a small problem and comparing it with PyTorch's
 own attention: a GPU or build without cuDNN attention (or one that answers wrongly) keeps
 `scaled_dot_product_attention` with the mask, and the run report says which was chosen.
@@ -149,5 +149,6 @@ def _split(qt: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, pos: int, nativ
     o_pre, lse_pre = _cudnn(q, kt[:, :, :pos].contiguous(), vt[:, :, :pos].contiguous(), causal=False)
     o_diag, lse_diag = _cudnn(q, kt[:, :, pos:].contiguous(), vt[:, :, pos:].contiguous(), causal=True)
     # the prefix block's share of each query's softmax mass: exp(lse_pre) / (exp(lse_pre) + exp(lse_diag))
-    share = torch.sigmoid(lse_pre - lse_diag).unsqueeze(-1).to(o_diag.dtype)
-    return torch.lerp(o_diag, o_pre, share)  # one kernel: o_diag + share * (o_pre - o_diag)
+    # in fp32: a bf16 share (8 bits) tripled the split's error against an fp32 reference
+    share = torch.sigmoid(lse_pre - lse_diag).unsqueeze(-1)
+    return torch.lerp(o_diag.float(), o_pre.float(), share).to(qt.dtype)  # o_diag + share * (o_pre - o_diag)
