@@ -359,7 +359,7 @@ class Layer:
                 seg = xs[rows]
                 gate_up = cache.pool[:, : 2 * f * d].view(cache.n_slots, 2 * f, d)
                 gu = torch._grouped_mm(seg, gate_up.transpose(-2, -1), offs=offs)
-                out = torch._grouped_mm(F.silu(gu[:, :f]) * gu[:, f:], down.transpose(-2, -1), offs=offs)
+                out = torch._grouped_mm(moe_kernels.swiglu(gu, f), down.transpose(-2, -1), offs=offs)
                 ys.index_copy_(0, rows, out)
             else:
                 for e, sl in zip(batch, slots):
