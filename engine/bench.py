@@ -234,10 +234,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         from . import trace
 
         sess, res = last
-        names = {s.stage: f"stage {s.stage} · {s.device} (layers {s.first_layer}-{s.end_layer - 1})"
-                 for s in res.report.plan.stages}
         trace.save(ns.trace, sess.events, {"report": res.report}, telemetry=res.report.telemetry,
-                   stage_names=names)
+                   stage_names=res.report.plan.stage_names())
         log.info("wrote trace %s", ns.trace)
     return 0
 

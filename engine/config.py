@@ -69,7 +69,7 @@ _DEVICE_RE = re.compile(r"cpu|cuda(:[0-9]{1,4})?")
 ALLOWED = {
     "devices": "cpu, cuda or cuda:N",
     "device_list": "a comma-separated device list such as cpu,cpu or cuda:0,cuda:1",
-    "layer_split": "auto or comma-separated layer counts such as 12,12,24",
+    "layer_split": "auto, comma-separated layer counts such as 12,12,24, or interleave:V (V layer groups per device)",
     "prefill": f"auto or a chunk size in tokens (1..{MAX_PREFILL})",
     "pf_depth": "0 (join) or 1 (overlap)",
     "bool": "1/0, true/false, on/off",
@@ -143,8 +143,8 @@ class EngineConfig:
         for name in BOOL_SETTINGS:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "True or False")
-        if not (self.layer_split == "auto" or (isinstance(self.layer_split, list)
-                                               and all(_is_int(n) for n in self.layer_split))):
+        if not (self.layer_split == "auto" or interleave_groups(self.layer_split) is not None
+                or (isinstance(self.layer_split, list) and all(_is_int(n) for n in self.layer_split))):
             raise ConfigError("layer_split", self.layer_split, ALLOWED["layer_split"])
         if not (self.prefill == "auto" or _is_int(self.prefill)):
             raise ConfigError("prefill", self.prefill, ALLOWED["prefill"])
@@ -178,6 +178,15 @@ class EngineConfig:
         if self.layer_split == "auto" and len(self.devices) > n_layers:
             raise ConfigError("devices", ",".join(self.devices),
                               f"at most {n_layers} devices (one layer per stage at least)")
+        if self.interleave > 1 and len(self.devices) * self.interleave > n_layers:
+            raise ConfigError("layer_split", self.layer_split,
+                              f"interleave:V with {len(self.devices)} device(s) x V <= the model's {n_layers} layers",
+                              "every group needs a layer at least")
+
+    @property
+    def interleave(self) -> int:
+        """Layer groups per device: V of `interleave:V`, 1 for a contiguous split."""
+        return interleave_groups(self.layer_split) or 1
 
 
 def _fmt_split(split: list[int]) -> str:
@@ -296,6 +305,11 @@ def _parse(name: str, raw: Any, label: str) -> Any:
             s = raw.strip().lower()
             if s == "auto":
                 return "auto"
+            if s.startswith("interleave"):
+                v = interleave_groups(s)
+                if v is None:
+                    raise ConfigError(label, raw, "interleave:V with V a whole number from 1 to 64")
+                return f"interleave:{v}"
             parts = [p.strip() for p in s.split(",")]
         else:
             raise ConfigError(label, raw, ALLOWED["layer_split"])
@@ -335,3 +349,14 @@ def _parse(name: str, raw: Any, label: str) -> Any:
             raise ConfigError(label, raw, " or ".join(allowed))
         return s
     raise ConfigError(label, raw, "a known setting name", f"unknown setting {name!r}")
+
+
+def interleave_groups(split: object) -> int | None:
+    """V of a layer split written `interleave:V` (1 <= V <= 64), else None."""
+    if not isinstance(split, str):
+        return None
+    head, sep, tail = split.strip().lower().partition(":")
+    if head != "interleave" or not sep or not tail.strip().isdigit():
+        return None
+    v = int(tail)
+    return v if 1 <= v <= 64 else None

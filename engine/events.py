@@ -7,6 +7,7 @@ experts, or a decode step.  Times are host
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -62,6 +63,26 @@ class RunPlan:
     chunk_reason: str = ""
     schedule: str = "fixed"  # fixed or balanced (see engine.chunking)
     bounds: tuple[tuple[int, int], ...] = ()  # (start, tokens) of every chunk; () = fixed cuts of `chunk`
+    interleave: int = 1  # layer groups per device: stages are groups, stage j on device j mod D
+
+    @property
+    def n_lanes(self) -> int:
+        """Device lanes: one per entry of the device list (stages / interleave)."""
+        return max(len(self.stages) // max(self.interleave, 1), 1)
+
+    def lane_of(self, stage: int) -> int:
+        """The device lane of a stage: stage j runs on device j mod D."""
+        return stage % self.n_lanes if self.interleave > 1 else stage
+
+    def stage_names(self) -> dict[int, str]:
+        """How traces and tables name each stage: `stage 1 · cuda:1 (layers 12-23)`, or for
+        interleaved layer groups `g2 · cuda:0 (layers 16-23)`."""
+        names = {}
+        for s in self.stages:
+            who = f"g{s.stage}" if self.interleave > 1 else f"stage {s.stage}"
+            layers = f" (layers {s.first_layer}-{s.end_layer - 1})" if s.end_layer > s.first_layer else ""
+            names[s.stage] = f"{who} · {s.device}{layers}"
+        return names
 
     def chunk_bounds(self) -> list[tuple[int, int]]:
         if self.bounds:
@@ -104,6 +125,7 @@ class RunReport:
     telemetry: list[dict] = field(default_factory=list)  # GPU samples on the event clock
     telemetry_status: str = ""
     attention: str = ""  # the attention kernel per device (engine/attention.py)
+    handoff_bytes: int = 0  # activations handed between stages during prefill (all hops)
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -141,6 +163,14 @@ def stage_totals(events: Iterable[StageEvent], n_stages: int | None = None,
             t.chunks = len(chunks[s])
         out.append(t)
     return out
+
+
+def by_device(events: Iterable[StageEvent], lanes: Sequence[int]) -> list[StageEvent]:
+    """The events with each stage replaced by its device lane (`lanes[stage]`): with interleaved
+    layer groups a device holds several stages, and the busy histogram counts devices."""
+    if list(lanes) == list(range(len(lanes))):
+        return list(events)
+    return [dataclasses.replace(ev, stage=lanes[ev.stage]) if 0 <= ev.stage < len(lanes) else ev for ev in events]
 
 
 def busy_histogram(events: Iterable[StageEvent], n_stages: int) -> list[float]:

@@ -345,6 +345,10 @@ def plan_experts(setting: str | float, spec: ModelSpec, stages, dtypes) -> Exper
         return ExpertPlan(False, reason="dense model: no experts")
     elems = expert_elems(spec)
     slots, reasons = [], []
+    # stages sharing a device (interleaved layer groups) share its free memory by layer count
+    layers_on: dict = {}
+    for st in stages:
+        layers_on[st.device] = layers_on.get(st.device, 0) + (st.end - st.first)
     for st in stages:
         need = (st.end - st.first) * spec.n_experts
         ebytes = elems * torch.empty((), dtype=dtypes[st.device]).element_size()
@@ -356,9 +360,10 @@ def plan_experts(setting: str | float, spec: ModelSpec, stages, dtypes) -> Exper
                 slots.append(need)
                 continue
             free, total = torch.cuda.mem_get_info(st.device)
-            # what the stage's own weights take is loaded after this decision: keep a margin
-            other = (st.end - st.first) * (spec.layer_params() - spec.n_experts * elems) * 2
-            budget = free - other - int(0.15 * total) - 2 * GiB
+            # what the device's own weights take is loaded after this decision: keep a margin
+            other = layers_on[st.device] * (spec.layer_params() - spec.n_experts * elems) * 2
+            share = (st.end - st.first) / layers_on[st.device]
+            budget = int((free - other - int(0.15 * total) - 2 * GiB) * share)
             n = max(int(budget // ebytes), 0)
             slots.append(min(n, need))
             reasons.append(f"{st.device}: {budget / GiB:.1f} GiB free for experts")

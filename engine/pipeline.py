@@ -36,7 +36,8 @@ from . import chunking
 from .attention import kernel_for
 from .chunk_cost import ChunkCostProbe
 from .config import ConfigError, EngineConfig
-from .events import EventSink, RunPlan, RunReport, StageEvent, StagePlan, busy_histogram, format_timing, stage_totals
+from .events import (EventSink, RunPlan, RunReport, StageEvent, StagePlan, busy_histogram, by_device, format_timing,
+                     stage_totals)
 from .gpu_timing import DeferredTimer, DeviceClock, GpuInterval, timing_event
 from .graphs import CAPTURE_LOCK, GraphedLayers
 from .experts import ExpertCache, ExpertStats, HostArena, physical_ram, plan_experts, resolve_pin_limit
@@ -526,8 +527,14 @@ class Session:
                 if (d.index or 0) >= torch.cuda.device_count():
                     raise ConfigError("devices", str(d), f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
         self.dtypes = {d: resolve_dtype(d, self.config.dtype) for d in self.devices}
-        ranges = split_layers(self.spec.n_layers, len(self.devices), self.config.layer_split)
-        self.stages = [Stage(self, i, d, a, b) for i, (d, (a, b)) in enumerate(zip(self.devices, ranges))]
+        # interleave:V: V layer groups per device, each group a stage; a chunk visits the
+        # devices V times over (group j on device j mod D)
+        self.interleave = self.config.interleave
+        groups = len(self.devices) * self.interleave
+        split = "auto" if self.interleave > 1 else self.config.layer_split
+        ranges = split_layers(self.spec.n_layers, groups, split)
+        stage_devices = [self.devices[j % len(self.devices)] for j in range(groups)]
+        self.stages = [Stage(self, i, d, a, b) for i, (d, (a, b)) in enumerate(zip(stage_devices, ranges))]
         for a, b in zip(self.stages, self.stages[1:]):
             a.successor = b
         pin = self.config.pin_limit_gib
@@ -633,6 +640,11 @@ class Session:
             return "none (one stage)"
         return kinds[0] if len(set(kinds)) == 1 else ",".join(kinds)
 
+    def stage_lanes(self) -> list[int]:
+        """The device lane (position in the device order) of each stage: one lane per device,
+        whatever the number of layer groups a device holds."""
+        return [st.index % len(self.devices) for st in self.stages]
+
     def attention_kernels(self) -> str:
         """The attention kernel of each device of the split, e.g. "cuda:0 cuDNN prefix+diagonal split"."""
         s = self.spec
@@ -700,7 +712,7 @@ class Session:
             stages=tuple(StagePlan(s.index, s.name, s.first, s.end) for s in self.stages),
             prompt_tokens=n_tokens, chunk=chunk, n_chunks=len(bounds),
             decode_tokens=decode_tokens, handoff=self.handoff_kind, prefill_main=self.config.prefill_main,
-            pf_depth=self.config.pf_depth, chunk_reason=why, schedule=kind,
+            pf_depth=self.config.pf_depth, chunk_reason=why, schedule=kind, interleave=self.interleave,
             bounds=tuple(bounds) if kind == "balanced" else ())
 
     # --------------------------------------------------------------- per-run state
@@ -892,10 +904,11 @@ class Session:
             decode_tok_s=steps / (t2 - t1) if steps and t2 > t1 else 0.0,
             prefill_s=t1 - t0, decode_s=t2 - t1, digest=digest, generated=generated,
             per_stage=stage_totals(prefill_events, len(self.stages)),
-            busy_histogram=busy_histogram(prefill_events, len(self.stages)),
+            busy_histogram=busy_histogram(by_device(prefill_events, self.stage_lanes()), len(self.devices)),
             handoff=self.handoff_kind, device_order=list(self.device_order),
             order_reason=self.order_reason, cancelled=cancelled, notes=list(self.notes),
             expert_stats=expert_stats, attention=self.attention_kernels(),
+            handoff_bytes=sum(e.nbytes for e in prefill_events if e.kind == "copy" and e.chunk >= 0),
             telemetry=samples, telemetry_status=telemetry_status)
         if self.config.timing:
             log.info("prefill timing (run %s):\n%s", self.run_id, format_timing(report.per_stage))

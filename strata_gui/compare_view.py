@@ -247,8 +247,10 @@ class CompareView(QWidget):
         c = self.comparison = compare(before, after)
         self.gantt_before.set_title(f"Before {before_name} · {describe(before)}".replace("  ", " "))
         self.gantt_after.set_title(f"After {after_name} · {describe(after)}".replace("  ", " "))
-        self.gantt_before.show_run(before.report.run_id, before.origin_ns, before.stages, before.events)
-        self.gantt_after.show_run(after.report.run_id, after.origin_ns, after.stages, after.events)
+        self.gantt_before.show_run(before.report.run_id, before.origin_ns, before.stages, before.events,
+                                  before.report.plan.interleave)
+        self.gantt_after.show_run(after.report.run_id, after.origin_ns, after.stages, after.events,
+                                 after.report.plan.interleave)
         self.fit()
         self._show_headline(c)
         self._show_metrics(c)

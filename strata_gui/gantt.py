@@ -251,18 +251,20 @@ class GanttView(QWidget):
         self.vb.setXRange(0, 1, padding=0)
 
     # -------------------------------------------------------------------- data
-    def reset(self, run_id: str, origin_ns: int, stages: Sequence[tuple[int, str, int, int]]) -> None:
-        """A new run: (stage, device, first_layer, end_layer) per stage."""
-        self.store.reset(run_id, origin_ns, stages)
+    def reset(self, run_id: str, origin_ns: int, stages: Sequence[tuple[int, str, int, int]],
+              interleave: int = 1) -> None:
+        """A new run: (stage, device, first_layer, end_layer) per stage; interleaved layer
+        groups (V > 1) share their device's row and are labelled C<k>·g<j>."""
+        self.store.reset(run_id, origin_ns, stages, interleave)
         self._follow_width = None
         self.set_rows(stages)
         self.follow.setChecked(self._live)
         self._set_x(0.0, 1.0)
 
     def show_run(self, run_id: str, origin_ns: int, stages: Sequence[tuple[int, str, int, int]],
-                 events: Sequence[StageEvent]) -> None:
+                 events: Sequence[StageEvent], interleave: int = 1) -> None:
         """A stored run, whole: its rows, its events, all of it in view."""
-        self.reset("", origin_ns, stages)  # "": keep every event, whatever run id it carries
+        self.reset("", origin_ns, stages, interleave)  # "": keep every event, whatever run id it carries
         if not self._live:
             self.follow.setChecked(False)
         self.store.add(events)
@@ -277,8 +279,15 @@ class GanttView(QWidget):
         self.empty_text.setText(text)
 
     def set_rows(self, stages: Sequence[tuple[int, str, int, int]]) -> None:
-        self._n_rows = max(len(stages), 1)
-        ticks = [(s, f"stage {s} · {dev}" + (f"\nlayers {a}–{b - 1}" if b > a else "")) for s, dev, a, b in stages]
+        store = self.store
+        if store.interleave > 1 and stages:
+            self._n_rows = store.n_rows
+            ticks = [(r, f"{stages[r][1]}\ngroups " + ", ".join(f"g{s}" for s, *_ in stages if s % store.n_rows == r))
+                     for r in range(store.n_rows)]
+        else:
+            self._n_rows = max(len(stages), 1)
+            ticks = [(s, f"stage {s} · {dev}" + (f"\nlayers {a}–{b - 1}" if b > a else ""))
+                     for s, dev, a, b in stages]
         self.plot.getPlotItem().getAxis("left").setTicks([ticks, []])
         self.vb.setLimits(yMin=-0.6, yMax=self._n_rows - 0.4)
         self.vb.setYRange(-0.5, self._n_rows - 0.5, padding=0)
@@ -367,19 +376,32 @@ class GanttView(QWidget):
             n = len(runs)
             xs = (runs.start_ns - origin) / 1e9
             ws = np.maximum((runs.end_ns - runs.start_ns) / 1e9, px * 0.8 if px else 0.0)
-            self.items[kind].setOpts(x0=xs, width=ws, y0=runs.stage + off, height=np.full(n, h))
+            y0, hs = self._bands(runs.stage, off, h)
+            self.items[kind].setOpts(x0=xs, width=ws, y0=y0, height=hs)
             self._drawn[kind] = n
             if kind in ("compute", "decode") and 0 < n <= LABEL_MAX and not runs.merged:
                 blocks = self.store.visible(kind, a, b)
                 prefix = "C" if kind == "compute" else "T"
+                grouped = self.store.interleave > 1
                 for s, c, st, en in zip(blocks.stage, blocks.chunk, blocks.start_ns, blocks.end_ns):
                     if c < 0:
                         continue
-                    rects.append(QRectF((st - origin) / 1e9, s + off, (en - st) / 1e9, h))
-                    texts.append(f"{prefix}{c}")
+                    y, hh = self._bands(np.array([s]), off, h)
+                    rects.append(QRectF((st - origin) / 1e9, float(y[0]), (en - st) / 1e9, float(hh[0])))
+                    texts.append(f"{prefix}{c}·g{s}" if grouped else f"{prefix}{c}")
         self.labels.set_labels(rects, texts)
         self.grid.refresh()
         self.redraws += 1
+
+    def _bands(self, stages: np.ndarray, off: float, h: float) -> tuple[np.ndarray, np.ndarray]:
+        """(top, height) of blocks of these stages in a lane at (offset, height) of a row: the
+        whole lane, or with interleaved groups the group's own band of it (g0 top, g1 below…),
+        so groups that share a device stay apart where they overlap (CPU threads do)."""
+        store = self.store
+        if store.interleave <= 1:
+            return stages + off, np.full(len(stages), h)
+        band = h / store.interleave
+        return store.rows(stages) + off + (stages // store.n_rows) * band, np.full(len(stages), band)
 
     def pixel_seconds(self) -> float:
         """Seconds per screen pixel along X, from the range being set (the view's cached
@@ -411,7 +433,7 @@ class GanttView(QWidget):
         tol = int(self.pixel_seconds() * HOVER_PX * 1e9)
         t_ns = self.store.origin_ns + int(x_s * 1e9)
         order = ("stream",) + HOVER_ORDER[:-1] if y - row > LANES["stream"][0] - 0.02 else HOVER_ORDER
-        block = self.store.block_at(row, t_ns, tol, order)
+        block = self.store.block_in_row(row, t_ns, tol, order)
         return None if block is None else self.describe(block)
 
     def describe(self, b: Block) -> str:
@@ -419,7 +441,8 @@ class GanttView(QWidget):
         t1 = (b.end_ns - self.store.origin_ns) / 1e6
         dur_ms = b.dur_ns / 1e6
         layers = self.store.stage_layers.get(b.stage)
-        where = f"stage {b.stage} ({b.device or '?'})" + (f", layers {layers[0]}–{layers[1] - 1}" if layers else "")
+        who = f"group g{b.stage}" if self.store.interleave > 1 else f"stage {b.stage}"
+        where = f"{who} ({b.device or '?'})" + (f", layers {layers[0]}–{layers[1] - 1}" if layers else "")
         times = f"{t0:,.3f} → {t1:,.3f} ms  ({dur_ms:,.3f} ms)"
         if b.kind == "compute":
             lines = [f"C{b.chunk} · compute · {where}", times]

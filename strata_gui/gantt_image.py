@@ -26,7 +26,7 @@ def gantt_png(record: RunRecord, title: str = "", width: int = 1600) -> bytes:
         view.resize(width, 150 + ROW_PX * n_rows)
         view.show()
         QApplication.processEvents()
-        view.show_run(record.report.run_id, record.origin_ns, record.stages, record.events)
+        view.show_run(record.report.run_id, record.origin_ns, record.stages, record.events, record.report.plan.interleave)
         QApplication.processEvents()
         image = view.grab().toImage()
     finally:

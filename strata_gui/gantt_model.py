@@ -153,6 +153,8 @@ class EventStore:
         self.origin_ns = 0
         self.stage_devices: dict[int, str] = {}
         self.stage_layers: dict[int, tuple[int, int]] = {}
+        self.interleave = 1  # layer groups per device (see reset)
+        self.n_rows = 0
         self._lanes: dict[tuple[str, int], _Lane] = {}
         self._notes: list[str] = [""]
         self._note_ids: dict[str, int] = {"": 0}
@@ -160,10 +162,15 @@ class EventStore:
         self.dropped = 0  # events of another run, refused
 
     # ------------------------------------------------------------------ set-up
-    def reset(self, run_id: str = "", origin_ns: int = 0, stages: Sequence[tuple[int, str, int, int]] = ()) -> None:
-        """Forget everything; `stages` are (stage, device, first_layer, end_layer)."""
+    def reset(self, run_id: str = "", origin_ns: int = 0, stages: Sequence[tuple[int, str, int, int]] = (),
+              interleave: int = 1) -> None:
+        """Forget everything; `stages` are (stage, device, first_layer, end_layer).  With
+        `interleave` V > 1 the stages are layer groups, group j on device lane j mod D: the
+        Gantt draws one row per device (see `row_of`)."""
         self.run_id = run_id
         self.origin_ns = origin_ns
+        self.interleave = max(int(interleave), 1)
+        self.n_rows = max(len(stages) // self.interleave, 1) if self.interleave > 1 else 0
         self.stage_devices = {s: d for s, d, _, _ in stages}
         self.stage_layers = {s: (a, b) for s, _, a, b in stages}
         self._lanes.clear()
@@ -171,6 +178,28 @@ class EventStore:
         self._note_ids = {"": 0}
         self._end_ns = origin_ns
         self.dropped = 0
+
+    def row_of(self, stage: int) -> int:
+        """The row a stage's blocks are drawn in: its device lane when interleaved, else itself."""
+        return stage % self.n_rows if self.interleave > 1 else stage
+
+    def rows(self, stages: np.ndarray) -> np.ndarray:
+        return stages % self.n_rows if self.interleave > 1 else stages
+
+    def stages_in_row(self, row: int) -> list[int]:
+        if self.interleave <= 1:
+            return [row]
+        return [s for s in range(self.n_stages) if s % self.n_rows == row]
+
+    def block_in_row(self, row: int, t_ns: int, tolerance_ns: int = 0,
+                     kinds: Sequence[str] = KINDS) -> Block | None:
+        """The block under time t in a drawn row (any of its stages), nearest first."""
+        found = [b for b in (self.block_at(s, t_ns, tolerance_ns, kinds) for s in self.stages_in_row(row))
+                 if b is not None]
+        if not found:
+            return None
+        return min(found, key=lambda b: (0 if b.start_ns <= t_ns <= b.end_ns
+                                         else min(abs(t_ns - b.start_ns), abs(t_ns - b.end_ns))))
 
     @property
     def n_stages(self) -> int:

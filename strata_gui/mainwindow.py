@@ -353,7 +353,7 @@ class MainWindow(QMainWindow):
     def _on_run_started(self, info: RunStarted) -> None:
         plan = info.plan
         stages = [(s.stage, s.device, s.first_layer, s.end_layer) for s in plan.stages]
-        self.gantt.reset(plan.run_id, info.origin_ns, stages)
+        self.gantt.reset(plan.run_id, info.origin_ns, stages, plan.interleave)
         self.telemetry.start(info.origin_ns, info.telemetry_available, info.telemetry_reason)
         self.progress_model = RunProgress(plan)
         self.progress.setRange(0, max(plan.n_chunks + max(plan.decode_tokens - 1, 0), 1))
@@ -472,7 +472,7 @@ class MainWindow(QMainWindow):
             self.show_error("Cannot show the run", f"Run #{run} cannot be read from the history: {exc}")
             return False
         origin = record.origin_ns
-        self.gantt.reset(record.report.run_id, origin, record.stages)
+        self.gantt.reset(record.report.run_id, origin, record.stages, record.report.plan.interleave)
         self.gantt.add_events(record.events)
         self.gantt.finish()
         if record.telemetry:

@@ -30,20 +30,12 @@ CSV_COLUMNS = ("run_id", "stage", "device", "chunk", "kind", "start_ns", "end_ns
 TRACE_FORMAT = "strata-gui run"
 
 
-def stage_names(record: RunRecord) -> dict[int, str]:
-    names = {}
-    for s in record.report.plan.stages:
-        layers = f" (layers {s.first_layer}-{s.end_layer - 1})" if s.end_layer > s.first_layer else ""
-        names[s.stage] = f"stage {s.stage} · {s.device}{layers}"
-    return names
-
-
 def export_trace(record: RunRecord, path: Path | str) -> Path:
     """The Chrome Trace Event JSON of a run (gzip when the name ends in .gz); opens in Perfetto."""
     meta: dict[str, Any] = {"format": TRACE_FORMAT, "app": f"strata-gui {__version__}", "report": record.report,
                             "config": record.config, "status": record.status, "label": record.label,
                             "source": record.source, "created_at": record.created_at}
-    return trace.save(path, record.events, meta, telemetry=record.telemetry, stage_names=stage_names(record))
+    return trace.save(path, record.events, meta, telemetry=record.telemetry, stage_names=record.report.plan.stage_names())
 
 
 def events_csv(record: RunRecord) -> str:

@@ -30,7 +30,7 @@ class RunSettings:
     model_path: str = ""  # "" : the built-in demo model
     devices: str = "cpu,cpu"
     gpu_order: str = "pcie"
-    split_mode: str = "auto"  # auto | manual
+    split_mode: str = "auto"  # auto | manual | interleave (split_counts then holds V)
     split_counts: str = ""
     chunk_mode: str = "auto"  # auto | fixed
     chunk_size: str = "256"
@@ -50,7 +50,9 @@ class RunSettings:
         return {
             "devices": self.devices,
             "gpu_order": self.gpu_order,
-            "layer_split": self.split_counts if self.split_mode == "manual" else "auto",
+            "layer_split": (self.split_counts if self.split_mode == "manual"
+                            else f"interleave:{self.split_counts.strip()}" if self.split_mode == "interleave"
+                            else "auto"),
             "prefill": self.chunk_size if self.chunk_mode == "fixed" else "auto",
             "chunk_schedule": self.chunk_schedule,
             "cuda_graphs": self.cuda_graphs,

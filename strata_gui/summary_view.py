@@ -115,7 +115,10 @@ class SummaryView(QWidget):
         rows.append(("Chunks", f"{what} ({html.escape(_short(plan.chunk_reason))})"))
         depth = "1 (overlap)" if plan.pf_depth == 1 else "0 (join)"
         rows.append(("Pipeline", f"depth {depth}" + (" · prefill on the main device" if plan.prefill_main else "")))
-        rows.append(("Hand-off", html.escape(r.handoff)))
+        hops = len(plan.stages) - 1 if not plan.prefill_main else 0
+        moved = f" · {hops} hop(s) per chunk, {r.handoff_bytes / 2**20:,.1f} MiB handed off" if hops else ""
+        groups = f" · interleave:{plan.interleave} ({len(plan.stages)} layer groups)" if plan.interleave > 1 else ""
+        rows.append(("Hand-off", html.escape(r.handoff) + moved + groups))
         if r.attention:
             rows.append(("Attention", html.escape(r.attention)))
         rows.append(("Order used", f"{html.escape(', '.join(r.device_order))}<br>"

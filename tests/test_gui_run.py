@@ -224,3 +224,24 @@ def test_balanced_schedule_and_cuda_graphs_settings_reach_the_engine(window, qtb
     assert session.config.chunk_schedule == "balanced" and session.config.cuda_graphs is False
     ok, what = win.gantt.store.one_compute_per_stage_chunk(2, plan.n_chunks)
     assert ok, what
+
+
+def test_an_interleaved_run_draws_a_row_per_device_with_groups_labelled(window, qtbot):
+    win = window
+    set_form(win, devices="cpu,cpu", split_mode="interleave", split_counts="2", chunk_mode="fixed",
+             chunk_size="64", prompt_mode="tokens", prompt_tokens=256, decode_tokens=0, pf_depth=1)
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+    plan = win.last_report.plan
+    assert plan.interleave == 2 and len(plan.stages) == 4
+    store = win.gantt.store
+    assert store.n_rows == 2 and [store.row_of(s) for s in range(4)] == [0, 1, 0, 1]
+    ok, what = store.one_compute_per_stage_chunk(4, 4)
+    assert ok, what
+    win.gantt.fit()
+    win.gantt.redraw()
+    texts = win.gantt.labels._texts
+    assert "C0·g2" in texts and "C3·g1" in texts, texts
+    ticks = win.gantt.plot.getPlotItem().getAxis("left")._tickLevels[0]
+    assert [t for _, t in ticks] == ["cpu\ngroups g0, g2", "cpu\ngroups g1, g3"]
+    assert "4 layer groups" in win.summary.figures.text() and "3 hop(s) per chunk" in win.summary.figures.text()
