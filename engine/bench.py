@@ -224,6 +224,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
         print(render(points, [a for a, _ in arms], ns.format, model.spec, ns.peak_tflops))
     if ns.format == "md" and last is not None and last[1].report.attention:
         print(f"\nattention: {last[1].report.attention}")
+    if ns.format == "md":
+        for p in points:
+            r = p.reports[-1] if p.reports else None
+            if r is not None and r.plan.modelled_s > 0 and not r.cancelled:
+                print(f"model: arm {p.arm}, {p.prompt_tokens} tokens: predicted {r.plan.modelled_s * 1e3:.1f} ms, "
+                      f"measured {r.prefill_s * 1e3:.1f} ms ({(r.prefill_s / r.plan.modelled_s - 1) * 100:+.1f}%)")
     if ns.format != "json" and last is not None and len(points) == 1:
         r = last[1].report
         print(f"\ngenerated: {r.generated}\ndigest: {r.digest}")

@@ -63,7 +63,7 @@ class ChunkCostProbe:
     dtype: torch.dtype
     graphs: bool  # time graph replays (what a run with cuda_graphs on executes)
     graph_factory: GraphFactory = _cuda_graphs
-    reps: int = 2  # timed calls per point, after one untimed call
+    reps: int = 2  # timed calls per point (the best counts), after one untimed call
     _graphs: dict[int, LayerGraph | None] = field(default_factory=dict, init=False)  # None: eager
     kv: LayerKV | None = field(default=None, init=False)
 

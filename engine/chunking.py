@@ -76,17 +76,35 @@ class ChunkCost:
         return self.t0(tokens) + self.attn_s_per_token_key * tokens * position
 
 
-def balanced_bounds(n_tokens: int, n_chunks: int, cost: ChunkCost, grain: int = GRAIN) -> list[tuple[int, int]]:
+EFFICIENT_SLACK = 1.25  # a chunk size is "efficient" within this factor of the best per-token cost
+
+
+def efficient_floor(cost: ChunkCost, slack: float = EFFICIENT_SLACK) -> int:
+    """The smallest measured chunk size whose per-token cost is within `slack` of the best:
+    below it the device is used too poorly (on H200 a 1024-token chunk costs 2.5x per token
+    what a 6144-token one does), so balanced chunks shrink no further."""
+    per_token = {c: t / c for c, t in cost.layer_s.items() if c > 0}
+    if not per_token:
+        return 1
+    best = min(per_token.values())
+    return min(c for c, r in per_token.items() if r <= slack * best)
+
+
+def balanced_bounds(n_tokens: int, n_chunks: int, cost: ChunkCost, grain: int = GRAIN,
+                    floor: int = 0) -> list[tuple[int, int]]:
     """At most `n_chunks` chunks covering the prompt, each of (nearly) equal modelled cost.
 
     The smallest per-chunk time tau for which a greedy cut (each chunk the largest multiple of
-    `grain` tokens costing <= tau) needs no more than n_chunks chunks, found by bisection."""
+    `grain` tokens costing <= tau, and at least `floor` tokens) needs no more than n_chunks
+    chunks, found by bisection.  A coarse grain keeps the distinct sizes few (each size is a
+    CUDA graph to capture); the floor keeps late chunks efficient."""
     if n_tokens <= 0:
         return []
     n_chunks = max(1, min(n_chunks, -(-n_tokens // grain)))
     if n_chunks == 1:
         return [(0, n_tokens)]
-    sizes = [k * grain for k in range(1, n_tokens // grain + 1)]
+    first = max(1, -(-floor // grain))  # the smallest size allowed, in grains
+    sizes = [k * grain for k in range(min(first, max(n_tokens // grain, 1)), n_tokens // grain + 1)]
 
     def cut(tau: float) -> list[tuple[int, int]] | None:
         out, pos = [], 0
@@ -94,8 +112,9 @@ def balanced_bounds(n_tokens: int, n_chunks: int, cost: ChunkCost, grain: int = 
             if len(out) == n_chunks:
                 return None
             rest = n_tokens - pos
-            lo, hi = 0, min(len(sizes), rest // grain) - 1  # largest size <= rest with layer_time <= tau
-            best = grain if rest >= grain else rest
+            fits = bisect.bisect_right(sizes, rest)  # sizes <= rest
+            lo, hi = 0, fits - 1  # the largest size <= rest with layer_time <= tau
+            best = sizes[0] if fits else rest
             while lo <= hi:
                 mid = (lo + hi) // 2
                 if cost.layer_time(sizes[mid], pos) <= tau:
@@ -121,12 +140,23 @@ def balanced_bounds(n_tokens: int, n_chunks: int, cost: ChunkCost, grain: int = 
     return best
 
 
-def bounds_makespan(bounds: list[tuple[int, int]], n_stages: int, cost: ChunkCost) -> float:
-    """Modelled prefill time of these chunks through n_stages equal stages (see module doc)."""
+def bounds_makespan(bounds: list[tuple[int, int]], n_stages: int, cost: ChunkCost, interleave: int = 1,
+                    hop_s_per_token: float = 0.0) -> float:
+    """Modelled prefill time of these chunks through n_stages equal devices (see module doc).
+
+    With `interleave` V layer groups per device a chunk visits every device V times: each
+    device still does all of its layers' work, but the fill and drain that leave devices idle
+    shrink to (P - 1) x (one group's time + one hand-off) instead of (P - 1) x a whole stage's
+    time.  `hop_s_per_token` is the hand-off's time per token of a chunk (activations over
+    the link between devices); it is paid in the fill/drain, the copies of the steady state
+    overlap compute."""
     if not bounds:
         return 0.0
+    v = max(interleave, 1)
     times = [cost.stage_time(n, p) for p, n in bounds]
-    pipeline = sum(times) + (n_stages - 1) * max(times)
+    big = max(range(len(bounds)), key=lambda i: times[i])
+    hop = hop_s_per_token * bounds[big][1] if n_stages > 1 else 0.0
+    pipeline = sum(times) + (n_stages - 1) * (times[big] / v + hop)
     host = len(bounds) * n_stages * cost.layers_per_stage * cost.host_s_per_layer
     return max(pipeline, host)
 
@@ -135,11 +165,12 @@ def makespan(n_tokens: int, chunk: int, n_stages: int, cost: ChunkCost) -> float
     return bounds_makespan(chunk_bounds(n_tokens, chunk), n_stages, cost)
 
 
-def schedule(n_tokens: int, chunk: int, kind: str, cost: ChunkCost | None) -> list[tuple[int, int]]:
+def schedule(n_tokens: int, chunk: int, kind: str, cost: ChunkCost | None, grain: int = GRAIN,
+             floor: int = 0) -> list[tuple[int, int]]:
     """The chunks of a prompt: `fixed` cuts every `chunk` tokens; `balanced` makes as many
-    chunks of equal modelled cost."""
+    chunks of equal modelled cost (multiples of `grain`, at least `floor` tokens)."""
     if kind == "balanced" and cost is not None:
-        return balanced_bounds(n_tokens, -(-n_tokens // chunk), cost)
+        return balanced_bounds(n_tokens, -(-n_tokens // chunk), cost, grain, floor)
     return chunk_bounds(n_tokens, chunk)
 
 
@@ -150,24 +181,60 @@ def choose_chunk(n_tokens: int, n_stages: int, cost: ChunkCost,
     return chunk, reason
 
 
+@dataclass(frozen=True)
+class Choice:
+    """What auto picked, its modelled prefill time, and why."""
+
+    chunk: int
+    kind: str  # fixed | balanced
+    modelled_s: float
+    reason: str
+    interleave: int = 1
+
+
+def choose(n_tokens: int, n_stages: int, cost: ChunkCost, candidates: tuple[int, ...] = GPU_CANDIDATES,
+           kinds: tuple[str, ...] = ("fixed", "balanced"), interleave: int = 1, hop_s_per_token: float = 0.0,
+           grain: int = GRAIN, other_interleaves: tuple[int, ...] = ()) -> Choice:
+    """The (chunk, schedule) with the smallest modelled makespan over candidates x kinds for
+    the session's interleave; `other_interleaves` are modelled too, and the reason says when
+    one of them would be faster (they need another layer split, so a new session)."""
+    if n_tokens <= 0:
+        return Choice(1, "fixed", 0.0, "empty prompt", interleave)
+    floor = efficient_floor(cost)
+
+    def best_for(v: int) -> tuple[float, int, str] | None:
+        options = []
+        for c in sorted({min(c, n_tokens) for c in candidates if c > 0}):
+            for kind in kinds:
+                if kind == "balanced" and (c >= n_tokens or (n_stages < 2 and "fixed" in kinds)):
+                    continue  # one chunk has nothing to balance; one stage has no bubble to shrink
+                bounds = schedule(n_tokens, c, kind, cost, grain, floor)
+                est = bounds_makespan(bounds, n_stages, cost, v, hop_s_per_token)
+                options.append((est, -c, kind == "balanced", c, kind))
+        if not options:
+            return None
+        est, _, _, c, kind = min(options)
+        return est, c, kind
+
+    got = best_for(interleave)
+    if got is None:
+        return Choice(n_tokens, "fixed", 0.0, f"auto: the whole prompt ({n_tokens} tokens) as one chunk", interleave)
+    est, best, kind = got
+    n = -(-n_tokens // best)
+    what = f"{best} tokens x {n} chunks" if kind == "fixed" else f"{n} balanced chunks (about {best} tokens each)"
+    over = f"{n_stages} stage(s)" + (f" x {interleave} layer groups" if interleave > 1 else "")
+    reason = f"auto: {what} over {over}, modelled {est * 1e3:.1f} ms from costs measured on the main device"
+    alts = [(alt[0], v) for v in other_interleaves if v != interleave and (alt := best_for(v)) is not None]
+    if alts:
+        alt_s, v = min(alts)
+        if alt_s < est * 0.97:
+            split = f"interleave:{v}" if v > 1 else "a contiguous split"
+            reason += f"; {split} would model {alt_s * 1e3:.1f} ms ({(est / alt_s - 1) * 100:.0f}% faster)"
+    return Choice(best, kind, est, reason, interleave)
+
+
 def choose_schedule(n_tokens: int, n_stages: int, cost: ChunkCost, candidates: tuple[int, ...] = GPU_CANDIDATES,
                     kinds: tuple[str, ...] = ("fixed", "balanced")) -> tuple[int, str, str]:
     """(chunk, schedule kind, why) with the smallest modelled makespan over candidates x kinds."""
-    if n_tokens <= 0:
-        return 1, "fixed", "empty prompt"
-    cands = sorted({min(c, n_tokens) for c in candidates if c > 0})
-    options = []
-    for c in cands:
-        for kind in kinds:
-            if kind == "balanced" and (c >= n_tokens or (n_stages < 2 and "fixed" in kinds)):
-                continue  # one chunk has nothing to balance; one stage has no bubble to shrink
-            est = bounds_makespan(schedule(n_tokens, c, kind, cost), n_stages, cost)
-            options.append((est, -c, kind == "balanced", c, kind))
-    if not options:
-        return n_tokens, "fixed", f"auto: the whole prompt ({n_tokens} tokens) as one chunk"
-    est, _, _, best, kind = min(options)
-    n = -(-n_tokens // best)
-    what = f"{best} tokens x {n} chunks" if kind == "fixed" else f"{n} balanced chunks (about {best} tokens each)"
-    reason = (f"auto: {what} over {n_stages} stage(s), modelled {est * 1e3:.1f} ms from costs measured "
-              f"on the main device")
-    return best, kind, reason
+    c = choose(n_tokens, n_stages, cost, candidates, kinds)
+    return c.chunk, c.kind, c.reason

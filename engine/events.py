@@ -64,6 +64,7 @@ class RunPlan:
     schedule: str = "fixed"  # fixed or balanced (see engine.chunking)
     bounds: tuple[tuple[int, int], ...] = ()  # (start, tokens) of every chunk; () = fixed cuts of `chunk`
     interleave: int = 1  # layer groups per device: stages are groups, stage j on device j mod D
+    modelled_s: float = 0.0  # the prefill time chunking's model predicted for this plan (0: none)
 
     @property
     def n_lanes(self) -> int:

@@ -204,6 +204,8 @@ class _Worker:
 
 
 _MEASURED: dict[tuple, tuple[dict[int, float], float, float]] = {}  # see Session.chunk_cost
+MAX_GRAPHED_SIZES = 6  # chunk sizes of one run captured as CUDA graphs at most (graph memory per size)
+BALANCED_GRAIN_CUDA = 512  # balanced chunk sizes on CUDA: multiples of this, so few distinct sizes (graphs)
 IDLE_MIN_NS = 20_000  # a GPU's idle gaps between chunks shorter than this are not reported as waits
 _MEASURED_LOCK = threading.Lock()
 
@@ -516,6 +518,7 @@ class Session:
         self.setup_notes: list[str] = []
         self._progress = progress or (lambda what, frac: None)
         self._chunk_cost: chunking.ChunkCost | None = None
+        self._hop_s: float | None = None  # hand-off seconds per token between the first two devices
         self.graph_sizes: set[int] = set()  # chunk sizes this run replays as CUDA graphs
         self.order_reason = ""
         self.device_order = self._order_devices(self.config.devices)
@@ -674,7 +677,10 @@ class Session:
                 measured = _MEASURED.get(key)
                 if measured is None:
                     measured = _MEASURED[key] = self._measure_layer()
-            depth = max(s.end - s.first for s in self.stages)
+            per_device: dict[int, int] = {}  # interleaved groups of a device all run on it
+            for st, lane in zip(self.stages, self.stage_lanes()):
+                per_device[lane] = per_device.get(lane, 0) + st.end - st.first
+            depth = max(per_device.values())
             self._chunk_cost = chunking.ChunkCost(*measured, depth)
             log.info("chunk cost on %s: %s", st.name, self._chunk_cost)
         return self._chunk_cost
@@ -684,36 +690,82 @@ class Session:
         cuda = st.device.type == "cuda"
         sizes = chunking.GPU_CANDIDATES if cuda else chunking.CPU_CANDIDATES[2:6]
         probe = ChunkCostProbe(st.layers[0], st.device, self.dtypes[st.device],
-                               graphs=cuda and self.config.cuda_graphs)
+                               graphs=cuda and self.config.cuda_graphs, reps=2 if cuda else 4)
         return probe.measure(sizes, prefix=8192 if cuda else 256, probe=2048 if cuda else 64).astuple()
 
     def choose_chunk(self, n_tokens: int) -> tuple[int, str]:
-        chunk, _, why = self.choose_schedule(n_tokens)
-        return chunk, why
+        c = self.choice(n_tokens)
+        return c.chunk, c.reason
+
+    def choice(self, n_tokens: int) -> chunking.Choice:
+        """Chunk size and schedule from the prefill and chunk_schedule settings, with the
+        modelled prefill time (auto: the option the model of `chunking` rates fastest)."""
+        c, kind = self.config.prefill, self.config.chunk_schedule
+        main_only = self.config.prefill_main
+        n_dev = 1 if main_only else len(self.devices)
+        v = 1 if main_only else self.interleave
+        cuda = self.devices[0].type == "cuda"
+        grain = BALANCED_GRAIN_CUDA if cuda else chunking.GRAIN
+        hop = self.hop_s_per_token() if n_dev > 1 else 0.0
+        if isinstance(c, int):
+            cost = self.chunk_cost()
+            if kind == "balanced" and c < n_tokens:
+                bounds = chunking.schedule(n_tokens, c, "balanced", cost, grain, chunking.efficient_floor(cost))
+                est = chunking.bounds_makespan(bounds, n_dev, cost, v, hop)
+                return chunking.Choice(c, "balanced", est, f"balanced from {c}-token chunks: equal modelled cost each", v)
+            est = chunking.bounds_makespan(chunking.chunk_bounds(n_tokens, c), n_dev, cost, v, hop)
+            return chunking.Choice(c, "fixed", est, f"fixed {c}", v)
+        cands = chunking.GPU_CANDIDATES if cuda else chunking.CPU_CANDIDATES
+        alts: tuple[int, ...] = ()
+        if n_dev > 1 and (self.config.layer_split == "auto" or v > 1):
+            alts = tuple(k for k in (1, 2, 3, 4) if n_dev * k <= self.spec.n_layers)
+        return chunking.choose(n_tokens, n_dev, self.chunk_cost(), cands, (kind,), v, hop, grain, alts)
 
     def choose_schedule(self, n_tokens: int) -> tuple[int, str, str]:
         """(chunk size, fixed|balanced, why) from the prefill and chunk_schedule settings."""
-        c, kind = self.config.prefill, self.config.chunk_schedule
-        n_stages = 1 if self.config.prefill_main else len(self.stages)
-        if isinstance(c, int):
-            if kind == "balanced" and c < n_tokens:
-                return c, "balanced", f"balanced from {c}-token chunks: equal modelled cost each"
-            return c, "fixed", f"fixed {c}"
-        cands = chunking.GPU_CANDIDATES if self.devices[0].type == "cuda" else chunking.CPU_CANDIDATES
-        return chunking.choose_schedule(n_tokens, n_stages, self.chunk_cost(), cands, (kind,))
+        c = self.choice(n_tokens)
+        return c.chunk, c.kind, c.reason
+
+    def hop_s_per_token(self) -> float:
+        """Seconds per token of a chunk to hand activations from the first device to the
+        second, measured once per session with a copy the size of a 1024-token chunk."""
+        if self._hop_s is None:
+            a, b = self.stages[0].device, self.stages[1].device
+            dt = self.dtypes[a]
+            n = 1024
+            x = torch.randn(n, self.spec.hidden, dtype=torch.float32).to(a, dt)
+            dst = torch.empty(n, self.spec.hidden, device=b, dtype=dt)
+            best = float("inf")
+            for _ in range(4):
+                for d in (a, b):
+                    if d.type == "cuda":
+                        torch.cuda.synchronize(d)
+                t0 = time.perf_counter()
+                dst.copy_(x)
+                for d in (a, b):
+                    if d.type == "cuda":
+                        torch.cuda.synchronize(d)
+                best = min(best, time.perf_counter() - t0)
+            self._hop_s = best / n
+        return self._hop_s
 
     def plan(self, n_tokens: int, decode_tokens: int = 0) -> RunPlan:
-        chunk, kind, why = self.choose_schedule(n_tokens)
-        bounds = chunking.schedule(n_tokens, chunk, kind, self.chunk_cost() if kind == "balanced" else None)
+        choice = self.choice(n_tokens)
+        chunk, kind = choice.chunk, choice.kind
         if kind == "balanced":
+            cost = self.chunk_cost()
+            grain = BALANCED_GRAIN_CUDA if self.devices[0].type == "cuda" else chunking.GRAIN
+            bounds = chunking.schedule(n_tokens, chunk, kind, cost, grain, chunking.efficient_floor(cost))
             chunk = max(n for _, n in bounds)  # buffers are sized by the largest chunk
+        else:
+            bounds = chunking.chunk_bounds(n_tokens, chunk)
         return RunPlan(
             run_id=self.run_id or "",
             stages=tuple(StagePlan(s.index, s.name, s.first, s.end) for s in self.stages),
             prompt_tokens=n_tokens, chunk=chunk, n_chunks=len(bounds),
             decode_tokens=decode_tokens, handoff=self.handoff_kind, prefill_main=self.config.prefill_main,
-            pf_depth=self.config.pf_depth, chunk_reason=why, schedule=kind, interleave=self.interleave,
-            bounds=tuple(bounds) if kind == "balanced" else ())
+            pf_depth=self.config.pf_depth, chunk_reason=choice.reason, schedule=kind, interleave=self.interleave,
+            bounds=tuple(bounds) if kind == "balanced" else (), modelled_s=choice.modelled_s)
 
     # --------------------------------------------------------------- per-run state
     def _alloc(self, what: str, device: torch.device | str, nbytes: int, advice: str, make: Callable):
@@ -804,10 +856,11 @@ class Session:
             if st.cache is not None:
                 st.cache.reset_stats()
         plan = self.plan(n, decode_tokens)
-        # graphs for the run's chunk sizes (the fixed size and the prompt's remainder) and for
-        # decode steps; other sizes' graphs are freed (a balanced schedule's chunks all differ
-        # in size: only decode steps are graphed then)
-        sizes = {k for _, k in plan.chunk_bounds()} | {1} if plan.schedule == "fixed" else {1}
+        # graphs for the run's chunk sizes (the fixed size and the remainder; a balanced
+        # schedule's few sizes, multiples of its grain: the largest MAX_GRAPHED_SIZES) and for
+        # decode steps; other sizes' graphs are freed.  A warm-up run of the same plan captures them.
+        sizes = {k for _, k in plan.chunk_bounds()}
+        sizes = (sizes if len(sizes) <= MAX_GRAPHED_SIZES else set(sorted(sizes, reverse=True)[:MAX_GRAPHED_SIZES])) | {1}
         self.graph_sizes = sizes if self.config.cuda_graphs else set()
         for st in self.stages:
             st.drop_graphs(keep=self.graph_sizes)

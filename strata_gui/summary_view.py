@@ -113,6 +113,9 @@ class SummaryView(QWidget):
         else:
             what = f"{plan.n_chunks} × {plan.chunk} tokens"
         rows.append(("Chunks", f"{what} ({html.escape(_short(plan.chunk_reason))})"))
+        if plan.modelled_s > 0 and not r.cancelled and r.prefill_s > 0:
+            rows.append(("Model", f"predicted {plan.modelled_s * 1e3:,.1f} ms, measured {r.prefill_s * 1e3:,.1f} ms "
+                                  f"({(r.prefill_s / plan.modelled_s - 1) * 100:+.1f}%)"))
         depth = "1 (overlap)" if plan.pf_depth == 1 else "0 (join)"
         rows.append(("Pipeline", f"depth {depth}" + (" · prefill on the main device" if plan.prefill_main else "")))
         hops = len(plan.stages) - 1 if not plan.prefill_main else 0
