@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import chunking
+from . import chunking, nonfinite
 from .config import ConfigError, EngineConfig
 from .events import EventSink, RunPlan, RunReport, StageEvent, StagePlan, busy_histogram, format_timing, stage_totals
 from .gpu_timing import DeferredTimer, DeviceClock, GpuInterval, timing_event
@@ -908,6 +908,8 @@ class Session:
             except Cancelled:
                 cancelled = True
                 last_logits, all_logits, hashing = None, None, None
+            if not cancelled:  # one reduction per run; re-run with the per-layer check only when it fails
+                nonfinite.check_prefill(self, ids, plan, cancel, last_logits, all_logits)
             t1 = time.perf_counter()
             generated: list[int] = []
             if not cancelled and decode_tokens > 0:
