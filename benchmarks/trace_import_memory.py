@@ -5,7 +5,7 @@
 
 `saved`: slices as `engine.trace.save` writes them (exact args); `minimal`: foreign slices of about 50
 bytes (`{"ph":"X","ts":..,"dur":1,"pid":1,"cat":"compute"}`).  The child process measures the peak RSS
-(ru_maxrss) of `run_files.import_trace` followed by `RunHistory.add`, above its RSS before the import.
+(VmHWM) of `run_files.import_trace` followed by `RunHistory.add`, above its RSS before the import.
 """
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ def rss_kib():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
+def hwm_kib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
 h = RunHistory(Path(sys.argv[2]))
 base = rss_kib()
 t0 = time.perf_counter()
@@ -40,7 +44,7 @@ try:
 except TraceError as exc:
     outcome = f"refused: {exc.problem}"
 took = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = hwm_kib()  # not ru_maxrss: Linux keeps the forking parent's peak in it across exec
 print(json.dumps({"outcome": outcome, "seconds": round(took, 2), "base_rss_mib": round(base / 1024, 1),
                   "peak_rss_mib": round(peak / 1024, 1), "peak_above_base_mib": round((peak - base) / 1024, 1)}))
 """
