@@ -97,11 +97,15 @@ def check_writable(flag: str, path: str | Path) -> Path:
     """An output path that can be written, checked before a run: its nearest existing folder
     takes a new file (tried, not guessed from permission bits).  ConfigError names the flag."""
     p = Path(path)
-    if p.is_dir():
+    try:
+        is_dir = p.is_dir()
+        folder = p.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+    except OSError as exc:  # a name too long, a loop of links...
+        raise ConfigError(flag, str(path), "a path that can be written", exc.strerror or str(exc)) from None
+    if is_dir:
         raise ConfigError(flag, str(path), "a file path", "it is a folder")
-    folder = p.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
     if not folder.is_dir():
         raise ConfigError(flag, str(path), "a path in a folder", f"{folder} is not a folder")
     try:
