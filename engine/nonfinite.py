@@ -33,20 +33,25 @@ def check_prefill(session: "Session", ids: torch.Tensor, plan: Any, cancel: Any,
 
     if all_finite(last_logits, all_logits):
         return
-    log.warning("run %s: non-finite logits; running the prefill again with the per-layer check to find "
+    log.info("run %s: non-finite logits; running the prefill again with the per-layer check to find "
                 "where they start", session.run_id)
     last = session.stages[-1]
     bounds = plan.chunk_bounds()
     if not session.config.check_nan:  # with the check on, the first pass would have raised already
         config = session.config
         session.config = dataclasses.replace(config, check_nan=True)
+        for st in session.stages:  # the same prompt again, from position 0
+            for kv in st.kvs:
+                kv.reset()
         try:
             session.prefill(ids, bounds, cancel, False)
         except StageError as exc:
             if isinstance(exc.__cause__, NonFiniteError):
-                raise StageError(exc.stage, exc.device, exc.chunk, exc.layer, NonFiniteError(
+                located = StageError(exc.stage, exc.device, exc.chunk, exc.layer, NonFiniteError(
                     f"the logits are not finite; the first non-finite value is in the output of layer "
-                    f"{exc.layer} (the model's weights there hold NaN or inf?)")) from None
+                    f"{exc.layer} (the model's weights there hold NaN or inf?)"))
+                located.__suppress_context__ = True  # the cause is the NonFiniteError, not the re-run's error
+                raise located
             raise
         finally:
             session.config = config
