@@ -18,14 +18,33 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import prompt as prompts
-from . import synth
 from .config import ConfigError, EngineConfig, parse_setting
 from .events import RunReport, format_timing
-from .gguf_model import GGUFError, load
-from .pipeline import Cancelled, Session, StageError
 
 log = logging.getLogger("strata.bench")
+
+
+class _NotImportedYet(Exception):
+    """Stands for an engine error class whose module is not imported yet: nothing can raise it."""
+
+
+# torch, gguf and the pipeline take seconds to import: `_engine()` imports them when a command
+# needs them, so --help and argument errors answer at once.  Until then the error names that
+# main() catches stand for a class nothing raises; `_engine` binds the real ones before any engine
+# code runs.
+GGUFError: type[Exception] = _NotImportedYet
+StageError: type[Exception] = _NotImportedYet
+Cancelled: type[Exception] = _NotImportedYet
+PRESET_NAMES = ("demo", "qwen3-30b-a3b")  # synth.PRESETS without importing torch (a test keeps them equal)
+
+
+def _engine() -> None:
+    """Import the engine modules the commands use (idempotent; cheap after the first call)."""
+    global GGUFError, StageError, Cancelled, load, Session, synth, prompts
+    from . import prompt as prompts
+    from . import synth
+    from .gguf_model import GGUFError, load
+    from .pipeline import Cancelled, Session, StageError
 
 SETTING_FLAGS = {  # CLI flag -> setting
     "devices": "devices", "layer_split": "layer_split", "prefill": "prefill", "pf_depth": "pf_depth",
@@ -54,8 +73,9 @@ def _recipe_value(typ: type, text: str) -> Any:
     return typ(text.strip())
 
 
-def synthetic_recipe(spec: str) -> "synth.ModelRecipe":
+def synthetic_recipe(spec: str) -> Any:
     """The recipe of `synthetic:PRESET[:key=value,...]`; ConfigError("model", ...) names what is wrong."""
+    _engine()
     parts = spec.split(":", 2)
     preset = parts[1] if len(parts) > 1 else ""
     if preset not in synth.PRESETS:
@@ -86,6 +106,7 @@ def synthetic_recipe(spec: str) -> "synth.ModelRecipe":
 
 def open_model(spec: str, device_hint: str = "cpu"):
     """A GGUF path, `demo` (the built-in demo model) or `synthetic:PRESET[:key=value,...]`."""
+    _engine()
     if spec == "demo":
         return load(synth.demo_model_path())
     if spec.startswith("synthetic:"):
@@ -283,6 +304,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.prompt_ids is None and ns.prompt is None:
         prompt_sizes(ns.prompt_tokens)
     base = _base_settings(ns)
+    _engine()
     arm_texts = ns.arm or [""]
     arms = [(t or "base", {**base, **parse_arm(t)}) for t in arm_texts]
     configs = [(name, EngineConfig.from_sources(s)) for name, s in arms]
@@ -372,6 +394,7 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
                                            "n_experts", "n_experts_used", "expert_ffn", "ffn", "vocab",
                                            "context_length", "seed", "quant")}
     check_writable("make-model PATH", ns.path)
+    _engine()
     recipe = synth.recipe_from_args(ns.preset, **changes)
     try:
         synth.check_recipe(recipe)
@@ -431,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("make-model", help="write a GGUF model with random weights")
     m.add_argument("path")
-    m.add_argument("--preset", default="demo", choices=sorted(synth.PRESETS))
+    m.add_argument("--preset", default="demo", choices=PRESET_NAMES)
     m.add_argument("--arch", choices=("qwen3moe", "qwen3", "qwen2", "llama"))
     m.add_argument("--layers", dest="n_layers", type=int)
     m.add_argument("--hidden", type=int)
