@@ -2,6 +2,7 @@
 
     python benchmarks/trace_import_memory.py --kind saved --events 1000000 [--gz]
     python benchmarks/trace_import_memory.py --kind minimal --events 4900000 [--gz]
+    python benchmarks/trace_import_memory.py --kind saved --events 200000 --what load
 
 `saved`: slices as `engine.trace.save` writes them (exact args); `minimal`: foreign slices of about 50
 bytes (`{"ph":"X","ts":..,"dur":1,"pid":1,"cat":"compute"}`).  The child process measures the peak RSS
@@ -38,9 +39,14 @@ h = RunHistory(Path(sys.argv[2]))
 base = rss_kib()
 t0 = time.perf_counter()
 try:
-    rec = run_files.import_trace(sys.argv[1])
-    run = h.add(rec)
-    outcome = f"imported as #{run}: {len(rec.events)} events"
+    if sys.argv[4] == "load":
+        from engine import trace
+        events, meta = trace.load(sys.argv[1])
+        outcome = f"loaded {len(events)} events"
+    else:
+        rec = run_files.import_trace(sys.argv[1])
+        run = h.add(rec)
+        outcome = f"imported as #{run}: {len(rec.events)} events"
 except TraceError as exc:
     outcome = f"refused: {exc.problem}"
 took = time.perf_counter() - t0
@@ -79,12 +85,15 @@ def main() -> None:
     ap.add_argument("--kind", choices=("saved", "minimal"), default="saved")
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--gz", action="store_true")
+    ap.add_argument("--what", choices=("import", "load"), default="import",
+                    help="import: run_files.import_trace + RunHistory.add; load: engine.trace.load alone")
     ns = ap.parse_args()
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / ("t.json.gz" if ns.gz else "t.json")
         json_bytes = write(path, ns.kind, ns.events, ns.gz)
-        out = subprocess.run([sys.executable, "-c", CHILD, str(path), str(Path(tmp) / "h.sqlite3"), str(root)],
+        out = subprocess.run([sys.executable, "-c", CHILD, str(path), str(Path(tmp) / "h.sqlite3"), str(root),
+                              ns.what],
                              capture_output=True, text=True, check=True)
         res = json.loads(out.stdout)
         res.update(kind=ns.kind, events=ns.events, file_mib=round(path.stat().st_size / 2**20, 1),
