@@ -454,9 +454,10 @@ def load(path: Path | str, max_bytes: int = MAX_TRACE_BYTES, max_events: int = M
             events, meta, foreign = _parse(_Text(raw, path, max_bytes), path, max_events, max_stages,
                                            _Budget(path, max_memory))
     if foreign:  # slices read before otherData take its run id now
-        run_id = meta.get("run_id", FOREIGN_RUN_ID)
-        if not isinstance(run_id, str):
-            raise TraceError(path, f"otherData.run_id is not a string: {_short(run_id)}")
+        try:
+            run_id = _as_str(meta.get("run_id", FOREIGN_RUN_ID), "otherData.run_id")
+        except ValueError as exc:
+            raise TraceError(path, str(exc)) from None
         for i, e in enumerate(events):
             if e.run_id is _PENDING_RUN_ID:
                 events[i] = replace(e, run_id=run_id)
@@ -470,13 +471,11 @@ def _parse(text: _Text, path: Path, max_events: int, max_stages: int,
     meta: dict[str, Any] = {}
     foreign = False
     strings = _Strings()
-    seen_events = seen_meta = False
+    seen_events = False
 
     def items() -> None:
-        nonlocal foreign, seen_meta
-        run_id = meta.get("run_id", _PENDING_RUN_ID) if seen_meta else _PENDING_RUN_ID
-        if not isinstance(run_id, str):
-            raise TraceError(path, f"otherData.run_id is not a string: {_short(run_id)}")
+        nonlocal foreign
+        run_id = _PENDING_RUN_ID  # fixed up once the whole otherData is known (it may follow the slices)
         text.expect("[", "at the start of traceEvents")
         if text.peek() == "]":
             text.pos += 1
@@ -531,7 +530,6 @@ def _parse(text: _Text, path: Path, max_events: int, max_stages: int,
                         raise TraceError(path, f"otherData is not an object: {_short(value)}")
                     budget.charge(_json_size(value), text, "otherData")
                     meta = value
-                    seen_meta = True
                 del value
             if text.expect(",}", f"after the value of {_short(key)}") == "}":
                 break
