@@ -22,7 +22,7 @@ from engine.trace import TraceError
 from . import run_files
 from .background import BackgroundJobs
 from .gantt_image import gantt_png
-from .history import HistoryError, RunHistory, RunRow
+from .history import MOVE_ASIDE, HistoryError, RunHistory, RunRow
 from .theme import ERROR_COLOR, MUTED_COLOR
 
 log = logging.getLogger(__name__)
@@ -176,9 +176,10 @@ class HistoryPanel(QWidget):
         try:
             self.rows = self.history.list_runs(self.filter.text(), self.source.currentData(), LIST_LIMIT)
             total = self.history.count()
-        except Exception as exc:  # a locked or vanished file: say so, keep the app
+        except Exception as exc:  # a locked, vanished or damaged file: say so, keep the app
             log.exception("reading the history failed")
-            self.set_message(f"cannot read the history: {exc}", error=True)
+            damaged = "malformed" in str(exc) or "corrupt" in str(exc)
+            self.set_message(f"cannot read the history: {exc}" + (f". {MOVE_ASIDE}." if damaged else ""), error=True)
             return
         self._filling = True
         self.table.setSortingEnabled(False)
