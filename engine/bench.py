@@ -3,27 +3,49 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import json
 import logging
+import os
 import shlex
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import failure
-from . import prompt as prompts
-from . import synth
 from .config import ConfigError, EngineConfig, parse_setting
 from .events import RunReport, format_timing
-from .gguf_model import load
-from .pipeline import Session
 
 log = logging.getLogger("strata.bench")
+
+
+class _NotImportedYet(Exception):
+    """Stands for an engine error class whose module is not imported yet: nothing can raise it."""
+
+
+# torch, gguf and the pipeline take seconds to import: `_engine()` imports them when a command
+# needs them, so --help and argument errors answer at once.  Until then the error names that
+# main() catches stand for a class nothing raises; `_engine` binds the real ones before any engine
+# code runs.
+GGUFError: type[Exception] = _NotImportedYet
+StageError: type[Exception] = _NotImportedYet
+Cancelled: type[Exception] = _NotImportedYet
+PRESET_NAMES = ("demo", "qwen3-30b-a3b")  # synth.PRESETS without importing torch (a test keeps them equal)
+
+
+def _engine() -> None:
+    """Import the engine modules the commands use (idempotent; cheap after the first call)."""
+    global GGUFError, StageError, Cancelled, load, Session, synth, prompts
+    from . import prompt as prompts
+    from . import synth
+    from .gguf_model import GGUFError, load
+    from .pipeline import Cancelled, Session, StageError
 
 SETTING_FLAGS = {  # CLI flag -> setting
     "devices": "devices", "layer_split": "layer_split", "prefill": "prefill", "pf_depth": "pf_depth",
@@ -34,20 +56,129 @@ SETTING_FLAGS = {  # CLI flag -> setting
 }
 
 
+SYNTHETIC_FORM = "synthetic:PRESET[:key=value,...]"
+RECIPE_FLAGS = {"n_layers": "layers", "n_heads": "heads", "n_kv_heads": "kv-heads", "head_dim": "head-dim",
+                "n_experts": "experts", "n_experts_used": "experts-used", "expert_ffn": "expert-ffn",
+                "context_length": "context"}  # recipe field -> make-model flag, where they differ
+
+
+def _recipe_value(typ: type, text: str) -> Any:
+    """A recipe field's value from text: int, float, str or a bool (1/0, true/false)."""
+    if typ is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(text)
+    return typ(text.strip())
+
+
+def synthetic_recipe(spec: str) -> Any:
+    """The recipe of `synthetic:PRESET[:key=value,...]`; ConfigError("model", ...) names what is wrong."""
+    _engine()
+    parts = spec.split(":", 2)
+    preset = parts[1] if len(parts) > 1 else ""
+    if preset not in synth.PRESETS:
+        raise ConfigError("--model", spec, f"{SYNTHETIC_FORM} with PRESET one of {', '.join(sorted(synth.PRESETS))}")
+    base = synth.PRESETS[preset]
+    names = [f.name for f in dataclasses.fields(synth.ModelRecipe)]
+    changes: dict[str, Any] = {}
+    if len(parts) == 3 and parts[2].strip():
+        for kv in parts[2].split(","):
+            k, eq, v = kv.partition("=")
+            k = k.strip()
+            if k not in names or not eq:
+                raise ConfigError("--model", spec, f"{SYNTHETIC_FORM} with keys {', '.join(names)}",
+                                  f"{kv.strip()!r} is not key=value with a known key")
+            typ = type(getattr(base, k))
+            try:
+                changes[k] = _recipe_value(typ, v)
+            except ValueError:
+                kind = {int: "an integer", float: "a number", bool: "0 or 1"}.get(typ, typ.__name__)
+                raise ConfigError("--model", spec, f"{k}=<{typ.__name__}>", f"{v.strip()!r} is not {kind}") from None
+    recipe = synth.recipe_from_args(preset, **changes)
+    try:
+        synth.check_recipe(recipe)
+    except synth.RecipeError as exc:
+        raise ConfigError("--model", spec, f"{exc.field}: {exc.allowed}", f"{exc.field}={exc.value!r}") from None
+    return recipe
+
+
 def open_model(spec: str, device_hint: str = "cpu"):
     """A GGUF path, `demo` (the built-in demo model) or `synthetic:PRESET[:key=value,...]`."""
+    _engine()
     if spec == "demo":
         return load(synth.demo_model_path())
     if spec.startswith("synthetic:"):
-        parts = spec.split(":", 2)
-        changes: dict[str, Any] = {}
-        if len(parts) == 3:
-            for kv in parts[2].split(","):
-                k, _, v = kv.partition("=")
-                changes[k.strip()] = type(getattr(synth.PRESETS[parts[1]], k.strip()))(v)
-        recipe = synth.recipe_from_args(parts[1], **changes)
-        return synth.SyntheticSource(recipe, device_hint)
+        return synth.SyntheticSource(synthetic_recipe(spec), device_hint)
     return load(Path(spec))
+
+
+def check_writable(flag: str, path: str | Path) -> Path:
+    """An output path that can be written, checked before a run: its nearest existing folder
+    takes a new file (tried, not guessed from permission bits).  ConfigError names the flag."""
+    p = Path(path)
+    try:
+        is_dir = p.is_dir()
+        folder = p.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+    except OSError as exc:  # a name too long, a loop of links...
+        raise ConfigError(flag, str(path), "a path that can be written", exc.strerror or str(exc)) from None
+    if is_dir:
+        raise ConfigError(flag, str(path), "a file path", "it is a folder")
+    if not folder.is_dir():
+        raise ConfigError(flag, str(path), "a path in a folder", f"{folder} is not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".strata-bench-probe-", dir=folder)
+    except OSError as exc:
+        raise ConfigError(flag, str(path), "a path in a folder you can write to",
+                          f"cannot create a file in {folder}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
+    try:
+        name_max = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # not on every OS
+        name_max = 255
+    if len(p.name.encode()) > name_max:
+        raise ConfigError(flag, str(path), f"a file name of at most {name_max} bytes")
+    return p
+
+
+def write_or_fallback(flag: str, path: Path, write: Callable[[Path], None]) -> bool:
+    """Write a run's output; when that fails after the run, write it to the temp folder instead
+    and say where (one line on stderr).  True when `path` was written."""
+    try:
+        write(path)
+        return True
+    except OSError as exc:
+        fallback = Path(tempfile.gettempdir()) / f"strata-bench-{os.getpid()}-{path.name}"
+        try:
+            write(fallback)
+        except OSError as exc2:
+            print(f"strata-bench: error: cannot write {flag} {path} ({exc.strerror or exc}), "
+                  f"nor {fallback} ({exc2.strerror or exc2}): that output is lost", file=sys.stderr)
+            return False
+        print(f"strata-bench: error: cannot write {flag} {path} ({exc.strerror or exc}); "
+              f"saved it to {fallback} instead", file=sys.stderr)
+        return False
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:  # a file object: np.save would add .npy to a name without it
+        np.save(fh, array)
+
+
+def prompt_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in str(text).split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(n < 1 for n in sizes):
+        raise ConfigError("--prompt-tokens", text, "comma-separated integers >= 1, e.g. 512,2048")
+    return sizes
 
 
 def parse_arm(text: str) -> dict[str, Any]:
@@ -165,7 +296,16 @@ def _base_settings(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
+    logits_out = trace_out = None  # output paths, checked before anything runs
+    if ns.logits_out:
+        name = ns.logits_out if str(ns.logits_out).endswith(".npy") else f"{ns.logits_out}.npy"  # as np.save names it
+        logits_out = check_writable("--logits-out", name)
+    if ns.trace:
+        trace_out = check_writable("--trace", ns.trace)
+    if ns.prompt_ids is None and ns.prompt is None:
+        prompt_sizes(ns.prompt_tokens)
     base = _base_settings(ns)
+    _engine()
     arm_texts = ns.arm or [""]
     arms = [(t or "base", {**base, **parse_arm(t)}) for t in arm_texts]
     configs = [(name, EngineConfig.from_sources(s)) for name, s in arms]
@@ -176,13 +316,21 @@ def cmd_run(ns: argparse.Namespace) -> int:
     sizes: list[int | None]
     fixed_ids: list[int] | None = None
     if ns.prompt_ids:
-        fixed_ids = prompts.read_ids(ns.prompt_ids)
+        try:
+            fixed_ids = prompts.read_ids(ns.prompt_ids)
+        except UnicodeDecodeError as exc:
+            raise ConfigError("--prompt-ids", ns.prompt_ids, "a text file of token ids", f"not text: {exc.reason}") \
+                from None
+        bad = next((i for i in fixed_ids if not 0 <= i < model.spec.vocab), None)
+        if bad is not None:
+            raise ConfigError("--prompt-ids", ns.prompt_ids, f"token ids 0..{model.spec.vocab - 1} (the model's vocabulary)",
+                              f"id {bad}")
         sizes = [len(fixed_ids)]
     elif ns.prompt is not None:
         fixed_ids = prompts.tokenize(model, ns.prompt)
         sizes = [len(fixed_ids)]
     else:
-        sizes = [int(x) for x in str(ns.prompt_tokens).split(",")]
+        sizes = prompt_sizes(ns.prompt_tokens)
     sessions = []
     for name, cfg in configs:
         sessions.append((name, Session(model, cfg, events=not ns.no_events)))
@@ -233,24 +381,34 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.format != "json" and last is not None and len(points) == 1:
         r = last[1].report
         print(f"\ngenerated: {r.generated}\ndigest: {r.digest}")
-    if ns.logits_out and last is not None:
-        np.save(ns.logits_out, last[1].logits.numpy().astype(np.float32))
-        log.info("wrote logits %s to %s", tuple(last[1].logits.shape), ns.logits_out)
-    if ns.trace and last is not None:
+    ok = True
+    if logits_out is not None and last is not None:
+        logits = last[1].logits.numpy().astype(np.float32)
+        ok &= write_or_fallback("--logits-out", logits_out, lambda p: _save_npy(p, logits))
+        log.info("wrote logits %s", tuple(logits.shape))
+    if trace_out is not None and last is not None:
         from . import trace
 
         sess, res = last
-        trace.save(ns.trace, sess.events, {"report": res.report}, telemetry=res.report.telemetry,
-                   stage_names=res.report.plan.stage_names())
-        log.info("wrote trace %s", ns.trace)
-    return 0
+        ok &= write_or_fallback("--trace", trace_out, lambda p: trace.save(
+            p, sess.events, {"report": res.report}, telemetry=res.report.telemetry,
+            stage_names=res.report.plan.stage_names()))
+        log.info("wrote trace %s", trace_out)
+    return 0 if ok else 2
 
 
 def cmd_make_model(ns: argparse.Namespace) -> int:
     changes = {k: getattr(ns, k) for k in ("arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim",
                                            "n_experts", "n_experts_used", "expert_ffn", "ffn", "vocab",
                                            "context_length", "seed", "quant")}
+    check_writable("make-model PATH", ns.path)
+    _engine()
     recipe = synth.recipe_from_args(ns.preset, **changes)
+    try:
+        synth.check_recipe(recipe)
+    except synth.RecipeError as exc:
+        raise ConfigError("--" + RECIPE_FLAGS.get(exc.field, exc.field).replace("_", "-"), exc.value, exc.allowed) \
+            from None
     path = synth.write_model(ns.path, recipe)
     print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB): {load(path).describe()}")
     return 0
@@ -304,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("make-model", help="write a GGUF model with random weights")
     m.add_argument("path")
-    m.add_argument("--preset", default="demo", choices=sorted(synth.PRESETS))
+    m.add_argument("--preset", default="demo", choices=PRESET_NAMES)
     m.add_argument("--arch", choices=("qwen3moe", "qwen3", "qwen2", "llama"))
     m.add_argument("--layers", dest="n_layers", type=int)
     m.add_argument("--hidden", type=int)

@@ -188,7 +188,7 @@ def busy_histogram(events: Iterable[StageEvent], n_stages: int) -> list[float]:
     hist = [0.0] * (n_stages + 1)
     if not marks:
         return hist
-    marks.sort(key=lambda m: (m[0], m[1]))  # ends before starts at equal times
+    marks.sort()  # by time, ends (-1) before starts (+1); no key list: half the memory on a big import
     active: dict[int, int] = {}
     t_prev = marks[0][0]
     t_end = max(m[0] for m in marks)

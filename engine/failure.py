@@ -33,22 +33,29 @@ def log_dir() -> Path:
 
 
 def is_user_error(exc: BaseException) -> bool:
-    """Whether the exception's own message is the whole story (no bug behind it)."""
+    """Whether the exception's own message is the whole story (no bug behind it).
+
+    Looks only at modules already imported (an error of a module that never loaded cannot
+    be raised), so a bad argument is told apart without importing torch."""
+    import sys
+
     from .config import ConfigError
-    from .gguf_model import GGUFError
-    from .pipeline import Cancelled, DeviceMemoryError, NonFiniteError, StageError
 
-    expected: tuple[type[BaseException], ...] = (ConfigError, GGUFError, Cancelled, DeviceMemoryError,
-                                                 NonFiniteError, MemoryError)
-    if isinstance(exc, StageError):
+    # OSError: a path that cannot be read or written (its message names the path)
+    expected: list[type[BaseException]] = [ConfigError, MemoryError, OSError]
+    for module, names in (("engine.gguf_model", ("GGUFError",)), ("engine.synth", ("RecipeError",)),
+                          ("engine.trace", ("TraceError",)),
+                          ("engine.pipeline", ("Cancelled", "DeviceMemoryError", "NonFiniteError"))):
+        mod = sys.modules.get(module)
+        if mod is not None:
+            expected += [getattr(mod, n) for n in names]
+    pipeline = sys.modules.get("engine.pipeline")
+    if pipeline is not None and isinstance(exc, pipeline.StageError):
         exc = exc.__cause__ or exc
-        try:
-            import torch
-
-            expected += (torch.OutOfMemoryError,)
-        except ImportError:  # pragma: no cover - torch is a dependency
-            pass
-    return isinstance(exc, expected)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "OutOfMemoryError"):
+        expected.append(torch.OutOfMemoryError)
+    return isinstance(exc, tuple(expected))
 
 
 def where(exc: BaseException) -> str:

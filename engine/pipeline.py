@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import chunking
+from . import chunking, nonfinite
 from .attention import kernel_for
 from .chunk_cost import ChunkCostProbe
 from .config import ConfigError, EngineConfig
@@ -710,7 +710,7 @@ class Session:
         if isinstance(c, int):
             cost = self.chunk_cost()
             if kind == "balanced" and c < n_tokens:
-                bounds = chunking.schedule(n_tokens, c, "balanced", cost, grain, chunking.efficient_floor(cost))
+                bounds = chunking.schedule(n_tokens, c, "balanced", cost, grain, self._balanced_floor(c))
                 est = chunking.bounds_makespan(bounds, n_dev, cost, v, hop)
                 return chunking.Choice(c, "balanced", est, f"balanced from {c}-token chunks: equal modelled cost each", v)
             est = chunking.bounds_makespan(chunking.chunk_bounds(n_tokens, c), n_dev, cost, v, hop)
@@ -720,6 +720,11 @@ class Session:
         if n_dev > 1 and (self.config.layer_split == "auto" or v > 1):
             alts = tuple(k for k in (1, 2, 3, 4) if n_dev * k <= self.spec.n_layers)
         return chunking.choose(n_tokens, n_dev, self.chunk_cost(), cands, (kind,), v, hop, grain, alts)
+
+    def _balanced_floor(self, chunk: int) -> int:
+        """The smallest balanced chunk from a user's chunk size: the efficient size, but never
+        above the size the user asked for (they asked for that many chunks)."""
+        return min(chunking.efficient_floor(self.chunk_cost()), chunk)
 
     def choose_schedule(self, n_tokens: int) -> tuple[int, str, str]:
         """(chunk size, fixed|balanced, why) from the prefill and chunk_schedule settings."""
@@ -755,7 +760,9 @@ class Session:
         if kind == "balanced":
             cost = self.chunk_cost()
             grain = BALANCED_GRAIN_CUDA if self.devices[0].type == "cuda" else chunking.GRAIN
-            bounds = chunking.schedule(n_tokens, chunk, kind, cost, grain, chunking.efficient_floor(cost))
+            floor = self._balanced_floor(self.config.prefill) if isinstance(self.config.prefill, int) \
+                else chunking.efficient_floor(cost)
+            bounds = chunking.schedule(n_tokens, chunk, kind, cost, grain, floor)
             chunk = max(n for _, n in bounds)  # buffers are sized by the largest chunk
         else:
             bounds = chunking.chunk_bounds(n_tokens, chunk)
@@ -923,6 +930,8 @@ class Session:
             except Cancelled:
                 cancelled = True
                 last_logits, all_logits, hashing = None, None, None
+            if not cancelled:  # one reduction per run; re-run with the per-layer check only when it fails
+                nonfinite.check_prefill(self, ids, plan, cancel, last_logits, all_logits)
             t1 = time.perf_counter()
             generated: list[int] = []
             if not cancelled and decode_tokens > 0:

@@ -22,6 +22,7 @@ import gguf
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from .gguf_model import ModelSpec, expected_shapes
+from .trace import UMASK, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,46 @@ QWEN3_30B_A3B = ModelRecipe(arch="qwen3moe", n_layers=48, hidden=2048, n_heads=3
                             vocab=151936, context_length=131072, quant="f16")
 
 PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B}
+ARCHS = ("qwen3moe", "qwen3", "qwen2", "llama")
+QUANTS = ("q8_0", "f16", "f32")
+
+
+class RecipeError(ValueError):
+    """A recipe whose file the loader would refuse: names the field, its value and what is allowed."""
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"{field}={value!r}: allowed {allowed}")
+
+
+def check_recipe(recipe: ModelRecipe) -> None:
+    """Refuse the shapes `gguf_model.load` refuses (spec_from_metadata), before a file is written."""
+    r = recipe
+    if r.arch not in ARCHS:
+        raise RecipeError("arch", r.arch, ", ".join(ARCHS))
+    if r.quant not in QUANTS:
+        raise RecipeError("quant", r.quant, ", ".join(QUANTS))
+    for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "context_length"):
+        v = getattr(r, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise RecipeError(name, v, "an integer >= 1")
+    if r.n_heads % r.n_kv_heads:
+        raise RecipeError("n_kv_heads", r.n_kv_heads, f"a divisor of n_heads={r.n_heads}")
+    if r.arch == "qwen3moe":
+        if r.n_experts < 1:
+            raise RecipeError("n_experts", r.n_experts, "an integer >= 1")
+        if not 1 <= r.n_experts_used <= r.n_experts:
+            raise RecipeError("n_experts_used", r.n_experts_used, f"1..n_experts ({r.n_experts})")
+        if r.expert_ffn < 1:
+            raise RecipeError("expert_ffn", r.expert_ffn, "an integer >= 1")
+    elif r.ffn < 1:
+        raise RecipeError("ffn", r.ffn, "an integer >= 1")
+    base = len(byte_vocab()[0])
+    if r.vocab and r.vocab < base:
+        raise RecipeError("vocab", r.vocab, f"0 (the byte vocabulary) or at least {base}, its size")
+    if not (r.rope_base > 0 and r.rms_eps >= 0) or r.rope_base == float("inf") or r.rms_eps == float("inf"):
+        raise RecipeError("rope_base" if not 0 < r.rope_base < float("inf") else "rms_eps",
+                          r.rope_base if not 0 < r.rope_base < float("inf") else r.rms_eps, "a finite number")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -151,13 +192,12 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
     `edit(name, data)` may replace a tensor's stored data or drop it (None): how tests and the
     fuzzer make defective files through the same writer."""
     path = Path(path)
+    check_recipe(recipe)
     spec = recipe.spec()
     tokens, types, merges = byte_vocab()
     if spec.vocab != len(tokens):
         # a larger vocabulary is padded with unused tokens, as real models do
         pad = spec.vocab - len(tokens)
-        if pad < 0:
-            raise ValueError(f"vocab {spec.vocab} is smaller than the byte vocabulary ({len(tokens)})")
         tokens = tokens + [f"<|unused_{i}|>" for i in range(pad)]
         types = types + [5] * pad
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,10 +248,12 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp made it 0600; a model is as shareable as any file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
     log.info("wrote %s (%s, %.1f MiB)", path, a, path.stat().st_size / 2**20)
     return path
 

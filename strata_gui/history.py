@@ -9,11 +9,18 @@ file from a newer Strata GUI is refused untouched with a message that says so.
 
 One connection, shared by the GUI thread and the run worker under a lock (a run is saved from
 the worker thread, off the GUI thread).
+
+Damage: `PRAGMA quick_check` runs at open, so a file with corrupt pages is reported as damaged
+(with "move it aside and start a new history"; nothing is deleted) instead of failing at the
+first write.  A run that cannot be written (a damaged or full file, or no usable history at all)
+is kept as a Chrome trace in `unsaved-runs/` beside the history file, and the error says where.
+Every run is type-checked (`record_check`) before it is stored, so no row can break a listing.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -24,13 +31,16 @@ from typing import Any, Callable, Iterable
 
 from engine.events import RunReport, StageEvent
 
-from .run_record import SOURCES, STATUSES, RunRecord, report_from_dict, report_to_dict
+from .record_check import check_events, check_record, check_report
+from .run_record import RunRecord, report_from_dict, report_to_dict
 
 log = logging.getLogger(__name__)
 
 APP_DIR_NAME = "strata-gui"
 FILE_NAME = "history.sqlite3"
 ENV_DIR = "STRATA_GUI_DATA_DIR"
+UNSAVED_DIR = "unsaved-runs"  # beside the history file: runs that could not be written to it
+MOVE_ASIDE = "Nothing was deleted. Move the file aside (rename it) and start Strata GUI again to start a new history"
 
 # MIGRATIONS[i] upgrades a database at schema version i to version i + 1.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -112,6 +122,11 @@ def default_path() -> Path:
     return Path(folder) / FILE_NAME
 
 
+def _short(value: object, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 @dataclass(frozen=True)
 class RunRow:
     """One run in a listing: the columns a list shows, no events."""
@@ -138,7 +153,25 @@ class RunRow:
     def when(self) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created_at))
 
+    def problem(self) -> str:
+        """Why this row cannot be shown ("" when it can): a column of the wrong type, as a file
+        written by something else (or damaged) may hold."""
+        for f in self.__dataclass_fields__.values():
+            v = getattr(self, f.name)
+            want = {"int": int, "float": (int, float), "str": str}[f.type]
+            if isinstance(v, bool) or not isinstance(v, want):
+                return f"{f.name} is {_short(v)}"
+            if isinstance(v, float) and not math.isfinite(v) and f.name != "created_at":
+                return f"{f.name} is {v}"
+        try:
+            time.localtime(self.created_at)
+        except (OverflowError, OSError, ValueError):
+            return f"created_at is {_short(self.created_at)}"
+        return ""
+
     def title(self) -> str:
+        if self.problem():
+            return f"unreadable run #{self.id}"
         depth = {0: "depth 0", 1: "depth 1"}.get(self.pf_depth, "depth ?")
         head = f"#{self.id} {self.label}" if self.label else f"#{self.id}"
         extra = "" if self.status == "finished" else f" · {self.status}"
@@ -202,6 +235,10 @@ class RunHistory:
                 raise HistoryError(f"{self.path} holds tables but no Strata history schema version; it was left "
                                    "untouched. Move it away to start a new history.")
             conn.execute("PRAGMA busy_timeout = 10000")
+            if version > 0:
+                problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
+                if problems != ["ok"]:
+                    raise HistoryError(self._damaged("; ".join(problems)))
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 log.warning("the run history %s is in journal mode %s, not WAL", self.path, mode)
@@ -213,9 +250,15 @@ class RunHistory:
             raise
         except sqlite3.DatabaseError as exc:
             conn.close()
+            if "malformed" in str(exc) or "corrupt" in str(exc):
+                raise HistoryError(self._damaged(str(exc))) from None
             raise HistoryError(f"{self.path} is not a readable Strata run history ({exc}); it was left "
                                "untouched. Move it away to start a new history.") from None
         return conn
+
+    def _damaged(self, problem: str) -> str:
+        return (f"The run history {self.path} is damaged (SQLite: {problem[:300]}). {MOVE_ASIDE}. Runs of "
+                f"this session are kept as trace files in {self.path.parent / UNSAVED_DIR}.")
 
     @staticmethod
     def _has_tables(conn: sqlite3.Connection) -> bool:
@@ -266,11 +309,22 @@ class RunHistory:
             return result
 
     def add(self, record: RunRecord, sweep: tuple[int, SweepMember] | None = None) -> int:
-        """Store a run (and its membership of a sweep); returns its id in the history."""
-        if record.source not in SOURCES:
-            raise ValueError(f"unknown run source {record.source!r}: allowed {', '.join(SOURCES)}")
-        if record.status not in STATUSES:
-            raise ValueError(f"unknown run status {record.status!r}: allowed {', '.join(STATUSES)}")
+        """Store a run (and its membership of a sweep); returns its id in the history.
+
+        Raises ValueError (nothing stored) for a run whose fields have the wrong types, and
+        HistoryError when the file cannot take it: the run is then kept as a trace file in
+        `unsaved-runs/` beside the history, and the message says where."""
+        check_record(record)
+        try:
+            return self._add(record, sweep)
+        except sqlite3.Error as exc:
+            log.exception("saving run %s to the history %s failed", record.report.run_id, self.path)
+            where = keep_unsaved(self.path, record)
+            damaged = isinstance(exc, sqlite3.DatabaseError) and ("malformed" in str(exc) or "corrupt" in str(exc))
+            head = self._damaged(str(exc)) if damaged else f"The run could not be saved to {self.path} ({exc})."
+            raise HistoryError(f"{head} {where}") from None
+
+    def _add(self, record: RunRecord, sweep: tuple[int, SweepMember] | None) -> int:
         r = record.report
         plan = r.plan
         devices = ",".join(r.device_order) or ",".join(s.device for s in plan.stages)
@@ -369,10 +423,15 @@ class RunHistory:
                 "SELECT run_id, stage, device, chunk, kind, start_ns, end_ns, tokens, nbytes, note FROM events "
                 "WHERE run = ? ORDER BY seq", (int(run),)).fetchall()
         created_at, source, status, label, config_json, report_json, telemetry_json = found
-        report = report_from_dict(json.loads(report_json))
-        report.telemetry = json.loads(telemetry_json)
-        events = [StageEvent(*r) for r in rows]
-        return RunRecord(report, events, json.loads(config_json), source, status, label, created_at)
+        try:
+            report = report_from_dict(json.loads(report_json))
+            report.telemetry = json.loads(telemetry_json)
+            events = [StageEvent(*r) for r in rows]
+            record = RunRecord(report, events, json.loads(config_json), source, status, label, created_at)
+            check_record(record)
+        except (TypeError, ValueError) as exc:  # json's errors are ValueErrors
+            raise HistoryError(f"run #{run} in the history is unreadable: {exc}") from None
+        return record
 
     def report(self, run: int) -> RunReport:
         """The engine report of a run, without its events or telemetry (cheap: lists, sweeps)."""
@@ -380,7 +439,12 @@ class RunHistory:
             found = self._conn.execute("SELECT report_json FROM runs WHERE id = ?", (int(run),)).fetchone()
         if found is None:
             raise KeyError(f"no run #{run} in the history")
-        return report_from_dict(json.loads(found[0]))
+        try:
+            report = report_from_dict(json.loads(found[0]))
+            check_report(report)
+        except (TypeError, ValueError) as exc:
+            raise HistoryError(f"run #{run} in the history is unreadable: {exc}") from None
+        return report
 
     # ------------------------------------------------------------------ sweeps
     def add_sweep(self, label: str, plan: dict[str, Any]) -> int:
@@ -423,6 +487,42 @@ class RunHistory:
         """SQLite's own check: "ok" for a sound file."""
         with self._lock:
             return str(self._conn.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+def keep_unsaved(history_path: Path, record: RunRecord) -> str:
+    """Write a run that the history could not take as a trace in `unsaved-runs/` beside it;
+    returns a sentence saying where (or that even that failed)."""
+    from . import run_files  # here: run_files is only needed on this rare path
+
+    folder = Path(history_path).parent / UNSAVED_DIR
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(record.created_at))
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in record.report.run_id)[:40]
+    target = folder / f"run-{stamp}-{safe}.json.gz"
+    n = 1
+    while target.exists():
+        n += 1
+        target = folder / f"run-{stamp}-{safe}-{n}.json.gz"
+    try:
+        run_files.export_trace(record, target)
+    except Exception as exc:  # noqa: BLE001 - the message says that the run is lost
+        log.exception("keeping the unsaved run as %s failed", target)
+        return f"Keeping it as a trace file in {folder} failed too ({type(exc).__name__}: {exc}): the run is lost."
+    log.warning("the run %s was kept as %s", record.report.run_id, target)
+    return f"The run was kept as {target} (Import trace adds it to a new history)."
+
+
+class UnsavedRuns:
+    """The recorder of a session whose history could not be opened: every run goes to a trace
+    file in `unsaved-runs/` beside the history file, and `add` raises HistoryError saying where."""
+
+    def __init__(self, history_path: Path | None = None, why: str = "") -> None:
+        self.path = default_path() if history_path is None else Path(history_path)
+        self.why = why
+
+    def add(self, record: RunRecord, sweep: object = None) -> int:
+        check_record(record)
+        raise HistoryError(f"No run history is open{': ' + self.why if self.why else ''}. "
+                           f"{keep_unsaved(self.path, record)}")
 
 
 def open_history(path: Path | None = None) -> tuple[RunHistory | None, str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
                                QLineEdit, QMessageBox, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout,
                                QWidget)
@@ -21,7 +22,7 @@ from engine.trace import TraceError
 from . import run_files
 from .background import BackgroundJobs
 from .gantt_image import gantt_png
-from .history import HistoryError, RunHistory, RunRow
+from .history import MOVE_ASIDE, HistoryError, RunHistory, RunRow
 from .theme import ERROR_COLOR, MUTED_COLOR
 
 log = logging.getLogger(__name__)
@@ -175,26 +176,21 @@ class HistoryPanel(QWidget):
         try:
             self.rows = self.history.list_runs(self.filter.text(), self.source.currentData(), LIST_LIMIT)
             total = self.history.count()
-        except Exception as exc:  # a locked or vanished file: say so, keep the app
+        except Exception as exc:  # a locked, vanished or damaged file: say so, keep the app
             log.exception("reading the history failed")
-            self.set_message(f"cannot read the history: {exc}", error=True)
+            damaged = "malformed" in str(exc) or "corrupt" in str(exc)
+            self.set_message(f"cannot read the history: {exc}" + (f". {MOVE_ASIDE}." if damaged else ""), error=True)
             return
         self._filling = True
         self.table.setSortingEnabled(False)
         try:
             self.table.setRowCount(len(self.rows))
             for i, r in enumerate(self.rows):
-                depth = {0: "0 join", 1: "1 overlap"}.get(r.pf_depth, "?")
-                cells: list[QTableWidgetItem] = [
-                    _NumberItem(str(r.id), r.id), QTableWidgetItem(r.when), QTableWidgetItem(r.source),
-                    QTableWidgetItem(r.status), QTableWidgetItem(r.label), QTableWidgetItem(_short_model(r.model)),
-                    QTableWidgetItem(r.devices), _NumberItem(f"{r.prompt_tokens:,}", r.prompt_tokens),
-                    _NumberItem(str(r.chunk), r.chunk), QTableWidgetItem(depth),
-                    _NumberItem(f"{r.prefill_tok_s:,.0f}", r.prefill_tok_s),
-                    _NumberItem(f"{r.decode_tok_s:,.1f}" if r.decode_tok_s else "—", r.decode_tok_s),
-                    QTableWidgetItem(r.digest[:12])]
-                cells[5].setToolTip(r.model)
-                cells[12].setToolTip(r.digest)
+                try:
+                    cells = self._cells(r)
+                except Exception as exc:  # noqa: BLE001 - a row of a damaged or foreign file never stops the app
+                    log.warning("run #%s of the history cannot be shown: %s", r.id, exc)
+                    cells = self._unreadable_cells(r, f"{type(exc).__name__}: {exc}")
                 for j, item in enumerate(cells):
                     if j != LABEL_COL:
                         item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
@@ -209,6 +205,36 @@ class HistoryPanel(QWidget):
             shown += f" (the newest {LIST_LIMIT:,} that match)"
         self.count.setText(shown)
         self._update_buttons()
+
+    @staticmethod
+    def _cells(r: RunRow) -> list[QTableWidgetItem]:
+        problem = r.problem()
+        if problem:
+            return HistoryPanel._unreadable_cells(r, problem)
+        depth = {0: "0 join", 1: "1 overlap"}.get(r.pf_depth, "?")
+        cells: list[QTableWidgetItem] = [
+            _NumberItem(str(r.id), r.id), QTableWidgetItem(r.when), QTableWidgetItem(r.source),
+            QTableWidgetItem(r.status), QTableWidgetItem(r.label), QTableWidgetItem(_short_model(r.model)),
+            QTableWidgetItem(r.devices), _NumberItem(f"{r.prompt_tokens:,}", r.prompt_tokens),
+            _NumberItem(str(r.chunk), r.chunk), QTableWidgetItem(depth),
+            _NumberItem(f"{r.prefill_tok_s:,.0f}", r.prefill_tok_s),
+            _NumberItem(f"{r.decode_tok_s:,.1f}" if r.decode_tok_s else "—", r.decode_tok_s),
+            QTableWidgetItem(r.digest[:12])]
+        cells[5].setToolTip(r.model)
+        cells[12].setToolTip(r.digest)
+        return cells
+
+    @staticmethod
+    def _unreadable_cells(r: RunRow, problem: str) -> list[QTableWidgetItem]:
+        """A row that cannot be formatted: its id and "unreadable run #n", the problem as a tooltip."""
+        run = r.id if isinstance(r.id, int) else -1
+        cells = [QTableWidgetItem("") for _ in COLUMNS]
+        cells[0] = _NumberItem(str(run), run)
+        cells[LABEL_COL] = QTableWidgetItem(f"unreadable run #{run}")
+        for c in cells:
+            c.setToolTip(f"This run cannot be shown ({problem}); delete it, or move the history aside.")
+            c.setForeground(QColor(ERROR_COLOR))
+        return cells
 
     def selected_ids(self) -> list[int]:
         ids = []
@@ -275,7 +301,7 @@ class HistoryPanel(QWidget):
     def order_pair(self, a: int, b: int) -> tuple[int, int]:
         """(older, newer) by the time they were saved, then by id."""
         rows = {r.id: r for r in self.rows}
-        key = lambda i: (rows[i].created_at if i in rows else 0.0, i)  # noqa: E731
+        key = lambda i: (rows[i].created_at if i in rows and not rows[i].problem() else 0.0, i)  # noqa: E731
         return (a, b) if key(a) <= key(b) else (b, a)
 
     # ------------------------------------------------------------------ delete

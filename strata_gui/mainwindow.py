@@ -27,7 +27,7 @@ from .background import BackgroundJobs
 from .compare_view import CompareView
 from .devices_panel import DevicesPanel
 from .gantt import GanttView
-from .history import RunHistory, open_history
+from .history import RunHistory, UnsavedRuns, open_history
 from .history_panel import HistoryPanel
 from .run_controller import RunController
 from .run_progress import RunProgress
@@ -78,6 +78,8 @@ class MainWindow(QMainWindow):
         if history is not None:
             self.controller.recorder = history.add
             self.sweeps.recorder = history.add
+        elif self.history_error:  # runs go to trace files beside the unusable history
+            self.controller.recorder = UnsavedRuns(history_path, self.history_error).add
         self.jobs = BackgroundJobs(self)
         self._discover = discover
         self._env = os.environ if env is None else env

@@ -20,11 +20,12 @@ from engine import trace
 from engine.trace import TraceError
 
 from . import __version__
+from .record_check import check_report
 from .run_record import RunRecord, config_from_report, report_from_dict, report_from_events
 
 log = logging.getLogger(__name__)
 
-MAX_IMPORT_BYTES = 256 << 20  # a trace above this is refused before it is read (parsing takes ~10x in RAM)
+MAX_IMPORT_BYTES = 256 << 20  # a trace above this is refused before it is read (engine.trace bounds the memory)
 MAX_IMPORT_EVENTS = 2_000_000
 CSV_COLUMNS = ("run_id", "stage", "device", "chunk", "kind", "start_ns", "end_ns", "dur_ns", "tokens", "nbytes", "note")
 TRACE_FORMAT = "strata-gui run"
@@ -70,7 +71,7 @@ def import_trace(path: Path | str, max_bytes: int = MAX_IMPORT_BYTES,
     if path.is_file() and path.stat().st_size > max_bytes:
         raise TraceError(path, f"the file is {path.stat().st_size / 2**20:,.1f} MiB, above the "
                                f"{max_bytes / 2**20:,.0f} MiB an import may read; nothing was imported")
-    events, meta = trace.load(path, max_bytes=max_bytes)
+    events, meta = trace.load(path, max_bytes=max_bytes, max_events=max_events)
     if not isinstance(meta, dict):
         raise TraceError(path, "otherData is not an object")
     if not events:
@@ -89,15 +90,18 @@ def import_trace(path: Path | str, max_bytes: int = MAX_IMPORT_BYTES,
     if "report" in meta:
         try:
             report = report_from_dict(meta["report"])
+            check_report(report, n_stages=max(e.stage for e in events) + 1)
         except ValueError as exc:
+            report = None
             note = f"the trace's report could not be read ({exc}); figures derived from its events"
             log.warning("%s: %s", path, note)
     if report is None:
         report = report_from_events(events, run_id, note or f"imported from {path.name}: figures derived from "
                                                             "the trace's events (it carries no engine report)")
     config = meta.get("config")
-    if not isinstance(config, dict):
-        config = config_from_report(report)
+    if not isinstance(config, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float, bool, type(None)))
+                                               for k, v in config.items()):
+        config = config_from_report(report)  # settings are flat name -> value; anything else is not ours
     label = f"imported {path.name}"
     status = "cancelled" if report.cancelled else "finished"
     return RunRecord(report, events, dict(config), source="import", status=status, label=label)

@@ -127,7 +127,7 @@ def report_from_dict(data: Mapping[str, Any]) -> RunReport:
         fields["busy_histogram"] = [float(x) for x in fields.get("busy_histogram", [])]
         fields["generated"] = [int(x) for x in fields.get("generated", [])]
         return RunReport(**fields)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a stage that is not an object
         raise ValueError(f"the report cannot be read: {type(exc).__name__}: {exc}") from None
 
 

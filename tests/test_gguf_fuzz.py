@@ -203,11 +203,20 @@ def test_truncation_in_every_section(base, tmp_path, section):
     expect(tmp_path, data[:mid], {"truncated", "length", "count"}, "truncated")
 
 
-def test_metadata_arrays_are_budgeted_for_gguf_reader(base, tmp_path):
+def test_metadata_arrays_are_bounded_by_the_bytes_left_not_an_item_budget(base, tmp_path):
+    """The item budget sized for GGUFReader is gone (issue 19): 70,000 items load; a count that
+    cannot fit in the rest of the file is refused before anything walks it."""
     data, L = base
     many = encode_kv("x.many", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.UINT8, 70_000) + bytes(70_000))
     f = rebuild(data, L, [*kv_blobs(data, L), many], info_blobs(data, L))
-    expect(tmp_path, f, "count", "x.many", "more than the 32768 accepted")
+    p = tmp_path / "many.gguf"
+    p.write_bytes(f)
+    assert gguf_model.load(p).metadata["x.many"] is not None
+    huge = encode_kv("x.huge", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.STRING, 2**40))
+    f = rebuild(data, L, [*kv_blobs(data, L), huge], info_blobs(data, L))
+    t0 = time.perf_counter()
+    expect(tmp_path, f, "count", "x.huge", "cannot fit")
+    assert time.perf_counter() - t0 < 0.5
 
 
 def _with_kv(data: bytes, L: GGUFLayout, key: str, vtype: int, payload: bytes) -> bytes:

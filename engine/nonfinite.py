@@ -1,0 +1,63 @@
+"""Non-finite outputs: one check per run, and where they first appear when it fails.
+
+A file whose weights hold NaN or inf (all-0xFF blocks, an F32 tensor relabelled as a quantized
+type) used to run to a normal table, digest and tokens.  `check_prefill` reduces the run's
+output logits once (`torch.isfinite(...).all()`, a few vocabulary-sized rows: nothing per layer).
+Only when that fails is the prefill run again with the per-layer check on (`check_nan`), so the
+error names the first stage, chunk and layer whose output is not finite; when every layer is
+finite the error blames the output head (final norm or logits).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # no import cycle at run time: pipeline imports this module
+    from .pipeline import Session
+
+log = logging.getLogger(__name__)
+
+
+def all_finite(*tensors: torch.Tensor | None) -> bool:
+    """True when every value of every given tensor is finite (None is skipped)."""
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t is not None)
+
+
+def check_prefill(session: "Session", ids: torch.Tensor, plan: Any, cancel: Any,
+                  last_logits: torch.Tensor | None, all_logits: torch.Tensor | None) -> None:
+    """Raise StageError naming where non-finite values first appear, if the run's logits hold any."""
+    from .pipeline import NonFiniteError, StageError
+
+    if all_finite(last_logits, all_logits):
+        return
+    log.info("run %s: non-finite logits; running the prefill again with the per-layer check to find "
+                "where they start", session.run_id)
+    last = session.stages[-1]
+    bounds = plan.chunk_bounds()
+    if not session.config.check_nan:  # with the check on, the first pass would have raised already
+        config = session.config
+        session.config = dataclasses.replace(config, check_nan=True)
+        for st in session.stages:  # the same prompt again, from position 0
+            for kv in st.kvs:
+                kv.reset()
+        try:
+            session.prefill(ids, bounds, cancel, False)
+        except StageError as exc:
+            if isinstance(exc.__cause__, NonFiniteError):
+                located = StageError(exc.stage, exc.device, exc.chunk, exc.layer, NonFiniteError(
+                    f"the logits are not finite; the first non-finite value is in the output of layer "
+                    f"{exc.layer} (the model's weights there hold NaN or inf?)"))
+                located.__suppress_context__ = True  # the cause is the NonFiniteError, not the re-run's error
+                raise located
+            raise
+        finally:
+            session.config = config
+            digest = getattr(session, "_digest", None)
+            if digest is not None:
+                digest.close()
+    raise StageError(last.index, last.name, len(bounds) - 1, None, NonFiniteError(
+        "the logits are not finite but every layer's output is: the final norm or output head "
+        "(output.weight / token_embd.weight) holds NaN or inf?"))

@@ -1,0 +1,110 @@
+"""Issue 19, item 5: strata-bench input errors are one line naming the flag and value (exit 2),
+output paths are checked before a run, and a write that fails after it loses nothing."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import bench, synth
+from engine.gguf_model import load
+from engine.trace import UMASK
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def binary_ids(tmp_path) -> Path:
+    p = tmp_path / "ids.bin"
+    p.write_bytes(bytes(range(256)) * 4)
+    return p
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["run", "--prompt-tokens", "abc"], "--prompt-tokens='abc'"),
+    (["run", "--prompt-tokens", "512,-1"], "--prompt-tokens='512,-1'"),
+    (["run", "--model", "synthetic:bogus"], "--model='synthetic:bogus'"),
+    (["run", "--model", "synthetic:demo:n_layers=abc"], "n_layers=<int> ('abc' is not an integer)"),
+    (["run", "--model", "synthetic:demo:wings=2"], "'wings=2' is not key=value with a known key"),
+    (["run", "--model", "synthetic:demo:n_experts_used=9"], "n_experts_used: 1..n_experts (8)"),
+    (["make-model", "{tmp}/m.gguf", "--vocab", "10"], "--vocab=10"),
+    (["make-model", "{tmp}/m.gguf", "--experts-used", "9"], "--experts-used=9: allowed 1..n_experts (8)"),
+    (["make-model", "{tmp}/m.gguf", "--layers", "0"], "--layers=0"),
+    (["make-model", "{tmp}/m.gguf", "--heads", "4", "--kv-heads", "3"], "--kv-heads=3"),
+    (["make-model", "/proc/x.gguf"], "make-model PATH='/proc/x.gguf'"),
+    (["run", "--prompt-ids", "{ids}"], "--prompt-ids="),
+    (["run", "--trace", "/proc/x.json"], "--trace='/proc/x.json'"),
+    (["run", "--logits-out", "/proc/x.npy"], "--logits-out='/proc/x.npy'"),
+    (["run", "--trace", "{tmp}/" + "x" * 300 + ".json"], "(File name too long)"),
+])
+def test_input_errors_are_one_line_naming_the_flag_exit_2(argv, flag, tmp_path, binary_ids, capsys):
+    argv = [a.format(tmp=tmp_path, ids=binary_ids) for a in argv]
+    t0 = time.perf_counter()
+    rc = bench.main(argv)
+    took = time.perf_counter() - t0
+    out, err = capsys.readouterr()
+    assert rc == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("strata-bench: error: invalid ") and flag in lines[0], err
+    assert took < 5.0  # refused before any model is loaded or run
+    assert not list(tmp_path.glob("*.gguf*"))  # make-model wrote nothing
+
+
+def test_prompt_ids_outside_the_vocabulary(tmp_path, capsys):
+    p = tmp_path / "ids.txt"
+    p.write_text("1 2 999999")
+    assert bench.main(["run", "--prompt-ids", str(p)]) == 2
+    assert "token ids 0..390" in capsys.readouterr().err
+
+
+def test_make_model_refuses_nothing_the_loader_accepts(tmp_path):
+    """Edge shapes that check_recipe lets through load (so the two rules agree at the boundary)."""
+    for changes in ({"n_layers": 1, "n_experts": 1, "n_experts_used": 1}, {"n_experts_used": 8},
+                    {"vocab": len(synth.byte_vocab()[0])}, {"arch": "llama", "n_heads": 4, "n_kv_heads": 4}):
+        recipe = synth.recipe_from_args("demo", **changes)
+        synth.check_recipe(recipe)
+        path = synth.write_model(tmp_path / "edge.gguf", recipe)
+        assert load(path).spec.n_layers == recipe.n_layers
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~UMASK  # not mkstemp's 0600
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a real ENOSPC after the check)")
+def test_a_write_that_fails_after_the_run_saves_the_results_elsewhere(demo_path, capsys, tmp_path):
+    full = tmp_path / "logits.npy"
+    full.symlink_to("/dev/full")  # the folder takes files; writing this one fails with ENOSPC
+    rc = bench.main(["run", "--model", str(demo_path), "--prompt-tokens", "16", "--warmup", "0",
+                     "--logits-out", str(full), "--trace", str(tmp_path / "t.json")])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert "digest:" in out  # the table and digest were printed before the write
+    line = [x for x in err.splitlines() if "--logits-out" in x]
+    assert len(line) == 1 and f"cannot write --logits-out {full}" in line[0], err
+    saved = Path(line[0].split("saved it to ")[1].split(" instead")[0])
+    try:
+        assert np.load(saved).shape[0] == 16
+    finally:
+        saved.unlink()
+    assert (tmp_path / "t.json").exists()  # the other output still went where it was asked
+
+
+def test_help_and_argument_errors_do_not_import_torch():
+    """--help and argument errors answer without importing torch, gguf or the pipeline (seconds)."""
+    code = ("import sys, engine.bench as b\n"
+            "for argv in (['run', '--prompt-tokens', 'abc'], ['run', '--trace', '/proc/x.json'],"
+            " ['make-model', '/proc/x.gguf']):\n"
+            "    assert b.main(argv) == 2\n"
+            "try:\n    b.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "print(sorted(m for m in ('torch', 'gguf', 'engine.pipeline', 'engine.gguf_model') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_the_preset_names_of_the_parser_are_synths():
+    assert bench.PRESET_NAMES == tuple(sorted(synth.PRESETS))
