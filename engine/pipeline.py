@@ -28,7 +28,7 @@ import uuid
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -43,6 +43,9 @@ from .graphs import CAPTURE_LOCK, GraphedLayers
 from .experts import ExpertCache, ExpertStats, HostArena, physical_ram, plan_experts, resolve_pin_limit
 from .kv import LayerKV
 from .model import Head, Layer, Rope, WeightSource, load_head, load_layer_weights, resolve_dtype
+
+if TYPE_CHECKING:
+    from .topology import TelemetrySampler
 
 log = logging.getLogger(__name__)
 
@@ -839,11 +842,14 @@ class Session:
     # -------------------------------------------------------------------- running
     def run(self, prompt_ids: Sequence[int] | torch.Tensor, decode_tokens: int = 0,
             cancel: threading.Event | None = None, logits_all: bool = False,
-            on_plan: Callable[[RunPlan], None] | None = None) -> RunResult:
+            on_plan: Callable[[RunPlan], None] | None = None,
+            sampler: "TelemetrySampler | None" = None) -> RunResult:
         """Prefill the prompt through the split, then greedily decode `decode_tokens` tokens.
 
         generated[0] comes from the prompt's last logits; each further token is one decode
-        step through the split."""
+        step through the split.  `sampler`: a GPU telemetry sampler the caller also reads
+        (the app's live plot), used instead of the session's own so the report keeps exactly
+        the samples that were shown; the session starts it if needed and stops it at the end."""
         ids = torch.as_tensor(list(prompt_ids) if not isinstance(prompt_ids, torch.Tensor) else prompt_ids,
                               dtype=torch.long).flatten()
         n = int(ids.numel())
@@ -874,15 +880,20 @@ class Session:
         if on_plan is not None:
             on_plan(plan)
         capacity = n + max(decode_tokens, 1)
-        sampler, telemetry_status = self._start_telemetry()
+        sampler, telemetry_status = self._start_telemetry(sampler)
         try:
             return self._run(ids, n, plan, capacity, decode_tokens, cancel, logits_all, sampler, telemetry_status)
         finally:
             if sampler is not None:
                 sampler.stop()
 
-    def _start_telemetry(self):
-        """A GPU sampler for the run's CUDA devices (started and stopped with the run)."""
+    def _start_telemetry(self, given: "TelemetrySampler | None" = None):
+        """A GPU sampler for the run's CUDA devices (started and stopped with the run): the
+        caller's when given, else the session's own at `telemetry_interval_s`."""
+        if given is not None:
+            if not given.running:
+                given.start()
+            return (given, "sampled") if given.available else (None, given.reason)
         gpus = sorted({d.index or 0 for d in self.devices if d.type == "cuda"})
         if not self.telemetry_interval_s:
             return None, "off"

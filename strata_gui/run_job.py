@@ -158,7 +158,8 @@ class RunJob:
             batcher.start()
             self.out.status(f"planning {len(ids)} prompt tokens on {', '.join(session.device_order)} …")
             try:
-                result = session.run(ids, req.decode_tokens, cancel=self.cancel, on_plan=self._on_plan)
+                result = session.run(ids, req.decode_tokens, cancel=self.cancel, on_plan=self._on_plan,
+                                     sampler=self._sampler)  # one sampler: the live plot's samples are the history's
             finally:
                 self._stop_sources(batcher)
             self._record(session, result.report, "finished")

@@ -230,3 +230,15 @@ def test_telemetry_store_series_on_the_run_clock():
     assert ts.tolist() == [0.5, 1.0] and util[0] == 40 and np.isnan(util[1])
     with pytest.raises(ValueError):
         t.series(0, "nope")
+
+
+def test_telemetry_store_appends_in_place_across_batches():
+    t = TelemetryStore()
+    t.reset(origin_ns=0, available=True, reason="")
+    for b in range(40):  # 40 batches of 25 samples on 2 GPUs: past the first capacity
+        t.add([TelemetrySample(10**6 * (25 * b + i), g, util_pct=float(i), mem_used=None) for i in range(25)
+               for g in (0, 1)])
+    ts, util = t.series(1, "util_pct")
+    assert len(t) == 2000 and ts.size == 1000 and np.all(np.diff(ts) > 0)
+    assert util[:25].tolist() == [float(i) for i in range(25)] and np.isnan(t.series(0, "mem_used")[1]).all()
+    assert t.series(7, "util_pct")[0].size == 0

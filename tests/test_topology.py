@@ -520,3 +520,21 @@ def test_render_without_gpus_says_so_with_reason():
     assert "No CUDA GPUs" in md and "NVML not found (no NVIDIA driver)" in md
     with pytest.raises(ValueError, match="fmt"):
         topology.render_devices(Topology(), fmt="html")
+
+
+def test_a_run_keeps_exactly_the_samples_its_caller_showed(two_gpus_swapped, demo_path):
+    """The app's worker hands its sampler to the run: the report (what the history replays)
+    holds the very samples the live plot read, not a second sampler's."""
+    from engine import gguf_model
+    from engine.config import EngineConfig
+    from engine.pipeline import PipelineHooks, Session
+    from engine.prompt import synthetic
+
+    sampler = TelemetrySampler([0, 1], interval_s=0.005, capacity=10_000)
+    sess = Session(gguf_model.load(demo_path), EngineConfig(devices=["cpu"], prefill=16),
+                   hooks=PipelineHooks(after_layer=lambda *a: time.sleep(0.01)))
+    res = sess.run(synthetic(64, sess.spec.vocab), 0, sampler=sampler)
+    assert not sampler.running  # the run stopped it
+    shown = [dataclasses.asdict(s) for s in sampler.samples()]
+    assert len(shown) >= 4 and res.report.telemetry == shown and res.report.telemetry_status == "sampled"
+    sess.close()
