@@ -183,6 +183,22 @@ class EngineConfig:
                               f"interleave:V with {len(self.devices)} device(s) x V <= the model's {n_layers} layers",
                               "every group needs a layer at least")
 
+    def check_machine(self, cuda_count: int, ram_bytes: int) -> None:
+        """Checks that depend on the machine: each cuda:N exists, and a pin limit fits in RAM.
+        The one rule both the engine (at Session start) and the app's form (before Run) apply."""
+        for d in self.devices:
+            if not d.startswith("cuda"):
+                continue
+            if cuda_count == 0:
+                raise ConfigError("devices", d, "cpu (this torch build or machine has no CUDA)")
+            index = int(d[5:]) if d[5:].isdigit() else 0
+            if index >= cuda_count:
+                raise ConfigError("devices", d, f"cuda:0..cuda:{cuda_count - 1}")
+        pin = self.pin_limit_gib
+        if isinstance(pin, (int, float)) and not isinstance(pin, bool) and pin * 2**30 > ram_bytes:
+            raise ConfigError("pin_limit_gib", pin, f"0 to {ram_bytes / 2**30:.1f} GiB (this machine's RAM)",
+                              "more than the machine has cannot be page-locked")
+
     @property
     def interleave(self) -> int:
         """Layer groups per device: V of `interleave:V`, 1 for a contiguous split."""

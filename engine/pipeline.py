@@ -526,12 +526,7 @@ class Session:
         self.order_reason = ""
         self.device_order = self._order_devices(self.config.devices)
         self.devices = [torch.device(d) for d in self.device_order]
-        for d in self.devices:
-            if d.type == "cuda":
-                if not torch.cuda.is_available():
-                    raise ConfigError("devices", str(d), "cpu (this torch build or machine has no CUDA)")
-                if (d.index or 0) >= torch.cuda.device_count():
-                    raise ConfigError("devices", str(d), f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
+        self.config.check_machine(torch.cuda.device_count() if torch.cuda.is_available() else 0, physical_ram())
         self.dtypes = {d: resolve_dtype(d, self.config.dtype) for d in self.devices}
         # interleave:V: V layer groups per device, each group a stage; a chunk visits the
         # devices V times over (group j on device j mod D)
@@ -543,10 +538,6 @@ class Session:
         self.stages = [Stage(self, i, d, a, b) for i, (d, (a, b)) in enumerate(zip(stage_devices, ranges))]
         for a, b in zip(self.stages, self.stages[1:]):
             a.successor = b
-        pin = self.config.pin_limit_gib
-        if isinstance(pin, float) and pin * 2**30 > physical_ram():
-            raise ConfigError("pin_limit_gib", pin, f"0 to {physical_ram() / 2**30:.1f} GiB (this machine's RAM)",
-                              "more than the machine has cannot be page-locked")
         self.expert_plan = plan_experts(self.config.expert_cache, self.spec, self.stages, self.dtypes)
         self.arena: HostArena | None = None
         self._main_extra: list[Layer] | None = None  # prefill-main: later layers on the main device

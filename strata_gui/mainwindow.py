@@ -32,7 +32,7 @@ from .history_panel import HistoryPanel
 from .run_controller import RunController
 from .run_progress import RunProgress
 from .run_record import RunRecord
-from .run_settings import RunSettings, Validation, check_devices, validate
+from .run_settings import RunSettings, Validation, check_machine, validate
 from .run_job import RunRequest, RunStarted, SaveResult
 from .settings_panel import SettingsPanel
 from .settings_store import SettingsStore
@@ -513,7 +513,7 @@ class MainWindow(QMainWindow):
         for arm in plan.arms:
             try:
                 cfg = arm_config(base, arm, self._env)
-                check_devices(cfg.devices, self.cuda_count)
+                check_machine(cfg, self.cuda_count)
                 if n_layers is not None:
                     cfg.check_layers(n_layers)
             except ConfigError as exc:

@@ -141,16 +141,12 @@ def _field_for(setting: str) -> str:
     return "general"  # e.g. an invalid STRATA_* variable the form does not show
 
 
-def check_devices(devices: list[str], cuda_count: int) -> None:
-    """The device check `Session` makes when it starts (same wording), made before Run."""
-    for d in devices:
-        if not d.startswith("cuda"):
-            continue
-        if cuda_count == 0:
-            raise ConfigError("devices", d, "cpu (this torch build or machine has no CUDA)")
-        index = int(d[5:]) if d[5:].isdigit() else 0
-        if index >= cuda_count:
-            raise ConfigError("devices", d, f"cuda:0..cuda:{cuda_count - 1}")
+def check_machine(cfg: EngineConfig, cuda_count: int) -> None:
+    """The machine check `Session` makes when it starts (`EngineConfig.check_machine`: devices
+    that exist, a pin limit within RAM), made before Run so the form flags it under its field."""
+    from engine.experts import physical_ram
+
+    cfg.check_machine(cuda_count, physical_ram())
 
 
 def validate(settings: RunSettings, n_layers: int | None, model_error: str = "",
@@ -186,7 +182,7 @@ def validate(settings: RunSettings, n_layers: int | None, model_error: str = "",
         return v
     try:
         if cuda_count is not None:
-            check_devices(cfg.devices, cuda_count)
+            check_machine(cfg, cuda_count)
         if n_layers is not None:
             cfg.check_layers(n_layers)
     except ConfigError as exc:

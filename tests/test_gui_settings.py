@@ -156,3 +156,18 @@ def test_pcie_ordering_preview_and_drag_reordering(themed_app, qtbot):
         assert panel.order_list.model().moveRow(QModelIndex(), 1, QModelIndex(), 0)  # what a drag does
     assert panel.values()["devices"] == "cuda:1,cuda:0"
     assert panel.order() == ["cuda:1", "cuda:0"]
+
+
+def test_a_pin_limit_above_ram_is_flagged_under_its_field_before_run(window, qtbot):
+    """The form applies the engine's own machine check (EngineConfig.check_machine)."""
+    from engine.experts import physical_ram
+
+    from gui_support import set_form
+
+    win = window
+    too_much = f"{physical_ram() / 2**30 * 2:.0f}"
+    set_form(win, devices="cpu,cpu", pin_limit_gib=too_much)
+    assert "pin_limit_gib" in win.validation.errors and "this machine's RAM" in win.validation.errors["pin_limit_gib"]
+    assert not win.run_button.isEnabled()
+    set_form(win, pin_limit_gib="1")
+    assert win.validation.ok and win.run_button.isEnabled()
