@@ -99,7 +99,7 @@ def test_foreign_slices_before_otherdata_take_its_run_id(tmp_path):
 
 
 CHILD = r"""
-import json, resource, sys
+import json, sys
 sys.path.insert(0, sys.argv[3])
 from pathlib import Path
 from strata_gui import run_files
@@ -234,7 +234,7 @@ def prop_history(tmp_path_factory):
 @given(doc=_doc)
 def test_any_trace_document_imports_or_raises_traceerror_and_the_history_still_lists(doc, tmp_path, prop_history):
     from strata_gui import run_files
-    from strata_gui.history import RunHistory, RunRow
+    from strata_gui.history import RunHistory
 
     p = tmp_path / "doc.json"
     p.write_text(json.dumps(doc))
