@@ -253,3 +253,12 @@ def test_any_trace_document_imports_or_raises_traceerror_and_the_history_still_l
     assert again.events == record.events
     with RunHistory(prop_history.path) as reopened:  # opens (quick_check) and lists
         assert reopened.count() == prop_history.count()
+
+
+def test_items_that_are_not_slices_are_capped_too(tmp_path):
+    """128M items of `0,` fit in 256 MiB: parsing them all would take minutes for nothing."""
+    p = tmp_path / "zeros.json"
+    p.write_text('{"traceEvents":[' + ",".join(["0"] * 3_000) + "]}")
+    with pytest.raises(TraceError, match="more than 2,000 items in traceEvents"):
+        trace.load(p, max_events=1_000)
+    assert trace.load(p, max_events=1_500)[0] == []
