@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 CHILD = r"""
-import resource, sys, time, json
+import sys, time, json
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from strata_gui import run_files

@@ -109,9 +109,10 @@ def check_recipe(recipe: ModelRecipe) -> None:
     base = len(byte_vocab()[0])
     if r.vocab and r.vocab < base:
         raise RecipeError("vocab", r.vocab, f"0 (the byte vocabulary) or at least {base}, its size")
-    if not (r.rope_base > 0 and r.rms_eps >= 0) or r.rope_base == float("inf") or r.rms_eps == float("inf"):
-        raise RecipeError("rope_base" if not 0 < r.rope_base < float("inf") else "rms_eps",
-                          r.rope_base if not 0 < r.rope_base < float("inf") else r.rms_eps, "a finite number")
+    if not 0 < r.rope_base < float("inf"):  # NaN fails both comparisons
+        raise RecipeError("rope_base", r.rope_base, "a finite number above 0")
+    if not 0 <= r.rms_eps < float("inf"):
+        raise RecipeError("rms_eps", r.rms_eps, "a finite number >= 0")
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -44,6 +44,7 @@ MAX_ITEM_CHARS = 16 << 20  # one item of traceEvents (a slice with its args)
 MAX_META_CHARS = 8 << 20  # otherData (the report, settings, telemetry) and any other top-level value
 READ_CHUNK = 1 << 20  # read/inflate step: the text held beyond the value being parsed is one chunk
 _DECODER = json.JSONDecoder()
+_SCAN = _DECODER.scan_once  # the C scanner: (value, end) or StopIteration
 _WS = re.compile(r"[ \t\n\r]*")
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -251,6 +252,10 @@ class _Text:
                 return ""
 
     def expect(self, chars: str, where: str) -> str:
+        pos = self.pos
+        if pos < len(self.buf) and self.buf[pos] in chars:  # the common case: no white space
+            self.pos = pos + 1
+            return self.buf[pos]
         ch = self.peek()
         if not ch or ch not in chars:
             found = repr(ch) if ch else "the end of the file"
@@ -261,6 +266,24 @@ class _Text:
 
     def value(self, limit: int, what: str) -> Any:
         """The next JSON value; refused when its text passes `limit` characters."""
+        buf, pos = self.buf, self.pos
+        if pos < len(buf) and buf[pos] not in " \t\n\r":  # fast path: a complete value inside the buffer
+            try:
+                val, end = _SCAN(buf, pos)
+            except StopIteration:  # incomplete or invalid: the slow path reads on or says what is wrong
+                pass
+            except RecursionError:
+                raise TraceError(self.path, f"not valid JSON for a trace: nested more deeply than Python's "
+                                            f"recursion limit ({sys.getrecursionlimit()} levels)") from None
+            except ValueError:  # ints of more than 4300 digits: the slow path names it
+                pass
+            else:
+                if end < len(buf) and end - pos <= limit:  # not at the buffer's end: no number cut short
+                    self.pos = end
+                    return val
+        return self._value(limit, what)
+
+    def _value(self, limit: int, what: str) -> Any:
         self.peek()
         want = READ_CHUNK
         while True:
@@ -481,7 +504,11 @@ def _parse(text: _Text, path: Path, max_events: int, max_stages: int,
             text.pos += 1
             return
         i = 0
+        max_items = 2 * max_events  # slices and everything else (metadata, flows, counters) together
         while True:
+            if i >= max_items:
+                raise TraceError(path, f"more than {max_items:,} items in traceEvents (the limit of a trace this "
+                                       "loads: twice its slices)")
             it = text.value(MAX_ITEM_CHARS, f"item {i} of traceEvents")
             if isinstance(it, dict) and it.get("ph") == "X":
                 if len(events) >= max_events:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 
 from engine.events import RunReport, StageEvent
 
-from .record_check import check_events, check_record, check_report
+from .record_check import check_record, check_report
 from .run_record import RunRecord, report_from_dict, report_to_dict
 
 log = logging.getLogger(__name__)

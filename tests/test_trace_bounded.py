@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from engine import trace
@@ -99,7 +99,7 @@ def test_foreign_slices_before_otherdata_take_its_run_id(tmp_path):
 
 
 CHILD = r"""
-import json, resource, sys
+import json, sys
 sys.path.insert(0, sys.argv[3])
 from pathlib import Path
 from strata_gui import run_files
@@ -183,7 +183,37 @@ _report = st.one_of(_json, st.fixed_dictionaries(
      "digest": st.one_of(st.just("ab"), _scalar), "generated": st.one_of(st.lists(st.integers(0, 9)), _json),
      "per_stage": st.one_of(st.just([]), _json), "busy_histogram": st.one_of(st.lists(st.floats(0, 1)), _json),
      "handoff": st.just("host"), "device_order": st.one_of(st.lists(st.just("cpu")), _json)}))
+
+
+def _valid_report() -> dict:
+    """The JSON form of a real report (stages 0-3, so every valid slice above fits its plan)."""
+    from engine.events import StageEvent
+    from strata_gui.run_record import report_from_events
+
+    events = [StageEvent("r1", s, "cpu", 0, "compute", 10 * s, 10 * s + 5, 4) for s in range(4)]
+    return report_from_events(events, "r1").to_dict()
+
+
+_VALID_REPORT = _valid_report()
+_REPORT_PATHS = [("run_id",), ("prefill_tok_s",), ("digest",), ("generated",), ("busy_histogram",), ("notes",),
+                 ("plan", "prompt_tokens"), ("plan", "chunk"), ("plan", "pf_depth"), ("plan", "stages"),
+                 ("plan", "handoff"), ("per_stage",), ("device_order",), ("cancelled",)]
+
+
+def _mutated(path: tuple[str, ...], value) -> dict:
+    rep = json.loads(json.dumps(_VALID_REPORT))
+    node = rep
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return rep
+
+
+_good_report = st.one_of(st.just(_VALID_REPORT), st.builds(_mutated, st.sampled_from(_REPORT_PATHS), _json))
+_good_slice = st.builds(lambda a: {"ph": "X", "name": "C", "args": a}, _valid_args)
 _doc = st.one_of(
+    st.builds(lambda ev, rep: {"traceEvents": ev, "otherData": {"report": rep}},
+              st.lists(st.one_of(_good_slice, _slice), min_size=1, max_size=8), _good_report),
     st.builds(lambda ev, rep: {"traceEvents": ev, "otherData": {"report": rep}}, st.lists(_slice, max_size=8), _report),
     st.builds(lambda ev, meta: {"traceEvents": ev, "otherData": meta}, st.lists(_slice, max_size=8), _json),
     st.builds(lambda ev: ev, st.lists(_slice, max_size=8)),
@@ -204,14 +234,17 @@ def prop_history(tmp_path_factory):
 @given(doc=_doc)
 def test_any_trace_document_imports_or_raises_traceerror_and_the_history_still_lists(doc, tmp_path, prop_history):
     from strata_gui import run_files
-    from strata_gui.history import RunHistory, RunRow
+    from strata_gui.history import RunHistory
 
     p = tmp_path / "doc.json"
     p.write_text(json.dumps(doc))
     try:
         record = run_files.import_trace(p, max_bytes=1 << 20, max_events=100)
     except TraceError:
+        event("refused")
         return
+    derived = any("figures derived" in n for n in record.report.notes)
+    event("imported, figures derived from the events" if derived else "imported with its report")
     run = prop_history.add(record)
     rows = prop_history.list_runs()
     assert rows[0].id == run and not rows[0].problem()
@@ -220,3 +253,12 @@ def test_any_trace_document_imports_or_raises_traceerror_and_the_history_still_l
     assert again.events == record.events
     with RunHistory(prop_history.path) as reopened:  # opens (quick_check) and lists
         assert reopened.count() == prop_history.count()
+
+
+def test_items_that_are_not_slices_are_capped_too(tmp_path):
+    """128M items of `0,` fit in 256 MiB: parsing them all would take minutes for nothing."""
+    p = tmp_path / "zeros.json"
+    p.write_text('{"traceEvents":[' + ",".join(["0"] * 3_000) + "]}")
+    with pytest.raises(TraceError, match="more than 2,000 items in traceEvents"):
+        trace.load(p, max_events=1_000)
+    assert trace.load(p, max_events=1_500)[0] == []
