@@ -57,7 +57,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gpu_order": ("pcie", "configured"),
     "handoff": ("auto", "peer", "host"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
-    "chunk_schedule": ("fixed", "balanced"),
+    "chunk_schedule": ("fixed", "balanced", "auto"),
 }
 MAX_PREFILL = 1 << 20
 

@@ -700,20 +700,30 @@ class Session:
         v = 1 if main_only else self.interleave
         cuda = self.devices[0].type == "cuda"
         grain = BALANCED_GRAIN_CUDA if cuda else chunking.GRAIN
-        hop = self.hop_s_per_token() if n_dev > 1 else 0.0
+        hop = self.hop_s_per_token() if n_dev > 1 and (not isinstance(c, int) or kind != "fixed") else 0.0
         if isinstance(c, int):
-            cost = self.chunk_cost()
-            if kind == "balanced" and c < n_tokens:
+            if kind in ("balanced", "auto") and c < n_tokens:
+                cost = self.chunk_cost()
+                if kind == "auto":  # a user's chunk size with schedule auto: the cheaper of the two
+                    fixed = chunking.bounds_makespan(chunking.chunk_bounds(n_tokens, c), n_dev, cost, v, hop)
+                    bal = chunking.bounds_makespan(chunking.schedule(n_tokens, c, "balanced", cost, grain,
+                                                                     self._balanced_floor(c)), n_dev, cost, v, hop)
+                    if fixed <= bal:
+                        return chunking.Choice(c, "fixed", fixed, f"fixed {c} (schedule auto: balanced models "
+                                                                  f"{bal * 1e3:.1f} ms, fixed {fixed * 1e3:.1f} ms)", v)
                 bounds = chunking.schedule(n_tokens, c, "balanced", cost, grain, self._balanced_floor(c))
                 est = chunking.bounds_makespan(bounds, n_dev, cost, v, hop)
                 return chunking.Choice(c, "balanced", est, f"balanced from {c}-token chunks: equal modelled cost each", v)
-            est = chunking.bounds_makespan(chunking.chunk_bounds(n_tokens, c), n_dev, cost, v, hop)
+            # a fixed size needs no measurement: modelled only when the costs are known already
+            known = self._chunk_cost
+            est = chunking.bounds_makespan(chunking.chunk_bounds(n_tokens, c), n_dev, known, v, hop) if known else 0.0
             return chunking.Choice(c, "fixed", est, f"fixed {c}", v)
         cands = chunking.GPU_CANDIDATES if cuda else chunking.CPU_CANDIDATES
         alts: tuple[int, ...] = ()
         if n_dev > 1 and (self.config.layer_split == "auto" or v > 1):
             alts = tuple(k for k in (1, 2, 3, 4) if n_dev * k <= self.spec.n_layers)
-        return chunking.choose(n_tokens, n_dev, self.chunk_cost(), cands, (kind,), v, hop, grain, alts)
+        kinds = ("fixed", "balanced") if kind == "auto" else (kind,)
+        return chunking.choose(n_tokens, n_dev, self.chunk_cost(), cands, kinds, v, hop, grain, alts)
 
     def _balanced_floor(self, chunk: int) -> int:
         """The smallest balanced chunk from a user's chunk size: the efficient size, but never

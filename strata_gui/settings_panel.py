@@ -29,7 +29,8 @@ TIPS = {
     "chunk_schedule": "fixed: every chunk the chosen size. balanced: as many chunks, sized so each costs the "
                       "same (bigger early, smaller late, since a late chunk attends to the whole prompt before "
                       "it) — the next stage then never waits for a costlier chunk; each new size plans its "
-                      "kernels once, so it pays off on repeated prompt lengths.",
+                      "kernels once, so it pays off on repeated prompt lengths; auto: whichever of the two the "
+                      "measured costs model faster.",
     "cuda_graphs": "Replay each layer's kernels as CUDA graphs (one launch instead of ~50): decode went from "
                    "12 to 159 tok/s on an H200; costs some VRAM per chunk size. Off runs every op eagerly.",
     "pf_depth": "1 (overlap) lets a stage take the next chunk while the stages below still work (2.04x on a "
@@ -98,7 +99,7 @@ class SettingsPanel(QGroupBox):
         box.flag_targets = [self.chunk_size]
         self._add(form, "Chunk size", "prefill", box)
         self.chunk_schedule = QComboBox()
-        self.chunk_schedule.addItems(["fixed", "balanced"])
+        self.chunk_schedule.addItems(["fixed", "balanced", "auto"])
         self._add(form, "Chunk schedule", "chunk_schedule",
                   FieldBox(self.chunk_schedule, tooltip=TIPS["chunk_schedule"]))
 
