@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from . import moe_kernels
 from .attention import chunk_attention, kernel_for
 from .gguf_model import ModelSpec
+from .qk_rope import qk_norm_rope
 from .kv import LayerKV
 
 if TYPE_CHECKING:
@@ -235,11 +236,9 @@ class Layer:
         h = F.rms_norm(x, (s.hidden,), fw.attn_norm, s.rms_eps)
         qkv = F.linear(h, fw.wqkv, fw.bqkv)
         qk = qkv[:, : (H + KV) * hd].view(n, H + KV, hd)
-        if fw.qk_norm is not None:
-            qk = F.rms_norm(qk, (hd,), None, s.rms_eps) * fw.qk_norm
-        qk = rotate_lowp(qk, cos, sin)
+        q, k = qk_norm_rope(qk, fw.qk_norm, cos, sin, s.rms_eps, H)  # one pass where Triton runs
         v = qkv[:, (H + KV) * hd:].view(n, KV, hd)
-        return qk[:, :H], qk[:, H:], v
+        return q, k, v
 
     def post_attention(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """Output projection, residual, FFN norm, experts (resident) or dense FFN, residual."""

@@ -342,3 +342,23 @@ def test_balanced_chunks_are_graphed_and_match_eager(demo_path):
             assert sizes <= sess.graph_sizes and any(st.graph_sets for st in sess.stages)
         sess.close()
     assert runs[True].plan.bounds == runs[False].plan.bounds and runs[True].digest == runs[False].digest
+
+
+@cuda
+def test_qk_norm_rope_kernel_matches_torch_and_lays_q_out_heads_first():
+    from engine import qk_rope
+    from engine.model import Rope
+
+    dev = torch.device("cuda:0")
+    n, H, KV, hd = 4096, 32, 4, 128
+    gen = torch.Generator(device=dev).manual_seed(3)
+    qkv = torch.randn(n, (H + 2 * KV) * hd, device=dev, generator=gen).to(torch.bfloat16)
+    qk = qkv[:, : (H + KV) * hd].view(n, H + KV, hd)
+    w = (1 + 0.1 * torch.randn(H + KV, hd, device=dev, generator=gen)).to(torch.bfloat16)
+    cos, sin = Rope(hd, 1e6, "neox", dev).lowp_tables(1000, n, torch.bfloat16)
+    q, k = qk_rope.qk_norm_rope(qk, w, cos, sin, 1e-6, H)
+    assert q.shape == (n, H, hd) and q.transpose(0, 1).is_contiguous() and k.is_contiguous()
+    rq, rk = qk_rope._torch(qk.float(), w.float(), cos.float(), sin.float(), 1e-6, H)  # fp32 reference
+    for got, want in ((q, rq), (k, rk)):
+        err = (got.float() - want).abs().max().item()
+        assert err <= 2 ** -6 * want.abs().max().item(), err

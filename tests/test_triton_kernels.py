@@ -1,0 +1,46 @@
+"""The Triton kernels compute the torch expressions they replace, checked on CPU through
+Triton's interpreter where triton is installed (it is not a dependency: CI skips this; the
+CUDA variants in tests/test_cuda.py run the compiled kernels on the GPU machine)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if torch.cuda.is_available():  # the compiled kernels are tested there (test_cuda.py); keep the process compiled
+    pytest.skip("CUDA machine: tests/test_cuda.py runs the compiled kernels", allow_module_level=True)
+os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from engine import moe_kernels, qk_rope  # noqa: E402
+from engine.model import Rope  # noqa: E402
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_qk_norm_rope_kernel(norm):
+    torch.manual_seed(0)
+    n, H, KV, hd = 7, 4, 2, 16
+    qkv = torch.randn(n, (H + 2 * KV) * hd)
+    qk = qkv[:, : (H + KV) * hd].view(n, H + KV, hd)  # strided rows, as the fused projection gives
+    w = torch.randn(H + KV, hd) if norm else None
+    cos, sin = Rope(hd, 10000.0, "neox", torch.device("cpu")).lowp_tables(3, n, torch.float32)
+    q, k = torch.empty(H, n, hd), torch.empty(n, KV, hd)
+    qk_rope._kernel()[(n, H + KV)](qk, qk.stride(0), w if norm else qk, cos, sin, q, k, n, H, KV, 1e-6,
+                                   HD=hd, HAS_NORM=norm)
+    rq, rk = qk_rope._torch(qk, w, cos, sin, 1e-6, H)
+    assert torch.allclose(q.transpose(0, 1), rq, atol=1e-5) and torch.allclose(k, rk, atol=1e-5)
+
+
+def test_swiglu_and_combine_kernels():
+    torch.manual_seed(1)
+    swiglu, combine = moe_kernels._kernels()
+    gu = torch.randn(9, 24)
+    out = torch.empty(9, 12)
+    swiglu[(9, 1)](gu, out, 12, gu.stride(0), BLOCK=16)
+    assert torch.allclose(out, torch.nn.functional.silu(gu[:, :12]) * gu[:, 12:], atol=1e-6)
+    ys, inv = torch.randn(15, 20), torch.randperm(15)
+    w = torch.softmax(torch.randn(5, 3), -1)
+    o = torch.empty(5, 20)
+    combine[(5, 1)](ys, inv, w, o, 20, K=3, BLOCK=32)
+    assert torch.allclose(o, (ys[inv].view(5, 3, 20) * w.unsqueeze(-1)).sum(1), atol=1e-6)
