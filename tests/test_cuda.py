@@ -12,6 +12,7 @@ from engine import gguf_model
 from engine.config import EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
+from dequant_support import ALL_TYPES, check_type
 from hf_reference import hf_model
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -246,3 +247,12 @@ def test_two_stages_capture_a_remainder_chunk_concurrently_and_match_eager(demo_
     for st in sess.stages:
         assert sorted(k[2] for k in st.graph_sets) == [1, 32, 64]
     sess.close()
+
+
+@cuda
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_cuda_dequant_bit_exact(qtype):
+    """The GPU expands every type bit for bit as gguf's numpy dequantiser (random blocks)."""
+    for seed in range(3):
+        check_type(qtype, "cuda:0", rows=64, blocks_per_row=9, seed=seed)
