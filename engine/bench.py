@@ -311,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--vocab", type=int)
     m.add_argument("--context", dest="context_length", type=int)
     m.add_argument("--seed", type=int)
-    m.add_argument("--quant", choices=("q8_0", "f16", "f32"))
+    m.add_argument("--quant", choices=synth.QUANTS,
+                   help="llama.cpp's tensor-type mix (q4_k_m, q6_k, q8_0, iq4_xs) or plain f16/f32")
     m.set_defaults(func=cmd_make_model)
 
     d = sub.add_parser("devices", help="GPU topology: PCIe links, link class, peer access")

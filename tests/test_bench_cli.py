@@ -117,3 +117,13 @@ def test_warm_up_runs_every_prompt_size_unmeasured(demo_path, capsys, monkeypatc
     assert [n for n, _ in calls] == [32, 32, 32, 32, 48, 48, 48, 48]
     warm32, meas32 = calls[0][1], calls[2][1]
     assert warm32 != meas32  # the first token carries the nonce: warm-up and measured prompts differ
+
+
+def test_make_model_quant_mix(tmp_path, capsys):
+    p = tmp_path / "q4km.gguf"
+    rc, out, _ = run_cli(capsys, "make-model", str(p), "--layers", "4", "--quant", "q4_k_m", "--hidden", "256",
+                         "--head-dim", "64", "--expert-ffn", "256")
+    assert rc == 0
+    m = gguf_model.load(p)
+    assert m.qtype("blk.0.ffn_gate_exps.weight").name == "Q4_K"
+    assert m.qtype("blk.3.ffn_down_exps.weight").name == "Q6_K" and m.qtype("output.weight").name == "Q6_K"

@@ -1,0 +1,118 @@
+"""Generated quantized models: llama.cpp's tensor-type mixes, valid random blocks, and logits
+that agree with HF transformers loading the same file (which dequantises with gguf)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
+
+from engine import gguf_model, quant_recipe, synth
+from engine.config import EngineConfig
+from engine.pipeline import Session
+from engine.prompt import synthetic
+from hf_reference import hf_model
+
+# rows of 256 values so the K-quants apply (the demo's 128 would fall back to legacy types)
+K_SHAPES = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
+
+
+def _spec(**kw):
+    return synth.recipe_from_args("demo", **{**K_SHAPES, **kw}).spec()
+
+
+def test_use_more_bits_matches_llama_cpp_rule():
+    # n=32: first 4, last 4, and every third from 4 on
+    picked = [i for i in range(32) if quant_recipe.use_more_bits(i, 32)]
+    assert picked == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+
+
+def test_q4_k_m_mix():
+    s = _spec(n_layers=4)
+    tt = lambda name, shape: quant_recipe.tensor_type(name, shape, "q4_k_m", s)  # noqa: E731
+    assert tt("output.weight", (300, 256)) == T.Q6_K
+    assert tt("token_embd.weight", (300, 256)) == T.Q4_K
+    assert tt("blk.0.attn_q.weight", (256, 256)) == T.Q4_K
+    assert [tt(f"blk.{i}.attn_v.weight", (128, 256)) for i in range(4)] == [T.Q4_K, T.Q4_K, T.Q6_K, T.Q6_K]
+    assert [tt(f"blk.{i}.ffn_down_exps.weight", (16, 256, 256)) for i in range(4)] == \
+        [T.Q4_K, T.Q4_K, T.Q6_K, T.Q6_K]
+    assert tt("blk.1.ffn_gate_exps.weight", (16, 256, 256)) == T.Q4_K
+    assert tt("blk.1.ffn_gate_inp.weight", (16, 256)) == T.F32
+    assert tt("blk.1.attn_norm.weight", (256,)) == T.F32
+    # rows that are not whole 256-blocks fall back as llama.cpp does
+    assert tt("blk.1.ffn_up_exps.weight", (16, 64, 96)) == T.Q5_0
+    assert tt("blk.3.ffn_down_exps.weight", (16, 256, 96)) == T.Q8_0
+    assert tt("blk.1.ffn_up_exps.weight", (16, 64, 48)) == T.F16
+    # the 8-expert bumps
+    s8 = _spec(n_layers=4, n_experts=8)
+    assert quant_recipe.tensor_type("blk.0.attn_v.weight", (128, 256), "q4_k_m", s8) == T.Q8_0
+    assert quant_recipe.tensor_type("blk.0.attn_k.weight", (128, 256), "q4_k_m", s8) == T.Q8_0
+    assert quant_recipe.tensor_type("blk.0.attn_output.weight", (256, 256), "q4_k_m", s8) == T.Q5_K
+    # other mixes
+    assert quant_recipe.tensor_type("blk.0.ffn_down_exps.weight", (16, 256, 256), "q6_k", s) == T.Q6_K
+    assert quant_recipe.tensor_type("output.weight", (300, 256), "q8_0", s) == T.Q8_0
+    assert quant_recipe.tensor_type("output.weight", (300, 256), "iq4_xs", s) == T.Q6_K
+    assert quant_recipe.tensor_type("blk.2.ffn_up.weight", (512, 256), "iq4_xs", s) == T.IQ4_XS
+    with pytest.raises(ValueError, match="unknown quant mix"):
+        quant_recipe.tensor_type("output.weight", (300, 256), "q3_k_s", s)
+
+
+@pytest.mark.parametrize("qtype", sorted(quant_recipe.QUANTIZED, key=lambda t: t.name), ids=lambda t: t.name)
+def test_random_blocks_are_valid_and_of_the_asked_size(qtype):
+    g = torch.Generator().manual_seed(3)
+    raw = quant_recipe.random_blocks(qtype, (64, 512), 0.05, g)
+    vals = gguf_quants.dequantize(raw.numpy().reshape(64, -1), qtype)  # the independent reader
+    assert np.isfinite(vals).all()
+    assert 0.035 < float(vals.std()) < 0.065, float(vals.std())
+    assert abs(float(vals.mean())) < 0.01
+
+
+@pytest.fixture(scope="module")
+def quant_model(make_arch):
+    def make(arch: str, quant: str):
+        return make_arch(arch, quant=quant, **K_SHAPES)
+    return make
+
+
+@pytest.mark.parametrize("arch,quant", [("qwen3moe", "q4_k_m"), ("qwen3moe", "q6_k"), ("llama", "q4_k_m"),
+                                        ("qwen3", "q4_k_m")])
+def test_quantized_logits_match_transformers(quant_model, arch, quant):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    path = quant_model(arch, quant)
+    model = gguf_model.load(path)
+    mix = dict(model.quant_mix())
+    main = "Q4_K" if quant == "q4_k_m" else "Q6_K"
+    assert max(mix, key=mix.get) == main and math.isclose(sum(mix.values()), 1.0)
+    if quant == "q4_k_m":
+        assert "Q6_K" in mix
+    ids = synthetic(64, model.spec.vocab, nonce=7)
+    res = Session(model, EngineConfig(devices=["cpu"], prefill=32)).run(ids, decode_tokens=4, logits_all=True)
+    ref_model = hf_model(path, model.spec)
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0]
+        gen = ref_model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)[0, 64:].tolist()
+    assert ref.std() > 0.1  # a model whose logits say something
+    diff = (res.logits - ref).abs().max().item()
+    assert diff <= 1e-4, f"{arch} {quant}: max |logits - HF| = {diff}"
+    assert res.report.generated == gen
+
+
+def test_synthetic_source_generates_quantized_blocks():
+    """synthetic:PRESET:quant=q4_k_m makes blocks on the source's device (no file) that expand
+    like any file's, and a session runs on them."""
+    recipe = synth.recipe_from_args("demo", quant="q4_k_m", n_layers=2, **K_SHAPES)
+    src = synth.SyntheticSource(recipe, "cpu")
+    name = "blk.1.ffn_down_exps.weight"
+    assert src.qtype(name) == T.Q6_K and src.qtype("blk.0.ffn_up_exps.weight") == T.Q4_K
+    raw = src.raw(name)
+    assert raw.dtype == torch.uint8 and raw.numel() == src.nbytes(name) == 16 * 256 * 256 // 256 * 210
+    ref = gguf_quants.dequantize(raw.numpy().reshape(16, 256, -1), T.Q6_K)
+    assert np.array_equal(src.tensor(name).numpy(), ref)
+    assert torch.equal(src.raw(name), raw)  # deterministic
+    res = Session(src, EngineConfig(devices=["cpu"], prefill=16)).run(synthetic(32, src.spec.vocab, nonce=1),
+                                                                      logits_all=True)
+    assert torch.isfinite(res.logits).all()
