@@ -268,9 +268,11 @@ def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: t
         raise ValueError(f"{raw.numel()} bytes for {n_blocks} {qtype.name} blocks of {ts} bytes")
     blocks = raw.reshape(n_blocks, ts)
     if out is None:
-        if n_blocks == 0:
-            return torch.empty(tuple(shape), dtype=dtype, device=raw.device)
-        return fn(blocks).to(dtype).reshape(tuple(shape))
+        if n_blocks <= CHUNK_BLOCKS:
+            if n_blocks == 0:
+                return torch.empty(tuple(shape), dtype=dtype, device=raw.device)
+            return fn(blocks).to(dtype).reshape(tuple(shape))
+        out = torch.empty(tuple(shape), dtype=dtype, device=raw.device)  # large: in steps
     if tuple(out.shape) != tuple(shape) or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous tensor of shape {list(shape)}")
     flat = out.view(n_blocks, bs)

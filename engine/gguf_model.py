@@ -177,6 +177,27 @@ class LoadedModel:
         t = self._mapped(name)
         return torch.from_numpy(t.data.reshape(-1).view(np.uint8))
 
+    def read_into(self, name: str, offset: int, out: torch.Tensor) -> None:
+        """Read `out.numel()` bytes of the tensor's blocks from byte `offset` into `out` (a
+        contiguous CPU uint8 tensor) with file reads, not through the mapping, so the pages
+        are not counted twice in this process's memory (the arena holds them once)."""
+        t = self._mapped(name)
+        n = out.numel()
+        if offset < 0 or offset + n > t.n_bytes:
+            raise GGUFError(self.path, f"tensor {name}: bytes {offset}-{offset + n} outside its {t.n_bytes}",
+                            KIND_TENSOR)
+        view = memoryview(out.numpy()).cast("B")
+        pos = t.data_offset + offset
+        with self.path.open("rb", buffering=0) as fh:
+            fh.seek(pos)
+            got = 0
+            while got < n:
+                k = fh.readinto(view[got:])
+                if not k:
+                    raise GGUFError(self.path, f"truncated file: tensor {name} ends at byte {pos + got}",
+                                    KIND_TRUNCATED)
+                got += k
+
     def _mapped(self, name: str) -> "MappedTensor":
         t = self._tensors.get(name)
         if t is None:

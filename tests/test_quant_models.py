@@ -116,3 +116,30 @@ def test_synthetic_source_generates_quantized_blocks():
     res = Session(src, EngineConfig(devices=["cpu"], prefill=16)).run(synthetic(32, src.spec.vocab, nonce=1),
                                                                       logits_all=True)
     assert torch.isfinite(res.logits).all()
+
+
+def test_streamed_quantized_experts_match_resident_and_transformers(quant_model):
+    """Experts streamed through a cache smaller than a layer, as stored (Q4_K rows in some
+    layers, Q4_K+Q6_K rows in others), give the resident run's output and HF's logits."""
+    pytest.importorskip("transformers")
+    path = quant_model("qwen3moe", "q4_k_m")
+    model = gguf_model.load(path)
+    rows = {model.qtype(f"blk.{i}.ffn_down_exps.weight").name for i in range(model.spec.n_layers)}
+    assert rows == {"Q4_K", "Q6_K"}
+    ids = synthetic(64, model.spec.vocab, nonce=7)
+    one_expert = sum(model.nbytes(f"blk.3.{p}.weight") for p in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+    one_expert /= model.spec.n_experts
+    cfg = EngineConfig(devices=["cpu", "cpu"], prefill=32, expert_cache=5.5 * one_expert / 2**30)
+    sess = Session(model, cfg)
+    streamed = sess.run(ids, decode_tokens=4, logits_all=True)
+    resident = Session(model, EngineConfig(devices=["cpu", "cpu"], prefill=32)).run(ids, decode_tokens=4,
+                                                                                   logits_all=True)
+    st = streamed.report.expert_stats[0]
+    assert st["slots"] == 5 and st["misses"] > 0 and not st["resident"]
+    # the cache streamed file bytes, not expanded weights
+    assert sess.arena.nbytes < 1.1 * sum(model.nbytes(f"blk.{i}.{p}.weight") for i in range(4)
+                                         for p in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+    assert streamed.report.digest == resident.report.digest
+    with torch.no_grad():
+        ref = hf_model(path, model.spec)(torch.tensor([ids])).logits[0]
+    assert (streamed.logits - ref).abs().max().item() <= 1e-4
