@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# streamed experts are expanded in batches of at most this many bytes (compute dtype)
+EXPAND_SCRATCH_BYTES = 2 << 30
+
 
 class WeightSource(Protocol):
     """Anything that yields a model's spec and its float32 tensors by GGUF name.
@@ -383,23 +386,25 @@ class Layer:
         needed = [e for e, c in enumerate(counts_host) if c]
         ys = torch.empty_like(xs)
         seq = cache.begin_layer()
-        step = min(cache.n_slots, s.n_experts)
+        expanded = 3 * s.expert_ffn * s.hidden * xs.element_size()
+        step = max(1, min(cache.n_slots, s.n_experts, EXPAND_SCRATCH_BYTES // expanded))
         for b0 in range(0, len(needed), step):
             batch = needed[b0:b0 + step]
             slots = cache.ensure(self.index, batch, cache.chunk)
-            gate, up, down = cache.expand(self.index, slots, xs.dtype)
             if self.use_grouped_mm:
+                gate, up, down = cache.expand(self.index, slots, xs.dtype)
                 lo, hi = starts[batch[0]], starts[batch[-1] + 1]
                 offs = torch.tensor([starts[e + 1] - lo for e in batch], dtype=torch.int32).to(xs.device)
                 seg = xs[lo:hi]
                 g = torch._grouped_mm(seg, gate.transpose(-2, -1), offs=offs)
                 u = torch._grouped_mm(seg, up.transpose(-2, -1), offs=offs)
                 ys[lo:hi] = torch._grouped_mm(F.silu(g) * u, down.transpose(-2, -1), offs=offs)
-            else:
-                for j, e in enumerate(batch):
+            else:  # one expert at a time: the scratch stays one expert's size
+                for e, slot in zip(batch, slots):
+                    gate, up, down = cache.expand(self.index, [slot], xs.dtype)
                     seg = xs[starts[e]:starts[e + 1]]
-                    a = F.silu(F.linear(seg, gate[j])) * F.linear(seg, up[j])
-                    ys[starts[e]:starts[e + 1]] = F.linear(a, down[j])
+                    a = F.silu(F.linear(seg, gate[0])) * F.linear(seg, up[0])
+                    ys[starts[e]:starts[e + 1]] = F.linear(a, down[0])
         cache.end_layer(seq)
         # a big chunk touches most experts: fetch the next layer's while this one computes
         if (self.prefetch_next is not None and cache.n_slots >= 2 * s.n_experts
