@@ -20,6 +20,7 @@ from . import synth
 from .config import ConfigError, EngineConfig, parse_setting
 from .events import RunReport, format_timing
 from .gguf_model import GGUFError, load
+from .load_progress import LoadProgress
 from .pipeline import Cancelled, Session, StageError
 
 log = logging.getLogger("strata.bench")
@@ -184,7 +185,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
         sizes = [int(x) for x in str(ns.prompt_tokens).split(",")]
     sessions = []
     for name, cfg in configs:
-        sessions.append((name, Session(model, cfg, events=not ns.no_events)))
+        shown = _load_progress(model, name)
+        sessions.append((name, Session(model, cfg, events=not ns.no_events, progress=shown)))
+        shown.finish()
     points: list[Point] = []
     last = None
     try:
@@ -236,6 +239,30 @@ def cmd_run(ns: argparse.Namespace) -> int:
         trace.save(ns.trace, sess.events, {"report": res.report}, telemetry=res.report.telemetry,
                    stage_names=names)
         log.info("wrote trace %s", ns.trace)
+    return 0
+
+
+def _load_progress(model, arm: str = "") -> LoadProgress:
+    size = model.file_bytes if hasattr(model, "file_bytes") else 0
+    label = Path(str(model.path)).name + (f" (arm {arm})" if arm and arm != "base" else "")
+    return LoadProgress(sys.stderr, size, label)
+
+
+def cmd_load(ns: argparse.Namespace) -> int:
+    """Load a model onto the devices and report how fast (GB/s of file) and where it went."""
+    cfg = EngineConfig.from_sources(_base_settings(ns))
+    model = open_model(ns.model, cfg.devices[0])
+    shown = _load_progress(model)
+    sess = Session(model, cfg, events=False, progress=shown)
+    try:
+        took = shown.finish()
+        size = getattr(model, "file_bytes", 0)
+        print(f"model: {model.describe()}")
+        print(f"load: {took:.2f} s" + (f", {size / took / 1e9:.2f} GB/s of file" if size else ""))
+        for note in sess.setup_notes:
+            print(f"note: {note}")
+    finally:
+        sess.close()
     return 0
 
 
@@ -294,6 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add TFLOP/s and MFU columns against this peak (H200 bf16: 794)")
     r.add_argument("--no-events", action="store_true", help="no timing events (measures their overhead)")
     r.set_defaults(func=cmd_run)
+
+    lo = sub.add_parser("load", help="load a model onto the devices; print the load rate (GB/s of file)")
+    lo.add_argument("--model", default="demo", help="GGUF path, 'demo', or synthetic:PRESET[:key=val,...]")
+    lo.add_argument("--devices")
+    lo.add_argument("--layer-split", dest="layer_split")
+    lo.add_argument("--expert-cache", dest="expert_cache")
+    lo.add_argument("--pin-limit-gib", dest="pin_limit_gib")
+    lo.add_argument("--dtype")
+    lo.set_defaults(func=cmd_load)
 
     m = sub.add_parser("make-model", help="write a GGUF model with random weights")
     m.add_argument("path")
