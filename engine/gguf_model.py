@@ -227,11 +227,7 @@ class LoadedModel:
 
     def quant_mix(self) -> list[tuple[str, float]]:
         """(type name, share of the file's tensor bytes), largest first: e.g. Q4_K 0.82."""
-        by_type: dict[str, int] = {}
-        for t in self._tensors.values():
-            by_type[t.tensor_type.name] = by_type.get(t.tensor_type.name, 0) + t.n_bytes
-        total = sum(by_type.values()) or 1
-        return sorted(((k, v / total) for k, v in by_type.items()), key=lambda kv: (-kv[1], kv[0]))
+        return quant_mix((t.tensor_type.name, t.n_bytes) for t in self._tensors.values())
 
     def has_vocab(self) -> bool:
         return "tokenizer.ggml.tokens" in self.metadata
@@ -240,7 +236,21 @@ class LoadedModel:
         s = self.spec
         kind = f"{s.n_experts} experts, top-{s.n_experts_used}" if s.is_moe else f"dense FFN {s.ffn}"
         return (f"{s.arch}: {s.n_layers} layers, hidden {s.hidden}, {s.n_heads}/{s.n_kv_heads} heads, "
-                f"{kind}, vocab {s.vocab}, {self.file_bytes / 2**20:.1f} MiB")
+                f"{kind}, vocab {s.vocab}, {self.file_bytes / 2**20:.1f} MiB; {format_quant_mix(self.quant_mix())}")
+
+
+def quant_mix(items) -> list[tuple[str, float]]:
+    """(type name, share of the bytes) of (type name, bytes) pairs, largest first."""
+    by_type: dict[str, int] = {}
+    for name, n in items:
+        by_type[name] = by_type.get(name, 0) + n
+    total = sum(by_type.values()) or 1
+    return sorted(((k, v / total) for k, v in by_type.items()), key=lambda kv: (-kv[1], kv[0]))
+
+
+def format_quant_mix(mix: list[tuple[str, float]]) -> str:
+    """"Q4_K 82%, Q6_K 14%, F32 4%" (shares of the tensor bytes)."""
+    return ", ".join(f"{name} {100 * share:.0f}%" if share >= 0.005 else f"{name} <1%" for name, share in mix)
 
 
 # --------------------------------------------------------------------------- the layout scan

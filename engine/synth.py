@@ -22,7 +22,7 @@ import gguf
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from . import dequant, quant_recipe
-from .gguf_model import ModelSpec, expected_shapes
+from .gguf_model import ModelSpec, expected_shapes, format_quant_mix, quant_mix
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +258,11 @@ class SyntheticSource:
 
     def describe(self) -> str:
         s = self.spec
-        return f"synthetic {s.arch}: {s.n_layers} layers, hidden {s.hidden}, {s.n_experts} experts"
+        mix = format_quant_mix(self.quant_mix())
+        return f"synthetic {s.arch}: {s.n_layers} layers, hidden {s.hidden}, {s.n_experts} experts; {mix}"
+
+    def quant_mix(self) -> list[tuple[str, float]]:
+        return quant_mix((self.qtype(n).name, self.nbytes(n)) for n in self._shapes)
 
     def qtype(self, name: str) -> GGMLQuantizationType:
         """The tensor's type: the recipe's quant mix, or F32 (weights made as floats)."""

@@ -143,3 +143,18 @@ def test_streamed_quantized_experts_match_resident_and_transformers(quant_model)
     with torch.no_grad():
         ref = hf_model(path, model.spec)(torch.tensor([ids])).logits[0]
     assert (streamed.logits - ref).abs().max().item() <= 1e-4
+
+
+def test_quant_mix_is_described(quant_model):
+    model = gguf_model.load(quant_model("qwen3moe", "q4_k_m"))
+    mix = model.quant_mix()
+    by_bytes: dict[str, int] = {}
+    for n in model.tensor_names():
+        by_bytes[model.qtype(n).name] = by_bytes.get(model.qtype(n).name, 0) + model.nbytes(n)
+    total = sum(by_bytes.values())
+    assert mix == sorted(((k, v / total) for k, v in by_bytes.items()), key=lambda kv: -kv[1])
+    text = gguf_model.format_quant_mix(mix)
+    assert text.startswith("Q4_K 7") and "Q6_K 2" in text and "F32" in text
+    assert text in model.describe()
+    assert gguf_model.format_quant_mix([("Q4_K", 0.8234), ("Q6_K", 0.1420), ("F32", 0.0346), ("F16", 0.001)]) == \
+        "Q4_K 82%, Q6_K 14%, F32 3%, F16 <1%"
