@@ -26,7 +26,7 @@ IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 8
 # blocks expanded per step of a large tensor (bounds the temporaries: ~16 bytes per value):
 # fewer, larger steps on a GPU (each step is ~15-25 kernel launches)
 CHUNK_BLOCKS = 1 << 16
-CHUNK_BLOCKS_CUDA = 1 << 18
+CHUNK_BLOCKS_CUDA = 1 << 17  # ~0.5 GiB of temporaries (experts.DEQUANT_STEP_BYTES)
 
 
 class UnsupportedType(ValueError):

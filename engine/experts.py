@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 GiB = 1 << 30
 PIN_PIECE = 1 * GiB  # registered in pieces, never one giant call
 PAGE = 4096
+# experts are expanded (compute dtype) in batches of at most this many bytes before their GEMMs
+EXPAND_SCRATCH_BYTES = 2 * GiB
+# float32 temporaries of one dequantisation step on a GPU (dequant.CHUNK_BLOCKS_CUDA blocks)
+DEQUANT_STEP_BYTES = 16 * 256 * (1 << 17)
 
 
 def physical_ram() -> int:
@@ -456,7 +460,10 @@ def plan_experts(setting: str | float, spec: ModelSpec, stages, dtypes,
             free, total = torch.cuda.mem_get_info(st.device)
             # what the stage's own weights take is loaded after this decision: keep a margin
             other = (st.end - st.first) * (spec.layer_params() - spec.n_experts * elems) * 2
-            budget = free - other - int(0.15 * total) - 2 * GiB
+            # the scratch a layer's experts are expanded into, and the dequantiser's temporaries
+            dsize = torch.empty((), dtype=dtypes[st.device]).element_size()
+            scratch = min(spec.n_experts * elems * dsize, EXPAND_SCRATCH_BYTES) + DEQUANT_STEP_BYTES
+            budget = free - other - scratch - int(0.15 * total) - 2 * GiB
             n = max(int(budget // ebytes), 0)
             slots.append(min(n, need))
             reasons.append(f"{st.device}: {budget / GiB:.1f} GiB free for experts")

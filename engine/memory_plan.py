@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from .config import EngineConfig
-from .experts import ExpertLayout, arena_bytes, expert_elems, plan_experts, resolve_pin_limit
+from .experts import (DEQUANT_STEP_BYTES, EXPAND_SCRATCH_BYTES, ExpertLayout, arena_bytes, expert_elems,
+                      plan_experts, resolve_pin_limit)
 from .gguf_model import expected_shapes
-from .model import EXPAND_SCRATCH_BYTES, resolve_dtype
+from .model import resolve_dtype
 from .pipeline import split_layers
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,8 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
                 experts = sum(layouts[i].row_bytes for i in range(st.first, st.end)) * spec.n_experts
                 batch = spec.n_experts
             # the GPU expands a batch of experts for its grouped GEMM; the CPU one expert at a time
-            scratch = (batch if st.device.type == "cuda" else 1) * expanded_expert
+            scratch = (batch * expanded_expert + DEQUANT_STEP_BYTES if st.device.type == "cuda"
+                       else expanded_expert)
         kv = 2 * n_layers * spec.n_kv_heads * spec.head_dim * tokens * dsize
         out.append(DevicePlan(st.index, str(st.device), st.first, st.end, dense, experts, slots, kv, scratch))
     host = pin = 0

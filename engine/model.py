@@ -17,15 +17,13 @@ from torch.nn.attention.bias import causal_lower_right
 
 from .gguf_model import ModelSpec
 from .kv import LayerKV
+from .experts import EXPAND_SCRATCH_BYTES
 from .qtensor import QTensor, has_blocks, stored
 
 if TYPE_CHECKING:
     from .experts import ExpertCache
 
 log = logging.getLogger(__name__)
-
-# streamed experts are expanded in batches of at most this many bytes (compute dtype)
-EXPAND_SCRATCH_BYTES = 2 << 30
 
 
 class WeightSource(Protocol):
