@@ -140,6 +140,11 @@ def test_streamed_quantized_experts_match_resident_and_transformers(quant_model)
     assert sess.arena.nbytes < 1.1 * sum(model.nbytes(f"blk.{i}.{p}.weight") for i in range(4)
                                          for p in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
     assert streamed.report.digest == resident.report.digest
+    # streaming moved the experts' stored bytes: between the smallest and the largest row each
+    rows = [lay.row_bytes for lay in sess.arena.layouts.values()]
+    moved = st["bytes_pinned"] + st["bytes_pageable"]
+    assert st["misses"] * min(rows) <= moved <= st["misses"] * max(rows)
+    assert max(rows) < 0.3 * 3 * 256 * 256 * 4  # under a third of the fp32 weights (Q4_K/Q6_K)
     with torch.no_grad():
         ref = hf_model(path, model.spec)(torch.tensor([ids])).logits[0]
     assert (streamed.logits - ref).abs().max().item() <= 1e-4
