@@ -89,112 +89,130 @@ def _lookup(table: tuple[int, ...], idx: torch.Tensor) -> torch.Tensor:
     return values[idx.to(torch.int64)]
 
 
+def _mul(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """a * b computed in float32 (integer codes promote exactly) and written in `dtype`: the
+    last operation of a dequantiser writes its result once, in the caller's dtype."""
+    out = torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=dtype, device=a.device)
+    return torch.mul(a, b, out=out)
+
+
+def _sub(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=dtype, device=a.device)
+    return torch.sub(a, b, out=out)
+
+
+def _add(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=dtype, device=a.device)
+    return torch.add(a, b, out=out)
+
+
+# Each dequantiser takes [n_blocks, type_size] bytes and returns [n_blocks, ...] values in
+# `dtype`: float32 arithmetic in ggml's order, the last operation writing `dtype` (for bf16
+# that is the cast of the exact float32 result: one rounding after it, as a separate cast).
 # ------------------------------------------------------------------------ float formats
-def _float32(blocks: torch.Tensor) -> torch.Tensor:
-    return blocks.contiguous().view(torch.float32)
+def _float32(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return blocks.contiguous().view(torch.float32).to(dtype)
 
 
-def _float16(blocks: torch.Tensor) -> torch.Tensor:
-    return blocks.contiguous().view(torch.float16).to(torch.float32)
+def _float16(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return blocks.contiguous().view(torch.float16).to(torch.float32).to(dtype)
 
 
-def _bfloat16(blocks: torch.Tensor) -> torch.Tensor:
+def _bfloat16(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # the bf16 bits become the high half of a float32 (exact; NaN payloads kept)
     b = blocks.to(torch.int32)
     bits = (b[:, 0::2] | (b[:, 1::2] << 8)) << 16
-    return bits.view(torch.float32)
+    return bits.view(torch.float32).to(dtype)
 
 
 # ------------------------------------------------------------------- legacy 32-value blocks
-def _q4_0(blocks: torch.Tensor) -> torch.Tensor:  # d f16 | 16 bytes of nibbles
+def _q4_0(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # d f16 | 16 bytes of nibbles
     d = _f16(blocks[:, 0:2])
-    q = _nibbles(blocks[:, 2:], 16).to(torch.int16) - 8
-    return d * q.to(torch.float32)
+    q = _nibbles(blocks[:, 2:], 16).view(torch.int8) - 8  # 0..15 -> -8..7
+    return _mul(d, q, dtype)
 
 
-def _q4_1(blocks: torch.Tensor) -> torch.Tensor:  # d f16 | m f16 | 16 bytes of nibbles
+def _q4_1(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # d f16 | m f16 | 16 bytes
     d, m = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
-    q = _nibbles(blocks[:, 4:], 16).to(torch.float32)
-    return (d * q) + m
+    return _add(d * _nibbles(blocks[:, 4:], 16), m, dtype)
 
 
 def _q5_high(qh: torch.Tensor) -> torch.Tensor:
-    """The 32 fifth bits of a Q5 block, bit i -> value i, as 0/16."""
+    """The 32 fifth bits of a Q5 block, bit i -> value i, as 0/16 (uint8)."""
     bits = _u32(qh) >> torch.arange(32, device=qh.device, dtype=torch.int64)
-    return ((bits & 1) << 4).to(torch.int16)
+    return ((bits & 1) << 4).to(torch.uint8)
 
 
-def _q5_0(blocks: torch.Tensor) -> torch.Tensor:  # d f16 | qh u32 | 16 bytes of nibbles
+def _q5_0(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # d f16 | qh u32 | 16 bytes
     d = _f16(blocks[:, 0:2])
-    q = (_nibbles(blocks[:, 6:], 16).to(torch.int16) | _q5_high(blocks[:, 2:6])) - 16
-    return d * q.to(torch.float32)
+    q = (_nibbles(blocks[:, 6:], 16) | _q5_high(blocks[:, 2:6])).view(torch.int8) - 16
+    return _mul(d, q, dtype)
 
 
-def _q5_1(blocks: torch.Tensor) -> torch.Tensor:  # d f16 | m f16 | qh u32 | 16 bytes
+def _q5_1(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # d f16 | m f16 | qh u32 | 16 bytes
     d, m = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
-    q = (_nibbles(blocks[:, 8:], 16).to(torch.int16) | _q5_high(blocks[:, 4:8])).to(torch.float32)
-    return (d * q) + m
+    q = _nibbles(blocks[:, 8:], 16) | _q5_high(blocks[:, 4:8])
+    return _add(d * q, m, dtype)
 
 
-def _q8_0(blocks: torch.Tensor) -> torch.Tensor:  # d f16 | 32 int8
+def _q8_0(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # d f16 | 32 int8
     d = _f16(blocks[:, 0:2])
-    x = blocks[:, 2:].contiguous().view(torch.int8).to(torch.float32)
-    return x * d
+    return _mul(blocks[:, 2:].contiguous().view(torch.int8), d, dtype)
 
 
-def _iq4_nl(blocks: torch.Tensor) -> torch.Tensor:  # d f16 | 16 bytes of code-book nibbles
+def _iq4_nl(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # d f16 | 16 bytes of code-book nibbles
     d = _f16(blocks[:, 0:2])
-    return d * _lookup(IQ4_VALUES, _nibbles(blocks[:, 2:], 16))
+    return _mul(d, _lookup(IQ4_VALUES, _nibbles(blocks[:, 2:], 16)), dtype)
 
 
 # ------------------------------------------------------------------ K-quants (256 values)
-def _q2_k(blocks: torch.Tensor) -> torch.Tensor:
+def _q2_k(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # scales[16] (4-bit scale | 4-bit min) | qs[64] (2-bit) | d f16 | dmin f16
     n = blocks.shape[0]
     scales = blocks[:, 0:16]
     d, dmin = _f16(blocks[:, 80:82]), _f16(blocks[:, 82:84])
-    dl = (d * (scales & 0x0F).to(torch.float32)).reshape(n, 16, 1)
-    ml = (dmin * (scales >> 4).to(torch.float32)).reshape(n, 16, 1)
+    dl = (d * (scales & 0x0F)).reshape(n, 16, 1)
+    ml = (dmin * (scales >> 4)).reshape(n, 16, 1)
     qs = blocks[:, 16:80].reshape(n, 2, 1, 32)
-    q = torch.cat([(qs >> s) & 3 for s in (0, 2, 4, 6)], dim=2).reshape(n, 16, 16).to(torch.float32)
-    return (dl * q - ml).reshape(n, QK_K)
+    q = torch.cat([(qs >> s) & 3 for s in (0, 2, 4, 6)], dim=2).reshape(n, 16, 16)
+    return _sub(dl * q, ml, dtype).reshape(n, QK_K)
 
 
-def _q3_k(blocks: torch.Tensor) -> torch.Tensor:
+def _q3_k(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # hmask[32] | qs[64] (2 low bits) | scales[12] (16 6-bit scales) | d f16
     n = blocks.shape[0]
     hmask, qs, sc = blocks[:, 0:32], blocks[:, 32:96], blocks[:, 96:108]
     d = _f16(blocks[:, 108:110])
     low = torch.cat((sc[:, 0:8] & 0x0F, sc[:, 0:8] >> 4), dim=1)  # scales 0-7, 8-15 low bits
     high = torch.cat([(sc[:, 8:12] >> s) & 3 for s in (0, 2, 4, 6)], dim=1)
-    scales = ((low | (high << 4)).to(torch.int16) - 32).to(torch.float32)
+    scales = (low | (high << 4)).view(torch.int8) - 32
     dl = (d * scales).reshape(n, 16, 1)
     ql = torch.cat([(qs.reshape(n, 2, 1, 32) >> s) & 3 for s in (0, 2, 4, 6)], dim=2).reshape(n, 16, 16)
     qh = torch.cat([(hmask.reshape(n, 1, 1, 32) >> s) & 1 for s in range(8)], dim=2).reshape(n, 16, 16)
-    q = (ql.to(torch.int16) - ((qh ^ 1).to(torch.int16) << 2)).to(torch.float32)
-    return (dl * q).reshape(n, QK_K)
+    q = ql.view(torch.int8) - ((qh ^ 1) << 2).view(torch.int8)  # -4..3
+    return _mul(dl, q, dtype).reshape(n, QK_K)
 
 
 def _k_scale_min(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 8 6-bit scales and 8 6-bit mins packed in 12 bytes (Q4_K, Q5_K), as float32."""
+    """The 8 6-bit scales and 8 6-bit mins packed in 12 bytes (Q4_K, Q5_K), as uint8."""
     a, b, c = sc[:, 0:4], sc[:, 4:8], sc[:, 8:12]
     scale = torch.cat((a & 0x3F, (c & 0x0F) | ((a >> 2) & 0x30)), dim=1)
     mins = torch.cat((b & 0x3F, (c >> 4) | ((b >> 2) & 0x30)), dim=1)
-    return scale.to(torch.float32), mins.to(torch.float32)
+    return scale, mins
 
 
-def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
+def _q4_k(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # d f16 | dmin f16 | scales[12] | qs[128] (nibbles, 64 values per 32 bytes)
     n = blocks.shape[0]
     d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
     sc, m = _k_scale_min(blocks[:, 4:16])
     dl = (d * sc).reshape(n, 8, 1)
     ml = (dmin * m).reshape(n, 8, 1)
-    q = _nibbles(blocks[:, 16:144], 32).reshape(n, 8, 32).to(torch.float32)
-    return (dl * q - ml).reshape(n, QK_K)
+    q = _nibbles(blocks[:, 16:144], 32).reshape(n, 8, 32)
+    return _sub(dl * q, ml, dtype).reshape(n, QK_K)
 
 
-def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
+def _q5_k(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # d f16 | dmin f16 | scales[12] | qh[32] (bit j of byte i -> value 32j+i) | qs[128]
     n = blocks.shape[0]
     d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
@@ -203,37 +221,36 @@ def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
     ml = (dmin * m).reshape(n, 8, 1)
     ql = _nibbles(blocks[:, 48:176], 32).reshape(n, 8, 32)
     qh = _bits(blocks[:, 16:48], range(8), 1)
-    q = (ql | (qh << 4)).to(torch.float32)
-    return (dl * q - ml).reshape(n, QK_K)
+    return _sub(dl * (ql | (qh << 4)), ml, dtype).reshape(n, QK_K)
 
 
-def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
+def _q6_k(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # ql[128] (low nibbles) | qh[64] (2 high bits) | scales[16] int8 | d f16
     n = blocks.shape[0]
     ql = _nibbles(blocks[:, 0:128], 64).reshape(n, 8, 32)
     qh = torch.cat([(blocks[:, 128:192].reshape(n, 2, 1, 32) >> s) & 3 for s in (0, 2, 4, 6)],
                    dim=2).reshape(n, 8, 32)
-    scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.float32)
+    scales = blocks[:, 192:208].contiguous().view(torch.int8)
     d = _f16(blocks[:, 208:210])
     dl = (d * scales).reshape(n, 16, 1)
-    q = ((ql | (qh << 4)).to(torch.int16) - 32).reshape(n, 16, 16).to(torch.float32)
-    return (dl * q).reshape(n, QK_K)
+    q = ((ql | (qh << 4)).view(torch.int8) - 32).reshape(n, 16, 16)  # -32..31
+    return _mul(dl, q, dtype).reshape(n, QK_K)
 
 
-def _iq4_xs(blocks: torch.Tensor) -> torch.Tensor:
+def _iq4_xs(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # d f16 | scales_h u16 (2 bits per 32 values) | scales_l[4] (nibbles) | qs[128]
     n = blocks.shape[0]
     d = _f16(blocks[:, 0:2])
     sh = _u16(blocks[:, 2:4]) >> torch.arange(0, 16, 2, device=blocks.device, dtype=torch.int32)
     sl = blocks[:, 4:8]
     low = torch.stack((sl & 0x0F, sl >> 4), dim=2).reshape(n, 8).to(torch.int32)
-    scales = ((low | ((sh & 3) << 4)) - 32).to(torch.float32)
+    scales = (low | ((sh & 3) << 4)) - 32
     dl = (d * scales).reshape(n, 8, 1)
     q = _lookup(IQ4_VALUES, _nibbles(blocks[:, 8:136], 16)).reshape(n, 8, 32)
-    return (dl * q).reshape(n, QK_K)
+    return _mul(dl, q, dtype).reshape(n, QK_K)
 
 
-DEQUANTIZERS: dict[T, Callable[[torch.Tensor], torch.Tensor]] = {
+DEQUANTIZERS: dict[T, Callable[[torch.Tensor, torch.dtype], torch.Tensor]] = {
     T.F32: _float32, T.F16: _float16, T.BF16: _bfloat16,
     T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
     T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
@@ -275,11 +292,11 @@ def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: t
         if n_blocks <= step:
             if n_blocks == 0:
                 return torch.empty(tuple(shape), dtype=dtype, device=raw.device)
-            return fn(blocks).to(dtype).reshape(tuple(shape))
+            return fn(blocks, dtype).reshape(tuple(shape))
         out = torch.empty(tuple(shape), dtype=dtype, device=raw.device)  # large: in steps
     if tuple(out.shape) != tuple(shape) or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous tensor of shape {list(shape)}")
     flat = out.view(n_blocks, bs)
     for b0 in range(0, n_blocks, step):
-        flat[b0:b0 + step].copy_(fn(blocks[b0:b0 + step]))
+        flat[b0:b0 + step].copy_(fn(blocks[b0:b0 + step], out.dtype))
     return out
