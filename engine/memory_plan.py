@@ -125,6 +125,10 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
             # the GPU expands a batch of experts for its grouped GEMM; the CPU one expert at a time
             scratch = (batch * expanded_expert + DEQUANT_STEP_BYTES if st.device.type == "cuda"
                        else expanded_expert)
+            floats = all(p.qtype.name in ("F32", "F16", "BF16") for i in range(st.first, st.end)
+                         for p in layouts[i].parts)
+            if floats and not eplan.streamed:  # float experts are expanded once at load, as dense
+                experts, scratch = n_layers * spec.n_experts * expanded_expert, 0
         kv = 2 * n_layers * spec.n_kv_heads * spec.head_dim * tokens * dsize
         out.append(DevicePlan(st.index, str(st.device), st.first, st.end, dense, experts, slots, kv, scratch))
     host = pin = 0

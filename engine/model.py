@@ -45,6 +45,11 @@ def dense_weight(src: WeightSource, name: str, device: torch.device, dtype: torc
     return src.tensor(name).to(device=device, dtype=dtype).contiguous()
 
 
+def _float_stored(src: WeightSource, name: str) -> bool:
+    """Whether a tensor is stored as plain floats (nothing to gain from keeping it as stored)."""
+    return not has_blocks(src) or src.qtype(name).name in ("F32", "F16", "BF16")
+
+
 def resolve_dtype(device: torch.device, name: str = "auto") -> torch.dtype:
     if name != "auto":
         return getattr(torch, name)
@@ -166,10 +171,12 @@ def load_layer_weights(src: WeightSource, i: int, device: torch.device, dtype: t
         w.bq, w.bk, w.bv = get("attn_q.bias"), get("attn_k.bias"), get("attn_v.bias")
     if s.is_moe:
         w.router = get("ffn_gate_inp.weight", True)
-        if experts:  # kept as stored; expanded right before their GEMMs
-            w.gate_exps, w.up_exps, w.down_exps = (
-                stored(src, b + n, device) for n in ("ffn_gate_exps.weight", "ffn_up_exps.weight",
-                                                      "ffn_down_exps.weight"))
+        if experts:  # quantized: kept as stored and expanded right before their GEMMs
+            names = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+            if all(_float_stored(src, b + n) for n in names):  # floats: expanded once, as dense
+                w.gate_exps, w.up_exps, w.down_exps = (get(n) for n in names)
+            else:
+                w.gate_exps, w.up_exps, w.down_exps = (stored(src, b + n, device) for n in names)
     else:
         w.gate, w.up, w.down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
     return w

@@ -268,7 +268,8 @@ class SyntheticSource:
         """The tensor's type: the recipe's quant mix, or F32 (weights made as floats)."""
         if self.recipe.quant in quant_recipe.FTYPES:
             return quant_recipe.tensor_type(name, self._shapes[name], self.recipe.quant, self.spec)
-        return GGMLQuantizationType.F32
+        big = len(self._shapes[name]) >= 2 and "ffn_gate_inp" not in name and name != "token_embd.weight"
+        return GGMLQuantizationType.F16 if big and self.recipe.quant == "f16" else GGMLQuantizationType.F32
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
@@ -287,14 +288,18 @@ class SyntheticSource:
             std = 1.0 if name == "token_embd.weight" else self._shapes[name][-1] ** -0.5
             return quant_recipe.random_blocks(qt, self._shapes[name], std, g, self.device)
         t = self._float(name)
-        return (t.to(torch.float16) if qt == GGMLQuantizationType.F16 else t).reshape(-1).view(torch.uint8)
+        return (t.to(torch.float16) if qt == GGMLQuantizationType.F16 else t).contiguous().reshape(-1).view(torch.uint8)
 
     def tensor(self, name: str, device: torch.device | str | None = None,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
         dev = self.device if device is None else torch.device(device)
-        if self.qtype(name) in quant_recipe.QUANTIZED:
-            return dequant.dequantize(self.raw(name), self.qtype(name), self._shapes[name], dtype).to(dev)
-        return self._float(name).to(device=dev, dtype=dtype)
+        qt = self.qtype(name)
+        if qt in quant_recipe.QUANTIZED:
+            return dequant.dequantize(self.raw(name), qt, self._shapes[name], dtype).to(dev)
+        t = self._float(name)
+        if qt == GGMLQuantizationType.F16:  # as stored: what a file of this recipe holds
+            t = t.to(torch.float16)
+        return t.to(device=dev, dtype=dtype)
 
     def _generator(self, name: str) -> torch.Generator:
         g = torch.Generator(device=self.device)

@@ -66,3 +66,18 @@ def test_dense_model_plan_has_no_experts(make_arch):
     d = plan.devices[0]
     assert d.experts == d.scratch == 0 and not plan.streamed and d.dense > 0
     assert "none (every expert resident" in plan.render()
+
+
+def test_float_experts_are_expanded_once(make_arch):
+    """f16-stored experts are expanded at load like dense weights: no per-call scratch."""
+    model = gguf_model.load(make_arch("qwen3moe", quant="f16"))
+    cfg = EngineConfig(devices=["cpu"], prefill=16)
+    plan = plan_memory(model, cfg, tokens=20)
+    sess = Session(model, cfg)
+    try:
+        d = plan.devices[0]
+        layer_experts = sum(getattr(layer.w, k).numel() * 4 for layer in sess.stages[0].layers for k in EXPS)
+        assert all(isinstance(getattr(layer.w, k), torch.Tensor) for layer in sess.stages[0].layers for k in EXPS)
+        assert d.experts == layer_experts and d.scratch == 0
+    finally:
+        sess.close()
