@@ -21,6 +21,7 @@ import numpy as np
 from . import failure
 from .config import ConfigError, EngineConfig, parse_setting
 from .events import RunReport, format_timing
+from .load_progress import LoadProgress
 
 log = logging.getLogger("strata.bench")
 
@@ -37,6 +38,7 @@ GGUFError: type[Exception] = _NotImportedYet
 StageError: type[Exception] = _NotImportedYet
 Cancelled: type[Exception] = _NotImportedYet
 PRESET_NAMES = ("demo", "qwen3-30b-a3b")  # synth.PRESETS without importing torch (a test keeps them equal)
+QUANT_NAMES = ("q4_k_m", "q6_k", "q8_0", "iq4_xs", "f16", "f32")  # synth.QUANTS, likewise
 
 
 def _engine() -> None:
@@ -333,7 +335,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
         sizes = prompt_sizes(ns.prompt_tokens)
     sessions = []
     for name, cfg in configs:
-        sessions.append((name, Session(model, cfg, events=not ns.no_events)))
+        shown = _load_progress(model, name)
+        sessions.append((name, Session(model, cfg, events=not ns.no_events, progress=shown)))
+        shown.finish()
     points: list[Point] = []
     last = None
     try:
@@ -395,6 +399,31 @@ def cmd_run(ns: argparse.Namespace) -> int:
             stage_names=res.report.plan.stage_names()))
         log.info("wrote trace %s", trace_out)
     return 0 if ok else 2
+
+
+def _load_progress(model, arm: str = "") -> LoadProgress:
+    size = model.file_bytes if hasattr(model, "file_bytes") else 0
+    label = Path(str(model.path)).name + (f" (arm {arm})" if arm and arm != "base" else "")
+    return LoadProgress(sys.stderr, size, label)
+
+
+def cmd_load(ns: argparse.Namespace) -> int:
+    """Load a model onto the devices and report how fast (GB/s of file) and where it went."""
+    cfg = EngineConfig.from_sources(_base_settings(ns))
+    _engine()
+    model = open_model(ns.model, cfg.devices[0])
+    shown = _load_progress(model)
+    sess = Session(model, cfg, events=False, progress=shown)
+    try:
+        took = shown.finish()
+        size = getattr(model, "file_bytes", 0)
+        print(f"model: {model.describe()}")
+        print(f"load: {took:.2f} s" + (f", {size / took / 1e9:.2f} GB/s of file" if size else ""))
+        for note in sess.setup_notes:
+            print(f"note: {note}")
+    finally:
+        sess.close()
+    return 0
 
 
 def cmd_make_model(ns: argparse.Namespace) -> int:
@@ -460,6 +489,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-events", action="store_true", help="no timing events (measures their overhead)")
     r.set_defaults(func=cmd_run)
 
+    lo = sub.add_parser("load", help="load a model onto the devices; print the load rate (GB/s of file)")
+    lo.add_argument("--model", default="demo", help="GGUF path, 'demo', or synthetic:PRESET[:key=val,...]")
+    lo.add_argument("--devices")
+    lo.add_argument("--layer-split", dest="layer_split")
+    lo.add_argument("--expert-cache", dest="expert_cache")
+    lo.add_argument("--pin-limit-gib", dest="pin_limit_gib")
+    lo.add_argument("--dtype")
+    lo.set_defaults(func=cmd_load)
+
     m = sub.add_parser("make-model", help="write a GGUF model with random weights")
     m.add_argument("path")
     m.add_argument("--preset", default="demo", choices=PRESET_NAMES)
@@ -476,7 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--vocab", type=int)
     m.add_argument("--context", dest="context_length", type=int)
     m.add_argument("--seed", type=int)
-    m.add_argument("--quant", choices=("q8_0", "f16", "f32"))
+    m.add_argument("--quant", choices=QUANT_NAMES,
+                   help="llama.cpp's tensor-type mix (q4_k_m, q6_k, q8_0, iq4_xs) or plain f16/f32")
     m.set_defaults(func=cmd_make_model)
 
     d = sub.add_parser("devices", help="GPU topology: PCIe links, link class, peer access")

@@ -15,18 +15,25 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
+from gguf import GGMLQuantizationType
 
+from . import dequant
 from .config import ConfigError
 from .gguf_model import ModelSpec
+from .qtensor import has_blocks, stored
 
 log = logging.getLogger(__name__)
 
 GiB = 1 << 30
 PIN_PIECE = 1 * GiB  # registered in pieces, never one giant call
 PAGE = 4096
+# experts are expanded (compute dtype) in batches of at most this many bytes before their GEMMs
+EXPAND_SCRATCH_BYTES = 2 * GiB
+# float32 temporaries of one dequantisation step on a GPU (dequant.CHUNK_BLOCKS_CUDA blocks)
+DEQUANT_STEP_BYTES = 16 * 256 * (1 << 17)
 
 
 def physical_ram() -> int:
@@ -51,6 +58,53 @@ def physical_ram() -> int:
 
 def expert_elems(spec: ModelSpec) -> int:
     return 3 * spec.expert_ffn * spec.hidden
+
+
+EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+
+@dataclass(frozen=True)
+class ExpertPart:
+    """One of an expert's three matrices as stored: its type, shape and place in the row."""
+
+    qtype: GGMLQuantizationType
+    shape: tuple[int, int]  # one expert's matrix, torch order
+    offset: int  # bytes into the expert's row
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """How one layer's expert row is laid out: gate | up | down, each in its file type."""
+
+    parts: tuple[ExpertPart, ExpertPart, ExpertPart]
+
+    @property
+    def row_bytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @staticmethod
+    def of(source, spec: ModelSpec, layer: int) -> "ExpertLayout":
+        f, d, e = spec.expert_ffn, spec.hidden, spec.n_experts
+        parts, offset = [], 0
+        for part, shape in zip(EXPERT_PARTS, ((f, d), (f, d), (d, f))):
+            name = f"blk.{layer}.{part}.weight"
+            if has_blocks(source):
+                qtype, nbytes = source.qtype(name), source.nbytes(name) // e
+            else:
+                qtype, nbytes = GGMLQuantizationType.F32, 4 * shape[0] * shape[1]
+            parts.append(ExpertPart(qtype, shape, offset, nbytes))
+            offset += nbytes
+        return ExpertLayout(tuple(parts))  # type: ignore[arg-type]
+
+
+def _page_up(n: int) -> int:
+    return -(-n // PAGE) * PAGE
+
+
+def arena_bytes(layouts: Sequence[ExpertLayout], n_experts: int) -> int:
+    """Bytes of an arena of these layers (each layer's region starts on a page)."""
+    return sum(_page_up(lay.row_bytes * n_experts) for lay in layouts)
 
 
 @dataclass
@@ -96,70 +150,105 @@ def resolve_pin_limit(setting: str | float, arena_bytes: int, cuda: bool) -> tup
 
 
 class HostArena:
-    """Every MoE layer's experts in host RAM: [n_moe_layers, n_experts, 3*f*d]."""
+    """Every MoE layer's experts in host RAM, as stored in the file (never expanded).
 
-    def __init__(self, source, spec: ModelSpec, dtype: torch.dtype, layers: Sequence[int]) -> None:
+    Layer regions start on pages; inside one, expert e's row is its gate, up and down blocks
+    back to back (one copy moves an expert).  Rows of different layers may differ in size
+    (Q4_K_M keeps some layers' ffn_down in Q6_K); a device slot holds the largest."""
+
+    def __init__(self, source, spec: ModelSpec, layers: Sequence[int],
+                 progress: Callable[[float], None] | None = None) -> None:
         self.spec = spec
-        self.dtype = dtype
         self.layers = list(layers)
         self.index = {layer: i for i, layer in enumerate(self.layers)}
-        self.elems = expert_elems(spec)
-        esize = torch.empty((), dtype=dtype).element_size()
-        nbytes = len(self.layers) * spec.n_experts * self.elems * esize
+        self.layouts = {layer: ExpertLayout.of(source, spec, layer) for layer in self.layers}
+        E = spec.n_experts
+        self.offsets: dict[int, int] = {}
+        pos = 0
+        for layer in self.layers:
+            self.offsets[layer] = pos
+            pos += _page_up(self.layouts[layer].row_bytes * E)
+        nbytes = pos
         # page-aligned, so registered pieces start on page boundaries
         self._raw = torch.empty(nbytes + PAGE, dtype=torch.uint8)
         off = (-self._raw.data_ptr()) % PAGE
-        self.data = self._raw[off:off + nbytes].view(dtype).view(len(self.layers), spec.n_experts, self.elems)
-        f, d = spec.expert_ffn, spec.hidden
-        for i, layer in enumerate(self.layers):
-            b = f"blk.{layer}."
-            rows = self.data[i]
-            rows[:, : f * d].copy_(source.tensor(b + "ffn_gate_exps.weight").reshape(spec.n_experts, -1))
-            rows[:, f * d: 2 * f * d].copy_(source.tensor(b + "ffn_up_exps.weight").reshape(spec.n_experts, -1))
-            rows[:, 2 * f * d:].copy_(source.tensor(b + "ffn_down_exps.weight").reshape(spec.n_experts, -1))
-        self.expert_bytes = self.elems * self.data.element_size()
+        self.data = self._raw[off:off + nbytes]
+        self.expert_bytes = max((lay.row_bytes for lay in self.layouts.values()), default=0)  # a slot
+        for k, layer in enumerate(self.layers):
+            self._fill(source, layer)
+            if progress is not None:
+                progress((k + 1) / len(self.layers))
+        self.pinned_rows = {layer: 0 for layer in self.layers}  # leading experts page-locked
         self.pinned_bytes = 0
         self._registered: list[int] = []
         self.pin_note = "not pinned"
 
+    def _fill(self, source, layer: int) -> None:
+        """Copy the layer's blocks into expert rows once: straight from the file where the
+        source reads files, else from the source's blocks."""
+        lay, E = self.layouts[layer], self.spec.n_experts
+        rows = self.layer_rows(layer)
+        for name, part in zip(EXPERT_PARTS, lay.parts):
+            full = f"blk.{layer}.{name}.weight"
+            if hasattr(source, "read_into"):
+                for e in range(E):
+                    source.read_into(full, e * part.nbytes, rows[e, part.offset:part.offset + part.nbytes])
+            else:
+                blocks = stored(source, full).raw.view(E, part.nbytes)
+                rows[:, part.offset:part.offset + part.nbytes].copy_(blocks)
+
+    def layer_rows(self, layer: int) -> torch.Tensor:
+        """[n_experts, row_bytes] view of one layer's region."""
+        E, rb = self.spec.n_experts, self.layouts[layer].row_bytes
+        start = self.offsets[layer]
+        return self.data[start:start + E * rb].view(E, rb)
+
     @property
     def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
+        return self.data.numel()
 
     def pin(self, limit: int, note: str) -> None:
-        """Page-lock the first `limit` bytes in pieces; a failure falls back to pageable."""
+        """Page-lock up to `limit` bytes, layer by layer, in pieces of whole experts; a failure
+        falls back to pageable."""
         self.pin_note = note
         if limit <= 0:
             return
         cudart = torch.cuda.cudart()
-        base = self.data.data_ptr()
-        # Pieces hold whole experts and start on pages: a copy must never straddle two
-        # registrations (the driver refuses it), and a page may not be registered twice.
-        unit = math.lcm(self.expert_bytes, PAGE)
-        limit = (limit // self.expert_bytes) * self.expert_bytes
-        piece = max(PIN_PIECE // unit, 1) * unit if unit <= 4 * GiB else limit
-        done = 0
-        while done < limit:
-            size = min(piece, limit - done)
-            err = cudart.cudaHostRegister(base + done, size, 0)
-            code = getattr(err, "value", err)
-            if code != 0:
-                log.warning("page-locking the expert arena stopped at %.1f GiB (cudaHostRegister error %s); "
-                            "the rest stays pageable", done / GiB, code)
-                self.pin_note += f"; registration failed at {done / GiB:.1f} GiB (error {code}), rest pageable"
+        left = limit
+        failed = False
+        for layer in self.layers:
+            rb, E = self.layouts[layer].row_bytes, self.spec.n_experts
+            want = min(left // rb, E)  # whole experts of this layer
+            if want <= 0 or failed:
                 break
-            self._registered.append(base + done)
-            done += size
-        # only whole experts count as pinned
-        self.pinned_bytes = (done // self.expert_bytes) * self.expert_bytes
-        log.info("expert arena: %.1f GiB, %.1f GiB page-locked (%s)", self.nbytes / GiB,
+            base = self.data.data_ptr() + self.offsets[layer]
+            # pieces of whole experts, each starting on a page (a copy never straddles two
+            # registrations and no page is registered twice)
+            unit = math.lcm(rb, PAGE) // rb  # experts per aligned unit
+            per_piece = max(PIN_PIECE // (unit * rb), 1) * unit if unit * rb <= 4 * GiB else want
+            done = 0
+            while done < want:
+                k = min(per_piece, want - done)
+                err = cudart.cudaHostRegister(base + done * rb, k * rb, 0)
+                code = getattr(err, "value", err)
+                if code != 0:
+                    log.warning("page-locking the expert arena stopped at %.1f GiB (cudaHostRegister error %s); "
+                                "the rest stays pageable", (limit - left + done * rb) / GiB, code)
+                    self.pin_note += (f"; registration failed at {(limit - left + done * rb) / GiB:.1f} GiB "
+                                      f"(error {code}), rest pageable")
+                    failed = True
+                    break
+                self._registered.append(base + done * rb)
+                done += k
+            self.pinned_rows[layer] = done
+            self.pinned_bytes += done * rb
+            left -= done * rb
+        log.info("expert arena: %.2f GiB as stored, %.2f GiB page-locked (%s)", self.nbytes / GiB,
                  self.pinned_bytes / GiB, self.pin_note)
 
     def row(self, layer: int, expert: int) -> tuple[torch.Tensor, bool]:
-        """An expert's host row and whether it lies in the page-locked part."""
-        i = self.index[layer]
-        offset = (i * self.spec.n_experts + expert) * self.expert_bytes
-        return self.data[i, expert], offset + self.expert_bytes <= self.pinned_bytes
+        """An expert's host row (its blocks) and whether it lies in the page-locked part."""
+        return self.layer_rows(layer)[expert], expert < self.pinned_rows[layer]
 
     def close(self) -> None:
         if self._registered:
@@ -168,6 +257,7 @@ class HostArena:
                 cudart.cudaHostUnregister(ptr)
             self._registered = []
             self.pinned_bytes = 0
+            self.pinned_rows = {layer: 0 for layer in self.layers}
 
 
 class ExpertCache:
@@ -185,7 +275,7 @@ class ExpertCache:
         self.n_slots = n_slots
         self.stats = stats
         stats.slots = n_slots
-        self.pool = torch.empty((n_slots, arena.elems), dtype=arena.dtype, device=device)
+        self.pool = torch.empty((n_slots, arena.expert_bytes), dtype=torch.uint8, device=device)  # as stored
         self.lru: OrderedDict[tuple[int, int], int] = OrderedDict()
         self.free = list(range(n_slots - 1, -1, -1))
         self.cuda = device.type == "cuda"
@@ -195,16 +285,25 @@ class ExpertCache:
         self.pending: list[tuple[int, int, object, object, int, int, int]] = []  # stream timing to resolve
         if self.cuda:
             self.copy_stream = torch.cuda.Stream(device)
-            self.staging = [torch.empty(arena.elems, dtype=arena.dtype, pin_memory=True) for _ in range(self.STAGING)]
+            self.staging = [torch.empty(arena.expert_bytes, dtype=torch.uint8, pin_memory=True)
+                            for _ in range(self.STAGING)]
             self.staging_done: list[torch.cuda.Event | None] = [None] * self.STAGING
             self.last_copy: torch.cuda.Event | None = None
         self._stage_i = 0
 
-    def views(self, f: int, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """gate [S,f,d], up [S,f,d], down [S,d,f] views of the pool."""
-        p = self.pool
-        s = self.n_slots
-        return (p[:, : f * d].view(s, f, d), p[:, f * d: 2 * f * d].view(s, f, d), p[:, 2 * f * d:].view(s, d, f))
+    def expand(self, layer: int, slots: Sequence[int],
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The experts in `slots` (of `layer`) expanded into a scratch in `dtype`: gate [B,f,d],
+        up [B,f,d], down [B,d,f], in the order of `slots`.  Runs on the cache's device, on the
+        current stream (after `ensure` made it wait for the copies)."""
+        lay = self.arena.layouts[layer]
+        idx = torch.tensor(list(slots), dtype=torch.int64).to(self.device, non_blocking=True)
+        rows = self.pool.index_select(0, idx)  # [B, slot bytes]: a gather of the quantized bytes
+        out = []
+        for part in lay.parts:
+            raw = rows[:, part.offset:part.offset + part.nbytes].contiguous()
+            out.append(dequant.dequantize(raw.reshape(-1), part.qtype, (len(slots), *part.shape), dtype))
+        return out[0], out[1], out[2]
 
     def begin_layer(self) -> int:
         self.seq += 1
@@ -269,8 +368,8 @@ class ExpertCache:
             t0 = time.perf_counter_ns()
             for e, slot in misses:
                 row, is_pinned = self.arena.row(layer, e)
-                self.pool[slot].copy_(row)
-                pageable += row.numel() * row.element_size()
+                self.pool[slot, :row.numel()].copy_(row)
+                pageable += row.numel()
             t1 = time.perf_counter_ns()
             self.stats.bytes_pageable += pageable
             self.stats.stream_ns += t1 - t0
@@ -282,17 +381,17 @@ class ExpertCache:
             start.record(self.copy_stream)
             for e, slot in misses:
                 row, is_pinned = self.arena.row(layer, e)
-                nbytes = row.numel() * row.element_size()
+                nbytes = row.numel()
                 if is_pinned:
-                    self.pool[slot].copy_(row, non_blocking=True)
+                    self.pool[slot, :nbytes].copy_(row, non_blocking=True)
                     pinned += nbytes
                 else:
                     i = self._stage_i
                     self._stage_i = (i + 1) % self.STAGING
                     if self.staging_done[i] is not None:
                         self.staging_done[i].synchronize()  # its last H2D has left the buffer
-                    self.staging[i].copy_(row)  # host memcpy into pinned staging
-                    self.pool[slot].copy_(self.staging[i], non_blocking=True)
+                    self.staging[i][:nbytes].copy_(row)  # host memcpy into pinned staging
+                    self.pool[slot, :nbytes].copy_(self.staging[i][:nbytes], non_blocking=True)
                     ev = torch.cuda.Event()
                     ev.record(self.copy_stream)
                     self.staging_done[i] = ev
@@ -339,8 +438,11 @@ class ExpertPlan:
     reason: str = ""
 
 
-def plan_experts(setting: str | float, spec: ModelSpec, stages, dtypes) -> ExpertPlan:
-    """Decide resident vs streamed and each stage's slot count from --expert-cache."""
+def plan_experts(setting: str | float, spec: ModelSpec, stages, dtypes,
+                 expert_bytes: int | None = None) -> ExpertPlan:
+    """Decide resident vs streamed and each stage's slot count from --expert-cache.
+
+    `expert_bytes`: one expert as stored (its blocks); default: expanded to the stage dtype."""
     if not spec.is_moe:
         return ExpertPlan(False, reason="dense model: no experts")
     elems = expert_elems(spec)
@@ -351,7 +453,7 @@ def plan_experts(setting: str | float, spec: ModelSpec, stages, dtypes) -> Exper
         layers_on[st.device] = layers_on.get(st.device, 0) + (st.end - st.first)
     for st in stages:
         need = (st.end - st.first) * spec.n_experts
-        ebytes = elems * torch.empty((), dtype=dtypes[st.device]).element_size()
+        ebytes = expert_bytes or elems * torch.empty((), dtype=dtypes[st.device]).element_size()
         if setting == "all":
             slots.append(need)
             continue
@@ -363,7 +465,10 @@ def plan_experts(setting: str | float, spec: ModelSpec, stages, dtypes) -> Exper
             # what the device's own weights take is loaded after this decision: keep a margin
             other = layers_on[st.device] * (spec.layer_params() - spec.n_experts * elems) * 2
             share = (st.end - st.first) / layers_on[st.device]
-            budget = int((free - other - int(0.15 * total) - 2 * GiB) * share)
+            # the scratch a layer's experts are expanded into, and the dequantiser's temporaries
+            dsize = torch.empty((), dtype=dtypes[st.device]).element_size()
+            scratch = min(spec.n_experts * elems * dsize, EXPAND_SCRATCH_BYTES) + DEQUANT_STEP_BYTES
+            budget = int((free - other - int(0.15 * total) - 2 * GiB) * share) - scratch
             n = max(int(budget // ebytes), 0)
             slots.append(min(n, need))
             reasons.append(f"{st.device}: {budget / GiB:.1f} GiB free for experts")

@@ -24,6 +24,8 @@ import torch
 
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
+
+from . import dequant
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUFValueType
 
 log = logging.getLogger(__name__)
@@ -131,8 +133,8 @@ class ModelSpec:
 
 
 def supported_types() -> set[GGMLQuantizationType]:
-    traits = getattr(gguf_quants, "_type_traits", {})
-    return {GGMLQuantizationType.F32, GGMLQuantizationType.F16, *traits.keys()}
+    """The types `engine.dequant` expands (on any device)."""
+    return set(dequant.SUPPORTED)
 
 
 @dataclass
@@ -159,19 +161,73 @@ class LoadedModel:
     def tensor_type(self, name: str) -> str:
         return self._tensors[name].tensor_type.name
 
-    def tensor(self, name: str) -> torch.Tensor:
-        """Dequantised float32 tensor in torch order (a copy; the file stays mapped)."""
+    def qtype(self, name: str) -> GGMLQuantizationType:
+        return self._mapped(name).tensor_type
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape in torch order."""
+        return tuple(int(x) for x in reversed(self._mapped(name).shape.tolist()))
+
+    def nbytes(self, name: str) -> int:
+        """Bytes the tensor takes in the file (its blocks as stored)."""
+        return self._mapped(name).n_bytes
+
+    def raw(self, name: str) -> torch.Tensor:
+        """The tensor's bytes as stored (uint8, a view of the mapped file: no copy)."""
+        t = self._mapped(name)
+        return torch.from_numpy(t.data.reshape(-1).view(np.uint8))
+
+    def read_into(self, name: str, offset: int, out: torch.Tensor) -> None:
+        """Read `out.numel()` bytes of the tensor's blocks from byte `offset` into `out` (a
+        contiguous CPU uint8 tensor) with file reads, not through the mapping, so the pages
+        are not counted twice in this process's memory (the arena holds them once)."""
+        t = self._mapped(name)
+        n = out.numel()
+        if offset < 0 or offset + n > t.n_bytes:
+            raise GGUFError(self.path, f"tensor {name}: bytes {offset}-{offset + n} outside its {t.n_bytes}",
+                            KIND_TENSOR)
+        view = memoryview(out.numpy()).cast("B")
+        pos = t.data_offset + offset
+        with self.path.open("rb", buffering=0) as fh:
+            fh.seek(pos)
+            got = 0
+            while got < n:
+                k = fh.readinto(view[got:])
+                if not k:
+                    raise GGUFError(self.path, f"truncated file: tensor {name} ends at byte {pos + got}",
+                                    KIND_TRUNCATED)
+                got += k
+
+    def _mapped(self, name: str) -> "MappedTensor":
         t = self._tensors.get(name)
         if t is None:
             raise GGUFError(self.path, f"missing tensor {name}", KIND_TENSOR)
+        return t
+
+    def tensor(self, name: str, device: torch.device | str | None = None,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Dequantised tensor in torch order (a new tensor; the file stays mapped).
+
+        The raw blocks are copied to `device` (default CPU) and expanded there by
+        `engine.dequant`, so a GPU does the work for the weights it keeps."""
+        t = self._mapped(name)
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        shape = self.shape(name)
         try:
-            with np.errstate(all="ignore"):  # NaN/inf from bad blocks: the run's non-finite check names them
-                arr = gguf_quants.dequantize(t.data, t.tensor_type)
-                out = np.array(arr, dtype=np.float32, order="C", copy=True)
-        except Exception as exc:  # whatever gguf's dequantiser raises on bad data is a file defect
+            if t.data.dtype.byteorder == ">":  # a big-endian file's floats: numpy swaps them
+                arr = np.array(t.data, dtype=np.float32, order="C", copy=True)
+                return torch.from_numpy(arr).to(device=dev, dtype=dtype)
+            raw = self.raw(name)
+            if dev.type != "cpu":
+                raw = raw.to(dev, non_blocking=False)
+            return dequant.dequantize(raw, t.tensor_type, shape, dtype=dtype)
+        except Exception as exc:  # whatever the blocks make the dequantiser raise is a file defect
             raise GGUFError(self.path, f"cannot dequantise {name} ({t.tensor_type.name}): {type(exc).__name__}: "
                                        f"{_cut(str(exc))}", KIND_DEQUANTISE) from None
-        return torch.from_numpy(out)
+
+    def quant_mix(self) -> list[tuple[str, float]]:
+        """(type name, share of the file's tensor bytes), largest first: e.g. Q4_K 0.82."""
+        return quant_mix((t.tensor_type.name, t.n_bytes) for t in self._tensors.values())
 
     def has_vocab(self) -> bool:
         return "tokenizer.ggml.tokens" in self.metadata
@@ -180,7 +236,21 @@ class LoadedModel:
         s = self.spec
         kind = f"{s.n_experts} experts, top-{s.n_experts_used}" if s.is_moe else f"dense FFN {s.ffn}"
         return (f"{s.arch}: {s.n_layers} layers, hidden {s.hidden}, {s.n_heads}/{s.n_kv_heads} heads, "
-                f"{kind}, vocab {s.vocab}, {self.file_bytes / 2**20:.1f} MiB")
+                f"{kind}, vocab {s.vocab}, {self.file_bytes / 2**20:.1f} MiB; {format_quant_mix(self.quant_mix())}")
+
+
+def quant_mix(items) -> list[tuple[str, float]]:
+    """(type name, share of the bytes) of (type name, bytes) pairs, largest first."""
+    by_type: dict[str, int] = {}
+    for name, n in items:
+        by_type[name] = by_type.get(name, 0) + n
+    total = sum(by_type.values()) or 1
+    return sorted(((k, v / total) for k, v in by_type.items()), key=lambda kv: (-kv[1], kv[0]))
+
+
+def format_quant_mix(mix: list[tuple[str, float]]) -> str:
+    """"Q4_K 82%, Q6_K 14%, F32 4%" (shares of the tensor bytes)."""
+    return ", ".join(f"{name} {100 * share:.0f}%" if share >= 0.005 else f"{name} <1%" for name, share in mix)
 
 
 # --------------------------------------------------------------------------- the layout scan
@@ -669,8 +739,8 @@ def load(path: Path | str) -> LoadedModel:
                             KIND_TENSOR)
         if t.tensor_type not in ok_types:
             raise GGUFError(
-                p, f"tensor {name} has unsupported type {t.tensor_type.name} "
-                   f"(supported: {', '.join(sorted(q.name for q in ok_types))})", KIND_TYPE)
+                p, f"unsupported type {t.tensor_type.name} in tensor {name}; "
+                   f"supported: {', '.join(sorted(q.name for q in ok_types))}", KIND_TYPE)
         if t.data_offset + t.n_bytes > size:
             raise GGUFError(
                 p, f"truncated file: tensor {name} needs bytes up to {t.data_offset + t.n_bytes}, "
@@ -751,7 +821,7 @@ def _decode_value(buf: Any, order: str, vtype: int, pos: int) -> Any:
 
 
 def _read_layout(p: Path, layout: GGUFLayout) -> tuple[dict[str, Any], dict[str, MappedTensor], np.memmap]:
-    buf = np.memmap(p, mode="r")
+    buf = np.memmap(p, mode="c")  # copy-on-write: torch can view it without a copy; the file is never written
     order = layout.byte_order
     meta: dict[str, Any] = {}
     for kv in layout.kvs:

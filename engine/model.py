@@ -19,6 +19,8 @@ from .attention import chunk_attention, kernel_for
 from .gguf_model import ModelSpec
 from .qk_rope import qk_norm_rope
 from .kv import LayerKV
+from .experts import EXPAND_SCRATCH_BYTES
+from .qtensor import QTensor, has_blocks, stored
 
 if TYPE_CHECKING:
     from .experts import ExpertCache
@@ -27,11 +29,27 @@ log = logging.getLogger(__name__)
 
 
 class WeightSource(Protocol):
-    """Anything that yields a model's spec and its float32 tensors by GGUF name."""
+    """Anything that yields a model's spec and its float32 tensors by GGUF name.
+
+    Sources that also expose their blocks (`raw`, `qtype`, `shape`, `nbytes`, as `LoadedModel`
+    and `SyntheticSource` do) keep MoE experts in their stored type up to the GEMM, and expand
+    dense weights on the device (`tensor(name, device=, dtype=)`)."""
 
     spec: ModelSpec
 
     def tensor(self, name: str) -> torch.Tensor: ...
+
+
+def dense_weight(src: WeightSource, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A weight expanded once on its device (from the stored blocks where the source has them)."""
+    if has_blocks(src):
+        return src.tensor(name, device=device, dtype=dtype).contiguous()
+    return src.tensor(name).to(device=device, dtype=dtype).contiguous()
+
+
+def _float_stored(src: WeightSource, name: str) -> bool:
+    """Whether a tensor is stored as plain floats (nothing to gain from keeping it as stored)."""
+    return not has_blocks(src) or src.qtype(name).name in ("F32", "F16", "BF16")
 
 
 def resolve_dtype(device: torch.device, name: str = "auto") -> torch.dtype:
@@ -121,16 +139,18 @@ class LayerWeights:
     bk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
     router: torch.Tensor | None = None  # [E, d]
-    gate_exps: torch.Tensor | None = None  # [E, f, d]
-    up_exps: torch.Tensor | None = None  # [E, f, d]
-    down_exps: torch.Tensor | None = None  # [E, d, f]
+    # resident experts: QTensor (as stored; expanded per call) or expanded tensors
+    gate_exps: torch.Tensor | QTensor | None = None  # [E, f, d]
+    up_exps: torch.Tensor | QTensor | None = None  # [E, f, d]
+    down_exps: torch.Tensor | QTensor | None = None  # [E, d, f]
     gate: torch.Tensor | None = None
     up: torch.Tensor | None = None
     down: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
+        return sum(t.numel() * t.element_size() if isinstance(t, torch.Tensor) else t.nbytes
+                   for t in vars(self).values() if isinstance(t, (torch.Tensor, QTensor)))
 
 
 def load_layer_weights(src: WeightSource, i: int, device: torch.device, dtype: torch.dtype,
@@ -140,8 +160,7 @@ def load_layer_weights(src: WeightSource, i: int, device: torch.device, dtype: t
     b = f"blk.{i}."
 
     def get(name: str, keep_fp32: bool = False) -> torch.Tensor:
-        t = src.tensor(b + name)
-        return t.to(device=device, dtype=torch.float32 if keep_fp32 else dtype).contiguous()
+        return dense_weight(src, b + name, device, torch.float32 if keep_fp32 else dtype)
 
     w = LayerWeights(
         attn_norm=get("attn_norm.weight", True),
@@ -154,9 +173,12 @@ def load_layer_weights(src: WeightSource, i: int, device: torch.device, dtype: t
         w.bq, w.bk, w.bv = get("attn_q.bias"), get("attn_k.bias"), get("attn_v.bias")
     if s.is_moe:
         w.router = get("ffn_gate_inp.weight", True)
-        if experts:
-            w.gate_exps, w.up_exps = get("ffn_gate_exps.weight"), get("ffn_up_exps.weight")
-            w.down_exps = get("ffn_down_exps.weight")
+        if experts:  # quantized: kept as stored and expanded right before their GEMMs
+            names = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+            if all(_float_stored(src, b + n) for n in names):  # floats: expanded once, as dense
+                w.gate_exps, w.up_exps, w.down_exps = (get(n) for n in names)
+            else:
+                w.gate_exps, w.up_exps, w.down_exps = (stored(src, b + n, device) for n in names)
     else:
         w.gate, w.up, w.down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
     return w
@@ -194,7 +216,7 @@ def fuse_weights(spec: ModelSpec, w: LayerWeights) -> FusedWeights:
     if w.q_norm is not None:
         qk_norm = torch.cat((w.q_norm.expand(spec.n_heads, -1), w.k_norm.expand(spec.n_kv_heads, -1))).to(dt)
     gate_up = None
-    if w.gate_exps is not None:
+    if isinstance(w.gate_exps, torch.Tensor):
         f = spec.expert_ffn
         gate_up = torch.cat((w.gate_exps, w.up_exps), dim=1)
         w.gate_exps, w.up_exps = gate_up[:, :f], gate_up[:, f:]
@@ -305,11 +327,13 @@ class Layer:
                 f = s.expert_ffn
                 gu = torch._grouped_mm(xs, self.fused.gate_up_exps.transpose(-2, -1), offs=offs)
                 a = moe_kernels.swiglu(gu, f)
+                down = w.down_exps
             else:
-                g = torch._grouped_mm(xs, w.gate_exps.transpose(-2, -1), offs=offs)
-                u = torch._grouped_mm(xs, w.up_exps.transpose(-2, -1), offs=offs)
+                gate, up, down = self._resident_experts(h.dtype)
+                g = torch._grouped_mm(xs, gate.transpose(-2, -1), offs=offs)
+                u = torch._grouped_mm(xs, up.transpose(-2, -1), offs=offs)
                 a = F.silu(g) * u
-            ys = torch._grouped_mm(a, w.down_exps.transpose(-2, -1), offs=offs)
+            ys = torch._grouped_mm(a, down.transpose(-2, -1), offs=offs)
         else:
             ys = torch.empty_like(xs)
             start = 0
@@ -317,8 +341,9 @@ class Layer:
                 if c == 0:
                     continue
                 seg = xs[start:start + c]
-                a = F.silu(F.linear(seg, w.gate_exps[e])) * F.linear(seg, w.up_exps[e])
-                ys[start:start + c] = F.linear(a, w.down_exps[e])
+                gate, up, down = self._expert(e, h.dtype)
+                a = F.silu(F.linear(seg, gate)) * F.linear(seg, up)
+                ys[start:start + c] = F.linear(a, down)
                 start += c
         # back to (token, slot) order by a gather through the inverse permutation: the same values
         # as a scatter (index_copy_) of ys, at a third of its GPU time (measured on H200)
@@ -330,41 +355,56 @@ class Layer:
         y = y.view(n, k, s.hidden).float() * top_w.unsqueeze(-1)
         return y.sum(1).to(h.dtype)
 
+    def _resident_experts(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer's experts in `dtype`: stored ones expanded into a scratch now, on their
+        device (no host synchronisation, so a CUDA graph can hold it)."""
+        w = self.w
+        if isinstance(w.gate_exps, QTensor):
+            return w.gate_exps.dequantize(dtype), w.up_exps.dequantize(dtype), w.down_exps.dequantize(dtype)
+        return w.gate_exps, w.up_exps, w.down_exps
+
+    def _expert(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Expert e's gate, up and down (stored ones expanded one expert at a time)."""
+        w = self.w
+        if isinstance(w.gate_exps, QTensor):
+            return (w.gate_exps.expert(e).dequantize(dtype), w.up_exps.expert(e).dequantize(dtype),
+                    w.down_exps.expert(e).dequantize(dtype))
+        return w.gate_exps[e], w.up_exps[e], w.down_exps[e]
+
     def _streamed_experts(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Expert FFN with weights from the device's ExpertCache, in batches the cache can hold.
 
-        Rows of xs are sorted by expert; each batch's rows are regrouped by cache slot so one
-        grouped GEMM over the pool computes them.  Per-row arithmetic is the resident path's."""
+        Rows of xs are sorted by expert, so a batch of consecutive experts owns one contiguous
+        range of rows.  The cache holds experts as stored; a batch is expanded into a scratch
+        in the compute dtype right before its grouped GEMM.  Per-row arithmetic is the
+        resident path's."""
         s, cache = self.spec, self.cache
-        f, d = s.expert_ffn, s.hidden
         counts_host = counts.tolist()  # which experts a chunk touches decides what to stream
         starts = [0]
         for c in counts_host:
             starts.append(starts[-1] + c)
         needed = [e for e, c in enumerate(counts_host) if c]
-        gate, up, down = cache.views(f, d)
         ys = torch.empty_like(xs)
         seq = cache.begin_layer()
-        for b0 in range(0, len(needed), cache.n_slots):
-            batch = needed[b0:b0 + cache.n_slots]
+        expanded = 3 * s.expert_ffn * s.hidden * xs.element_size()
+        step = max(1, min(cache.n_slots, s.n_experts, EXPAND_SCRATCH_BYTES // expanded))
+        for b0 in range(0, len(needed), step):
+            batch = needed[b0:b0 + step]
             slots = cache.ensure(self.index, batch, cache.chunk)
             if self.use_grouped_mm:
-                by_slot = sorted(zip(slots, batch))
-                rows = torch.cat([torch.arange(starts[e], starts[e + 1]) for _, e in by_slot]).to(xs.device)
-                slot_counts = [0] * cache.n_slots
-                for sl, e in by_slot:
-                    slot_counts[sl] = counts_host[e]
-                offs = torch.tensor(slot_counts, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(xs.device)
-                seg = xs[rows]
-                gate_up = cache.pool[:, : 2 * f * d].view(cache.n_slots, 2 * f, d)
-                gu = torch._grouped_mm(seg, gate_up.transpose(-2, -1), offs=offs)
-                out = torch._grouped_mm(moe_kernels.swiglu(gu, f), down.transpose(-2, -1), offs=offs)
-                ys.index_copy_(0, rows, out)
-            else:
-                for e, sl in zip(batch, slots):
+                gate, up, down = cache.expand(self.index, slots, xs.dtype)
+                lo, hi = starts[batch[0]], starts[batch[-1] + 1]
+                offs = torch.tensor([starts[e + 1] - lo for e in batch], dtype=torch.int32).to(xs.device)
+                seg = xs[lo:hi]
+                g = torch._grouped_mm(seg, gate.transpose(-2, -1), offs=offs)
+                u = torch._grouped_mm(seg, up.transpose(-2, -1), offs=offs)
+                ys[lo:hi] = torch._grouped_mm(F.silu(g) * u, down.transpose(-2, -1), offs=offs)
+            else:  # one expert at a time: the scratch stays one expert's size
+                for e, slot in zip(batch, slots):
+                    gate, up, down = cache.expand(self.index, [slot], xs.dtype)
                     seg = xs[starts[e]:starts[e + 1]]
-                    a = F.silu(F.linear(seg, gate[sl])) * F.linear(seg, up[sl])
-                    ys[starts[e]:starts[e + 1]] = F.linear(a, down[sl])
+                    a = F.silu(F.linear(seg, gate[0])) * F.linear(seg, up[0])
+                    ys[starts[e]:starts[e + 1]] = F.linear(a, down[0])
         cache.end_layer(seq)
         # a big chunk touches most experts: fetch the next layer's while this one computes
         if (self.prefetch_next is not None and cache.n_slots >= 2 * s.n_experts
@@ -414,9 +454,9 @@ class Head:
 def load_head(src: WeightSource, device: torch.device, dtype: torch.dtype,
               embed: bool, final: bool) -> Head:
     s = src.spec
-    emb = src.tensor("token_embd.weight").to(device=device, dtype=dtype) if (embed or (final and s.tied_embeddings)) else None
+    emb = dense_weight(src, "token_embd.weight", device, dtype) if (embed or (final and s.tied_embeddings)) else None
     norm = out = None
     if final:
-        norm = src.tensor("output_norm.weight").to(device=device, dtype=torch.float32)
-        out = emb if s.tied_embeddings else src.tensor("output.weight").to(device=device, dtype=dtype)
+        norm = dense_weight(src, "output_norm.weight", device, torch.float32)
+        out = emb if s.tied_embeddings else dense_weight(src, "output.weight", device, dtype)
     return Head(embed=emb if embed else None, norm=norm, out=out, eps=s.rms_eps)

@@ -40,7 +40,8 @@ from .events import (EventSink, RunPlan, RunReport, StageEvent, StagePlan, busy_
                      stage_totals)
 from .gpu_timing import DeferredTimer, DeviceClock, GpuInterval, timing_event
 from .graphs import CAPTURE_LOCK, GraphedLayers
-from .experts import ExpertCache, ExpertStats, HostArena, physical_ram, plan_experts, resolve_pin_limit
+from .experts import (ExpertCache, ExpertLayout, ExpertStats, HostArena, arena_bytes, physical_ram, plan_experts,
+                      resolve_pin_limit)
 from .kv import LayerKV
 from .model import Head, Layer, Rope, WeightSource, load_head, load_layer_weights, resolve_dtype
 
@@ -538,7 +539,10 @@ class Session:
         self.stages = [Stage(self, i, d, a, b) for i, (d, (a, b)) in enumerate(zip(stage_devices, ranges))]
         for a, b in zip(self.stages, self.stages[1:]):
             a.successor = b
-        self.expert_plan = plan_experts(self.config.expert_cache, self.spec, self.stages, self.dtypes)
+        self.expert_layouts = [ExpertLayout.of(source, self.spec, i) for i in range(self.spec.n_layers)] \
+            if self.spec.is_moe else []
+        self.expert_plan = plan_experts(self.config.expert_cache, self.spec, self.stages, self.dtypes,
+                                        max((lay.row_bytes for lay in self.expert_layouts), default=None))
         self.arena: HostArena | None = None
         self._main_extra: list[Layer] | None = None  # prefill-main: later layers on the main device
         self._main_head: Head | None = None
@@ -570,12 +574,11 @@ class Session:
     def _build_arena(self) -> None:
         """Streamed experts: the host arena (pinned up to the limit) and a cache per stage."""
         cuda = any(d.type == "cuda" for d in self.devices)
-        dtype = self.dtypes[self.devices[0]]
-        n_bytes = (self.spec.n_layers * self.spec.n_experts * 3 * self.spec.expert_ffn * self.spec.hidden
-                   * torch.empty((), dtype=dtype).element_size())
+        n_bytes = arena_bytes(self.expert_layouts, self.spec.n_experts)  # the experts as stored
         limit, note = resolve_pin_limit(self.config.pin_limit_gib, n_bytes, cuda)  # refuses before allocating
         self._progress("filling the host expert arena", 0.0)
-        self.arena = HostArena(self.source, self.spec, dtype, range(self.spec.n_layers))
+        self.arena = HostArena(self.source, self.spec, range(self.spec.n_layers),
+                               lambda frac: self._progress("filling the host expert arena", frac))
         self.arena.pin(limit, note)
         self.setup_notes.append(f"experts {self.expert_plan.reason}; arena {self.arena.nbytes / 2**30:.2f} GiB, "
                           f"{self.arena.pinned_bytes / 2**30:.2f} GiB page-locked ({self.arena.pin_note})")

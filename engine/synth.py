@@ -21,12 +21,13 @@ import torch
 import gguf
 from gguf import GGMLQuantizationType, GGUFWriter
 
-from .gguf_model import ModelSpec, expected_shapes
+from . import dequant, quant_recipe
+from .gguf_model import ModelSpec, expected_shapes, format_quant_mix, quant_mix
 from .trace import UMASK, fsync_dir
 
 log = logging.getLogger(__name__)
 
-DEMO_VERSION = 1
+DEMO_VERSION = 2  # 2: q8_0 is llama.cpp's Q8_0 mix (the embedding quantized too)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class ModelRecipe:
     rope_base: float = 1_000_000.0
     rms_eps: float = 1e-6
     seed: int = 0
-    quant: str = "q8_0"  # storage of the large matrices: q8_0, f16, f32
+    quant: str = "q8_0"  # q4_k_m, q6_k, q8_0, iq4_xs (llama.cpp's mixes), f16 or f32
     tied: bool = False
 
     def spec(self) -> ModelSpec:
@@ -73,7 +74,6 @@ QWEN3_30B_A3B = ModelRecipe(arch="qwen3moe", n_layers=48, hidden=2048, n_heads=3
 
 PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B}
 ARCHS = ("qwen3moe", "qwen3", "qwen2", "llama")
-QUANTS = ("q8_0", "f16", "f32")
 
 
 class RecipeError(ValueError):
@@ -172,18 +172,31 @@ def _random_tensors(spec: ModelSpec, seed: int):
         yield name, arr.astype(np.float32)
 
 
-def _storage(name: str, quant: str, arr: np.ndarray) -> tuple[np.ndarray, GGMLQuantizationType | None]:
-    """Large matrices in the recipe's storage type; norms, biases and the router in F32."""
-    big = arr.ndim >= 2 and "ffn_gate_inp" not in name and name != "token_embd.weight"
-    if not big or quant == "f32":
+QUANTS = (*quant_recipe.FTYPES, "f16", "f32")
+# the types gguf can quantise from floats; the others are random valid blocks
+_GGUF_QUANTIZES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
+                             GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0})
+
+
+def _storage(name: str, quant: str, arr: np.ndarray, spec: ModelSpec,
+             seed: int) -> tuple[np.ndarray, GGMLQuantizationType | None]:
+    """A tensor as stored: f16/f32 for the large matrices (norms, biases and the router stay
+    F32), or the type llama.cpp's mix `quant` gives it (`quant_recipe.tensor_type`)."""
+    if quant in ("f16", "f32"):
+        big = arr.ndim >= 2 and "ffn_gate_inp" not in name and name != "token_embd.weight"
+        return (arr.astype(np.float16) if big and quant == "f16" else arr), None
+    if quant not in quant_recipe.FTYPES:
+        raise ValueError(f"unknown storage {quant!r}: use {', '.join(QUANTS)}")
+    qt = quant_recipe.tensor_type(name, arr.shape, quant, spec)
+    if qt == GGMLQuantizationType.F32:
         return arr, None
-    if quant == "f16":
+    if qt == GGMLQuantizationType.F16:
         return arr.astype(np.float16), None
-    if quant == "q8_0":
-        if arr.shape[-1] % 32:
-            return arr, None
-        return gguf.quants.quantize(arr, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
-    raise ValueError(f"unknown storage {quant!r}: use q8_0, f16 or f32")
+    if qt in _GGUF_QUANTIZES:
+        return gguf.quants.quantize(arr, qt), qt
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ seed)
+    raw = quant_recipe.random_blocks(qt, arr.shape, float(arr.std()), g).numpy()
+    return raw.reshape(gguf.quants.quant_shape_to_byte_shape(arr.shape, qt)), qt
 
 
 def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
@@ -234,7 +247,7 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
         w.add_uint32("tokenizer.ggml.bos_token_id", eos)
         w.add_uint32("tokenizer.ggml.padding_token_id", eos)
         for name, arr in _random_tensors(spec, recipe.seed):
-            data, raw = _storage(name, recipe.quant, arr)
+            data, raw = _storage(name, recipe.quant, arr, spec, recipe.seed)
             if edit is not None:
                 edited = edit(name, data)
                 if edited is None:
@@ -287,12 +300,57 @@ class SyntheticSource:
 
     def describe(self) -> str:
         s = self.spec
-        return f"synthetic {s.arch}: {s.n_layers} layers, hidden {s.hidden}, {s.n_experts} experts"
+        mix = format_quant_mix(self.quant_mix())
+        return f"synthetic {s.arch}: {s.n_layers} layers, hidden {s.hidden}, {s.n_experts} experts; {mix}"
 
-    def tensor(self, name: str) -> torch.Tensor:
-        shape = self._shapes[name]
+    def quant_mix(self) -> list[tuple[str, float]]:
+        return quant_mix((self.qtype(n).name, self.nbytes(n)) for n in self._shapes)
+
+    def qtype(self, name: str) -> GGMLQuantizationType:
+        """The tensor's type: the recipe's quant mix, or F32 (weights made as floats)."""
+        if self.recipe.quant in quant_recipe.FTYPES:
+            return quant_recipe.tensor_type(name, self._shapes[name], self.recipe.quant, self.spec)
+        big = len(self._shapes[name]) >= 2 and "ffn_gate_inp" not in name and name != "token_embd.weight"
+        return GGMLQuantizationType.F16 if big and self.recipe.quant == "f16" else GGMLQuantizationType.F32
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def nbytes(self, name: str) -> int:
+        n = 1
+        for x in self._shapes[name]:
+            n *= x
+        return dequant.nbytes_of(self.qtype(name), n)
+
+    def raw(self, name: str) -> torch.Tensor:
+        """The tensor's blocks, generated on the source's device (uint8)."""
+        qt = self.qtype(name)
+        if qt in quant_recipe.QUANTIZED:
+            g = self._generator(name)
+            std = 1.0 if name == "token_embd.weight" else self._shapes[name][-1] ** -0.5
+            return quant_recipe.random_blocks(qt, self._shapes[name], std, g, self.device)
+        t = self._float(name)
+        return (t.to(torch.float16) if qt == GGMLQuantizationType.F16 else t).contiguous().reshape(-1).view(torch.uint8)
+
+    def tensor(self, name: str, device: torch.device | str | None = None,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        dev = self.device if device is None else torch.device(device)
+        qt = self.qtype(name)
+        if qt in quant_recipe.QUANTIZED:
+            return dequant.dequantize(self.raw(name), qt, self._shapes[name], dtype).to(dev)
+        t = self._float(name)
+        if qt == GGMLQuantizationType.F16:  # as stored: what a file of this recipe holds
+            t = t.to(torch.float16)
+        return t.to(device=dev, dtype=dtype)
+
+    def _generator(self, name: str) -> torch.Generator:
         g = torch.Generator(device=self.device)
         g.manual_seed(zlib.crc32(name.encode()) ^ self.recipe.seed)
+        return g
+
+    def _float(self, name: str) -> torch.Tensor:
+        shape = self._shapes[name]
+        g = self._generator(name)
         t = torch.randn(shape, generator=g, device=self.device, dtype=torch.float32)
         if name.endswith("norm.weight"):
             return 1.0 + 0.1 * t

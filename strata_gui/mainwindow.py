@@ -21,6 +21,7 @@ from engine import topology
 from engine.config import ConfigError
 from engine.events import RunReport
 from engine.gguf_model import GGUFError, load
+from engine.memory_plan import plan_memory
 from engine.topology import TelemetrySample, Topology
 
 from .background import BackgroundJobs
@@ -85,6 +86,7 @@ class MainWindow(QMainWindow):
         self._env = os.environ if env is None else env
         self.cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         self._models: dict[str, tuple[int | None, str, str]] = {}  # path -> (n_layers, info, error)
+        self._loaded: dict[str, object] = {}  # path key -> the parsed model (for the memory plan)
         self.validation = Validation()
         self.progress_model: RunProgress | None = None
         self.last_report: RunReport | None = None
@@ -268,6 +270,7 @@ class MainWindow(QMainWindow):
             try:
                 model = load(path)
                 facts = (model.spec.n_layers, model.describe(), "")
+                self._loaded[key] = model
             except GGUFError as exc:
                 facts = (None, "", str(exc))
             except Exception as exc:  # a reader bug on a strange file must not take the app down
@@ -283,11 +286,26 @@ class MainWindow(QMainWindow):
         label = "built-in demo model: " if not s.model_path else ""
         self.settings_panel.set_model_info(f"{label}{info}" if info else "")
         self.validation = validate(s, n_layers, error, self._env, self.cuda_count)
+        self.settings_panel.set_memory_plan(self._memory_plan_text(path, s))
         self.settings_panel.set_errors(self.validation.errors)
         self.devices_panel.set_errors(self.validation.errors)
         self.sweep_view.set_base(self._sweep_base_text(s))
         self._update_buttons()
         return self.validation
+
+    def _memory_plan_text(self, path: Path, s: RunSettings) -> str:
+        """The next run's memory plan ("" while the settings or the model are not valid)."""
+        if not self.validation.ok:
+            return ""
+        model = next((m for k, m in self._loaded.items() if k.split("|")[0] == str(path)), None)
+        if model is None:
+            return ""
+        tokens = (s.prompt_tokens if s.prompt_mode == "tokens" else len(s.prompt_text.encode())) + s.decode_tokens
+        try:
+            return "Memory plan\n" + plan_memory(model, self.validation.config, tokens).render()
+        except Exception:  # the plan is advice: a failure must not block Run
+            log.exception("memory plan of %s failed", path)
+            return ""
 
     def model_label(self, s: RunSettings | None = None) -> str:
         s = s or self.current_settings()

@@ -79,6 +79,14 @@ class SettingsPanel(QGroupBox):
         self.model_info.setProperty("role", "hint")
         self.model_info.setWordWrap(True)
         model_box.column.insertWidget(1, self.model_info)
+        # where the run's memory goes, per device and on the host (updated with the settings)
+        self.memory_plan = QLabel("")
+        self.memory_plan.setProperty("role", "hint")
+        self.memory_plan.setWordWrap(True)
+        self.memory_plan.setToolTip("Memory plan of the next run: per device the dense weights, the experts "
+                                    "(or expert cache), the KV cache and the expansion scratch; on the host the "
+                                    "expert arena and how much of it the pin limit page-locks.")
+        model_box.column.insertWidget(2, self.memory_plan)
         self._add(form, "Model", "model", model_box)
 
         # layer split
@@ -201,6 +209,10 @@ class SettingsPanel(QGroupBox):
     def set_model_info(self, text: str) -> None:
         self.model_info.setText(text)
         self.model_info.setVisible(bool(text))
+
+    def set_memory_plan(self, text: str) -> None:
+        self.memory_plan.setText(text)
+        self.memory_plan.setVisible(bool(text))
 
     # ------------------------------------------------------------------- values
     def load(self, s: RunSettings) -> None:

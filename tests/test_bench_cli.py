@@ -157,3 +157,25 @@ def test_bad_input_keeps_its_own_exit_code(capsys):
 
     rc, _, err = run_cli(capsys, "run", "--model", "demo", "--devices", "cpu", "--prefill", "abc")
     assert rc == failure.BAD_INPUT == 2 and err.startswith("strata-bench: error: ") and "prefill" in err
+
+
+def test_make_model_quant_mix(tmp_path, capsys):
+    p = tmp_path / "q4km.gguf"
+    rc, out, _ = run_cli(capsys, "make-model", str(p), "--layers", "4", "--quant", "q4_k_m", "--hidden", "256",
+                         "--head-dim", "64", "--expert-ffn", "256")
+    assert rc == 0
+    m = gguf_model.load(p)
+    assert m.qtype("blk.0.ffn_gate_exps.weight").name == "Q4_K"
+    assert m.qtype("blk.3.ffn_down_exps.weight").name == "Q6_K" and m.qtype("output.weight").name == "Q6_K"
+
+
+def test_load_reports_progress_on_stderr_and_the_rate(tmp_path, capsys):
+    p = tmp_path / "q.gguf"
+    assert run_cli(capsys, "make-model", str(p), "--layers", "2", "--quant", "q4_k_m", "--hidden", "256",
+                   "--head-dim", "64", "--expert-ffn", "256")[0] == 0
+    rc, out, err = run_cli(capsys, "load", "--model", str(p), "--devices", "cpu", "--expert-cache", "0.0005")
+    assert rc == 0, err
+    assert "filling the host expert arena" in err and "loading layer 1" in err
+    assert "GB/s of file" in err and "GB/s of file" in out and "arena" in out
+    rc, _, err = run_cli(capsys, "run", "--model", str(p), "--prompt-tokens", "16", "--warmup", "0")
+    assert rc == 0 and "loaded q.gguf" in err

@@ -108,3 +108,4 @@ def test_help_and_argument_errors_do_not_import_torch():
 
 def test_the_preset_names_of_the_parser_are_synths():
     assert bench.PRESET_NAMES == tuple(sorted(synth.PRESETS))
+    assert bench.QUANT_NAMES == synth.QUANTS

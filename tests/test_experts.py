@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import gguf_model
+from engine import dequant, gguf_model
 from engine.config import ConfigError, EngineConfig
-from engine.experts import ExpertCache, ExpertStats, HostArena, physical_ram, resolve_pin_limit
+from engine.experts import EXPERT_PARTS, ExpertCache, ExpertStats, HostArena, physical_ram, resolve_pin_limit
 from engine.pipeline import Session
 from engine.prompt import synthetic
 
@@ -17,24 +17,31 @@ def demo(demo_path):
 
 
 def one_layer_of_experts(demo) -> float:
+    """GiB of one layer's experts as stored (the cache holds them so)."""
     s = demo.spec
-    return s.n_experts * 3 * s.expert_ffn * s.hidden * 4 / 2**30  # GiB, fp32 on CPU
+    return sum(demo.nbytes(f"blk.0.{p}.weight") for p in EXPERT_PARTS) / 2**30
 
 
-def test_arena_rows_hold_each_experts_gate_up_down_contiguous(demo):
+def test_arena_rows_hold_each_experts_blocks_as_stored(demo):
+    """An arena row is the expert's gate, up and down blocks exactly as in the file (never
+    expanded); expanded, they are the expert's weights."""
     s = demo.spec
-    arena = HostArena(demo, s, torch.float32, range(s.n_layers))
+    arena = HostArena(demo, s, range(s.n_layers))
     row, pinned = arena.row(2, 5)
-    f, d = s.expert_ffn, s.hidden
-    assert not pinned and row.is_contiguous() and row.numel() == 3 * f * d
-    assert torch.equal(row[: f * d].view(f, d), demo.tensor("blk.2.ffn_gate_exps.weight")[5])
-    assert torch.equal(row[f * d: 2 * f * d].view(f, d), demo.tensor("blk.2.ffn_up_exps.weight")[5])
-    assert torch.equal(row[2 * f * d:].view(d, f), demo.tensor("blk.2.ffn_down_exps.weight")[5])
+    assert not pinned and row.is_contiguous() and row.dtype == torch.uint8
+    lay = arena.layouts[2]
+    assert row.numel() == lay.row_bytes == sum(demo.nbytes(f"blk.2.{p}.weight") for p in EXPERT_PARTS) // 8
+    assert arena.nbytes == 3 * s.n_layers * s.n_experts * s.expert_ffn * s.hidden * 34 // 32  # Q8_0 blocks
+    for part, name in zip(lay.parts, EXPERT_PARTS):
+        full = f"blk.2.{name}.weight"
+        blocks = row[part.offset:part.offset + part.nbytes]
+        assert torch.equal(blocks, demo.raw(full).view(8, -1)[5])
+        assert torch.equal(dequant.dequantize(blocks, part.qtype, part.shape), demo.tensor(full)[5])
 
 
 def test_lru_hits_and_misses_follow_a_hand_computed_sequence(demo):
     s = demo.spec
-    arena = HostArena(demo, s, torch.float32, range(s.n_layers))
+    arena = HostArena(demo, s, range(s.n_layers))
     stats = ExpertStats()
     cache = ExpertCache(arena, torch.device("cpu"), 3, stats)
     steps = [  # (layer, experts) -> expected (hits, misses) after the step
@@ -50,7 +57,8 @@ def test_lru_hits_and_misses_follow_a_hand_computed_sequence(demo):
         slots = cache.ensure(layer, experts, chunk=0)
         assert (stats.hits, stats.misses) == (hits, misses)
         for e, sl in zip(experts, slots):  # the slot holds exactly that expert's row
-            assert torch.equal(cache.pool[sl], arena.row(layer, e)[0])
+            row = arena.row(layer, e)[0]
+            assert torch.equal(cache.pool[sl, :row.numel()], row)
     assert list(cache.lru) == [(0, 1), (0, 3), (0, 4), (1, 4)][-3:]
 
 

@@ -78,7 +78,8 @@ def test_out_of_memory_while_loading_weights_or_expert_cache(demo):
             raise MemoryError("simulated")
     with pytest.raises(DeviceMemoryError, match="allocating the weights of layer 3.*--layer-split"):
         Session(demo, EngineConfig(devices=["cpu", "cpu"]), hooks=PipelineHooks(before_alloc=oom))
-    tiny = 3 * 3 * demo.spec.expert_ffn * demo.spec.hidden * 4 / 2**30
+    one = sum(demo.nbytes(f"blk.0.{p}.weight") for p in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+    tiny = 3 * one / demo.spec.n_experts / 2**30  # three experts as stored
     with pytest.raises(DeviceMemoryError, match="expert cache of 3 slots.*lower --expert-cache"):
         Session(demo, EngineConfig(expert_cache=tiny), hooks=PipelineHooks(before_alloc=oom))
 

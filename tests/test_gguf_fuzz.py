@@ -258,7 +258,7 @@ def test_errors_from_gguf_itself_become_gguf_error(demo_path, monkeypatch):
     def broken_dequantize(*args, **kwargs):
         raise IndexError("bad blocks")
 
-    monkeypatch.setattr(gguf_model.gguf_quants, "dequantize", broken_dequantize)
+    monkeypatch.setattr(gguf_model.dequant, "dequantize", broken_dequantize)
     with pytest.raises(GGUFError) as ei:
         model.tensor("blk.0.ffn_up_exps.weight")
     assert ei.value.kind == "dequantise" and "blk.0.ffn_up_exps.weight" in str(ei.value)

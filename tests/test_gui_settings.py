@@ -171,3 +171,30 @@ def test_a_pin_limit_above_ram_is_flagged_under_its_field_before_run(window, qtb
     assert not win.run_button.isEnabled()
     set_form(win, pin_limit_gib="1")
     assert win.validation.ok and win.run_button.isEnabled()
+
+
+def test_model_quant_mix_and_memory_plan_are_shown_before_run(window, tmp_path):
+    """The model line names its quant mix; the memory plan follows the settings (per device,
+    and the host arena once experts are streamed)."""
+    from engine import synth
+    from engine.config import EngineConfig
+    from engine.gguf_model import load
+    from engine.memory_plan import plan_memory
+
+    win = window
+    p = synth.write_model(tmp_path / "q4km.gguf", synth.recipe_from_args(
+        "demo", quant="q4_k_m", hidden=256, head_dim=64, n_experts=16, expert_ffn=256))
+    win.settings_panel.set_model_path(str(p))
+    info = win.settings_panel.model_info.text()
+    assert "Q4_K 7" in info and "Q6_K" in info and "F32" in info
+    plan = win.settings_panel.memory_plan.text()
+    assert win.settings_panel.memory_plan.isVisible()
+    s = win.current_settings()
+    want = plan_memory(load(p), EngineConfig.from_sources(s.overrides(), {}), s.prompt_tokens + s.decode_tokens)
+    assert plan == "Memory plan\n" + want.render()
+    assert "stage 0 cpu (layers 0-1)" in plan and "stage 1 cpu (layers 2-3)" in plan and "every expert resident" in plan
+    win.settings_panel.expert_cache.setText("0.001")
+    plan = win.settings_panel.memory_plan.text()
+    assert "expert cache" in plan and "slots" in plan and "host arena" in plan and "page-locked 0.00 GiB" in plan
+    win.devices_panel.devices.setCurrentText("cpu,cpu,cpu,cpu,cpu")  # invalid: no plan
+    assert not win.settings_panel.memory_plan.isVisible()

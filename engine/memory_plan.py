@@ -1,0 +1,139 @@
+"""What a run will hold where, computed before anything is loaded (shown before Run).
+
+Per device: dense weights (expanded once to the compute dtype; norms and the router in fp32),
+experts (resident as stored, or the cache's slots as stored), the KV cache for the run's
+tokens, and the scratch the experts are expanded into before their GEMMs.  On the host: the
+expert arena (experts as stored, when they are streamed) and how much of it the pin limit will
+page-lock.  The same rules as `Session` (layer split, `plan_experts`, `resolve_pin_limit`).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from .config import EngineConfig
+from .experts import (DEQUANT_STEP_BYTES, EXPAND_SCRATCH_BYTES, ExpertLayout, arena_bytes, expert_elems,
+                      plan_experts, resolve_pin_limit)
+from .gguf_model import expected_shapes
+from .model import resolve_dtype
+from .pipeline import split_layers
+
+log = logging.getLogger(__name__)
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class _StageShape:  # what plan_experts reads of a stage
+    index: int
+    device: torch.device
+    first: int
+    end: int
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    stage: int
+    device: str
+    first: int
+    end: int
+    dense: int
+    experts: int
+    expert_slots: int  # experts the device holds (resident: all of its layers')
+    kv: int
+    scratch: int
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts + self.kv + self.scratch
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    devices: tuple[DevicePlan, ...]
+    streamed: bool
+    host_arena: int
+    pin_lock: int
+    pin_note: str
+    tokens: int
+
+    def render(self) -> str:
+        lines = []
+        for d in self.devices:
+            experts = (f"expert cache {d.experts / GiB:.2f} ({d.expert_slots} slots)" if self.streamed
+                       else f"experts {d.experts / GiB:.2f}")
+            lines.append(f"stage {d.stage} {d.device} (layers {d.first}-{d.end - 1}): dense {d.dense / GiB:.2f} GiB, "
+                         f"{experts}, KV {d.kv / GiB:.2f} ({self.tokens} tokens), scratch {d.scratch / GiB:.2f}; "
+                         f"total {d.total / GiB:.2f} GiB")
+        if self.streamed:
+            lines.append(f"host arena {self.host_arena / GiB:.2f} GiB (experts as stored), "
+                         f"page-locked {self.pin_lock / GiB:.2f} GiB ({self.pin_note})")
+        else:
+            lines.append("host arena: none (every expert resident on its device)")
+        return "\n".join(lines)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for x in shape:
+        n *= x
+    return n
+
+
+def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
+    """The memory plan of `source` run with `config` over `tokens` tokens (prompt + decode)."""
+    spec = source.spec
+    devices = [torch.device(d) for d in config.devices]
+    dtypes = {d: resolve_dtype(d, config.dtype) for d in devices}
+    ranges = split_layers(spec.n_layers, len(devices), config.layer_split)
+    stages = [_StageShape(i, d, a, b) for i, (d, (a, b)) in enumerate(zip(devices, ranges))]
+    layouts = [ExpertLayout.of(source, spec, i) for i in range(spec.n_layers)] if spec.is_moe else []
+    slot_bytes = max((lay.row_bytes for lay in layouts), default=0)
+    eplan = plan_experts(config.expert_cache, spec, stages, dtypes, slot_bytes or None)
+    shapes = expected_shapes(spec)
+    out = []
+    for st in stages:
+        dsize = torch.empty((), dtype=dtypes[st.device]).element_size()
+        dense = 0
+        for name, shape in shapes.items():
+            if name.startswith("blk."):
+                layer = int(name.split(".")[1])
+                if not st.first <= layer < st.end or "_exps" in name:
+                    continue
+            else:
+                first, last = st.index == 0, st.index == len(stages) - 1
+                if name == "token_embd.weight" and not (first or (last and spec.tied_embeddings)):
+                    continue
+                if name in ("output.weight", "output_norm.weight") and not last:
+                    continue
+            fp32 = len(shape) == 1 or "ffn_gate_inp" in name
+            dense += _numel(shape) * (4 if fp32 else dsize)
+        n_layers = st.end - st.first
+        expanded_expert = expert_elems(spec) * dsize
+        experts = slots = scratch = 0
+        if spec.is_moe:
+            if eplan.streamed:
+                slots = eplan.slots_per_stage[st.index]
+                experts = slots * slot_bytes
+                batch = min(slots, spec.n_experts, max(EXPAND_SCRATCH_BYTES // expanded_expert, 1))
+            else:
+                slots = n_layers * spec.n_experts
+                experts = sum(layouts[i].row_bytes for i in range(st.first, st.end)) * spec.n_experts
+                batch = spec.n_experts
+            # the GPU expands a batch of experts for its grouped GEMM; the CPU one expert at a time
+            scratch = (batch * expanded_expert + DEQUANT_STEP_BYTES if st.device.type == "cuda"
+                       else expanded_expert)
+            floats = all(p.qtype.name in ("F32", "F16", "BF16") for i in range(st.first, st.end)
+                         for p in layouts[i].parts)
+            if floats and not eplan.streamed:  # float experts are expanded once at load, as dense
+                experts, scratch = n_layers * spec.n_experts * expanded_expert, 0
+        kv = 2 * n_layers * spec.n_kv_heads * spec.head_dim * tokens * dsize
+        out.append(DevicePlan(st.index, str(st.device), st.first, st.end, dense, experts, slots, kv, scratch))
+    host = pin = 0
+    note = "no arena"
+    if eplan.streamed:
+        host = arena_bytes(layouts, spec.n_experts)
+        pin, note = resolve_pin_limit(config.pin_limit_gib, host, any(d.type == "cuda" for d in devices))
+    return MemoryPlan(tuple(out), eplan.streamed, host, pin, note, tokens)

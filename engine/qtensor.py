@@ -1,0 +1,67 @@
+"""A weight kept in its GGUF block format on a device, expanded only when used.
+
+`QTensor` is raw bytes + type + shape (torch order).  MoE experts stay this way from the file to
+the device: `expert(e)` is a byte slice (an expert's blocks are contiguous: they are the leading
+dimension), and `dequantize` expands into the compute dtype right before a GEMM.
+
+`stored(src, name, device)` makes one from any weight source: sources that expose their blocks
+(`raw`/`qtype`, as `LoadedModel` and `SyntheticSource` do) give them as stored; others (floats
+only) are wrapped as F32.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from gguf import GGMLQuantizationType as T
+
+from . import dequant
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QTensor:
+    raw: torch.Tensor  # uint8, whole blocks
+    qtype: T
+    shape: tuple[int, ...]  # torch order
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.raw.device
+
+    def expert(self, e: int) -> "QTensor":
+        """Row e of the leading dimension (an expert), as a view of the same bytes."""
+        per = self.raw.numel() // self.shape[0]
+        return QTensor(self.raw[e * per:(e + 1) * per], self.qtype, self.shape[1:])
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequant.dequantize(self.raw, self.qtype, self.shape, dtype)
+
+    def to(self, device: torch.device | str) -> "QTensor":
+        return QTensor(self.raw.to(device), self.qtype, self.shape)
+
+
+def has_blocks(src) -> bool:
+    """Whether a weight source can hand out its tensors as stored."""
+    return hasattr(src, "raw") and hasattr(src, "qtype")
+
+
+def stored(src, name: str, device: torch.device | str = "cpu") -> QTensor:
+    """The tensor `name` of `src` as stored, on `device` (read from the file without mapping
+    it into this process's memory where the source can, so host RAM holds it at most once)."""
+    device = torch.device(device)
+    if not has_blocks(src):
+        t = src.tensor(name).to(torch.float32).contiguous()
+        return QTensor(t.reshape(-1).view(torch.uint8).to(device), T.F32, tuple(t.shape))
+    qtype, shape = src.qtype(name), tuple(src.shape(name))
+    if hasattr(src, "read_into"):
+        host = torch.empty(src.nbytes(name), dtype=torch.uint8)
+        src.read_into(name, 0, host)
+        return QTensor(host.to(device), qtype, shape)
+    return QTensor(src.raw(name).to(device), qtype, shape)

@@ -1,0 +1,41 @@
+"""Random GGUF blocks and the bit-exact comparison against gguf's numpy dequantiser."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
+from gguf.constants import GGML_QUANT_SIZES
+
+from engine import dequant
+
+ALL_TYPES = sorted(dequant.SUPPORTED, key=lambda t: t.name)
+
+
+def random_blocks(qtype: T, rows: int, blocks_per_row: int, seed: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """Random bytes of rows x blocks_per_row blocks (every bit pattern, NaN scales included),
+    as the byte array gguf's dequantiser takes, and the tensor's shape in torch order."""
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, blocks_per_row * ts), dtype=np.uint8)
+    return raw, (rows, blocks_per_row * bs)
+
+
+def assert_bit_exact(got: torch.Tensor, ref: np.ndarray, what: str) -> None:
+    """Same float32 bits everywhere, except that any NaN matches any NaN."""
+    assert got.dtype == torch.float32, what
+    g = got.cpu().numpy()
+    assert g.shape == ref.shape, f"{what}: shape {g.shape} != {ref.shape}"
+    both_nan = np.isnan(g) & np.isnan(ref)
+    same_bits = g.view(np.uint32) == ref.astype(np.float32).view(np.uint32)
+    bad = ~(same_bits | both_nan)
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} values differ, first at "
+                           f"{np.argwhere(bad)[0].tolist()}: {g[bad][0]!r} != {ref[bad][0]!r}")
+
+
+def check_type(qtype: T, device: str, rows: int = 7, blocks_per_row: int = 3, seed: int = 0) -> None:
+    raw, shape = random_blocks(qtype, rows, blocks_per_row, seed)
+    ref = gguf_quants.dequantize(raw, qtype)
+    got = dequant.dequantize(torch.from_numpy(raw).to(device), qtype, shape)
+    assert got.device.type == torch.device(device).type
+    assert_bit_exact(got, ref, f"{qtype.name} on {device}")

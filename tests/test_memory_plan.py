@@ -1,0 +1,83 @@
+"""The memory plan shown before Run against what a Session really allocates (CPU)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import gguf_model
+from engine.config import EngineConfig
+from engine.memory_plan import plan_memory
+from engine.pipeline import Session
+from engine.qtensor import QTensor
+
+K_SHAPES = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
+EXPS = ("gate_exps", "up_exps", "down_exps")
+
+
+def _held(st) -> tuple[int, int]:
+    """(dense bytes, resident expert bytes) a stage holds."""
+    dense = experts = 0
+    for layer in st.layers:
+        for k, t in vars(layer.w).items():
+            if isinstance(t, QTensor):
+                experts += t.nbytes
+            elif isinstance(t, torch.Tensor):
+                dense += t.numel() * t.element_size()
+    seen = set()
+    for t in (st.head.embed, st.head.norm, st.head.out):
+        if t is not None and id(t) not in seen:
+            seen.add(id(t))
+            dense += t.numel() * t.element_size()
+    return dense, experts
+
+
+@pytest.mark.parametrize("cache", ["all", "small"])
+def test_plan_matches_what_the_session_holds(make_arch, cache):
+    model = gguf_model.load(make_arch("qwen3moe", quant="q4_k_m", **K_SHAPES))
+    one = sum(model.nbytes(f"blk.0.{p}.weight") for p in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")) / 16
+    expert_cache = "all" if cache == "all" else 6.5 * one / 2**30
+    cfg = EngineConfig(devices=["cpu", "cpu"], prefill=16, expert_cache=expert_cache)
+    plan = plan_memory(model, cfg, tokens=80)
+    sess = Session(model, cfg)
+    try:
+        assert plan.streamed == (sess.arena is not None) == (cache == "small")
+        for d, st in zip(plan.devices, sess.stages):
+            dense, experts = _held(st)
+            assert (d.first, d.end) == (st.first, st.end)
+            assert d.dense == dense
+            if plan.streamed:
+                assert d.experts == st.cache.pool.numel() and d.expert_slots == st.cache.n_slots == 5  # slots hold the largest row (Q6_K down)
+            else:
+                assert d.experts == experts
+            assert d.kv == 2 * (st.end - st.first) * 2 * 64 * 80 * 4
+            assert d.scratch == 3 * 256 * 256 * 4  # CPU: one expert at a time, fp32
+        if plan.streamed:
+            assert plan.host_arena == sess.arena.nbytes and plan.pin_lock == 0 and "no CUDA" in plan.pin_note
+        text = plan.render()
+        assert "stage 0 cpu (layers 0-1)" in text and "stage 1 cpu (layers 2-3)" in text
+        assert ("host arena" in text) and (("slots" in text) == plan.streamed)
+    finally:
+        sess.close()
+
+
+def test_dense_model_plan_has_no_experts(make_arch):
+    model = gguf_model.load(make_arch("llama", quant="q4_k_m", **K_SHAPES))
+    plan = plan_memory(model, EngineConfig(devices=["cpu"]), tokens=10)
+    d = plan.devices[0]
+    assert d.experts == d.scratch == 0 and not plan.streamed and d.dense > 0
+    assert "none (every expert resident" in plan.render()
+
+
+def test_float_experts_are_expanded_once(make_arch):
+    """f16-stored experts are expanded at load like dense weights: no per-call scratch."""
+    model = gguf_model.load(make_arch("qwen3moe", quant="f16"))
+    cfg = EngineConfig(devices=["cpu"], prefill=16)
+    plan = plan_memory(model, cfg, tokens=20)
+    sess = Session(model, cfg)
+    try:
+        d = plan.devices[0]
+        layer_experts = sum(getattr(layer.w, k).numel() * 4 for layer in sess.stages[0].layers for k in EXPS)
+        assert all(isinstance(getattr(layer.w, k), torch.Tensor) for layer in sess.stages[0].layers for k in EXPS)
+        assert d.experts == layer_experts and d.scratch == 0
+    finally:
+        sess.close()

@@ -1,0 +1,165 @@
+"""Generated quantized models: llama.cpp's tensor-type mixes, valid random blocks, and logits
+that agree with HF transformers loading the same file (which dequantises with gguf)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
+
+from engine import gguf_model, quant_recipe, synth
+from engine.config import EngineConfig
+from engine.pipeline import Session
+from engine.prompt import synthetic
+from hf_reference import hf_model
+
+# rows of 256 values so the K-quants apply (the demo's 128 would fall back to legacy types)
+K_SHAPES = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
+
+
+def _spec(**kw):
+    return synth.recipe_from_args("demo", **{**K_SHAPES, **kw}).spec()
+
+
+def test_use_more_bits_matches_llama_cpp_rule():
+    # n=32: first 4, last 4, and every third from 4 on
+    picked = [i for i in range(32) if quant_recipe.use_more_bits(i, 32)]
+    assert picked == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+
+
+def test_q4_k_m_mix():
+    s = _spec(n_layers=4)
+    tt = lambda name, shape: quant_recipe.tensor_type(name, shape, "q4_k_m", s)  # noqa: E731
+    assert tt("output.weight", (300, 256)) == T.Q6_K
+    assert tt("token_embd.weight", (300, 256)) == T.Q4_K
+    assert tt("blk.0.attn_q.weight", (256, 256)) == T.Q4_K
+    assert [tt(f"blk.{i}.attn_v.weight", (128, 256)) for i in range(4)] == [T.Q4_K, T.Q4_K, T.Q6_K, T.Q6_K]
+    assert [tt(f"blk.{i}.ffn_down_exps.weight", (16, 256, 256)) for i in range(4)] == \
+        [T.Q4_K, T.Q4_K, T.Q6_K, T.Q6_K]
+    assert tt("blk.1.ffn_gate_exps.weight", (16, 256, 256)) == T.Q4_K
+    assert tt("blk.1.ffn_gate_inp.weight", (16, 256)) == T.F32
+    assert tt("blk.1.attn_norm.weight", (256,)) == T.F32
+    # rows that are not whole 256-blocks fall back as llama.cpp does
+    assert tt("blk.1.ffn_up_exps.weight", (16, 64, 96)) == T.Q5_0
+    assert tt("blk.3.ffn_down_exps.weight", (16, 256, 96)) == T.Q8_0
+    assert tt("blk.1.ffn_up_exps.weight", (16, 64, 48)) == T.F16
+    # the 8-expert bumps
+    s8 = _spec(n_layers=4, n_experts=8)
+    assert quant_recipe.tensor_type("blk.0.attn_v.weight", (128, 256), "q4_k_m", s8) == T.Q8_0
+    assert quant_recipe.tensor_type("blk.0.attn_k.weight", (128, 256), "q4_k_m", s8) == T.Q8_0
+    assert quant_recipe.tensor_type("blk.0.attn_output.weight", (256, 256), "q4_k_m", s8) == T.Q5_K
+    # other mixes
+    assert quant_recipe.tensor_type("blk.0.ffn_down_exps.weight", (16, 256, 256), "q6_k", s) == T.Q6_K
+    assert quant_recipe.tensor_type("output.weight", (300, 256), "q8_0", s) == T.Q8_0
+    assert quant_recipe.tensor_type("output.weight", (300, 256), "iq4_xs", s) == T.Q6_K
+    assert quant_recipe.tensor_type("blk.2.ffn_up.weight", (512, 256), "iq4_xs", s) == T.IQ4_XS
+    with pytest.raises(ValueError, match="unknown quant mix"):
+        quant_recipe.tensor_type("output.weight", (300, 256), "q3_k_s", s)
+
+
+@pytest.mark.parametrize("qtype", sorted(quant_recipe.QUANTIZED, key=lambda t: t.name), ids=lambda t: t.name)
+def test_random_blocks_are_valid_and_of_the_asked_size(qtype):
+    g = torch.Generator().manual_seed(3)
+    raw = quant_recipe.random_blocks(qtype, (64, 512), 0.05, g)
+    vals = gguf_quants.dequantize(raw.numpy().reshape(64, -1), qtype)  # the independent reader
+    assert np.isfinite(vals).all()
+    assert 0.035 < float(vals.std()) < 0.065, float(vals.std())
+    assert abs(float(vals.mean())) < 0.01
+
+
+@pytest.fixture(scope="module")
+def quant_model(make_arch):
+    def make(arch: str, quant: str):
+        return make_arch(arch, quant=quant, **K_SHAPES)
+    return make
+
+
+@pytest.mark.parametrize("arch,quant", [("qwen3moe", "q4_k_m"), ("qwen3moe", "q6_k"), ("llama", "q4_k_m"),
+                                        ("qwen3", "q4_k_m")])
+def test_quantized_logits_match_transformers(quant_model, arch, quant):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    path = quant_model(arch, quant)
+    model = gguf_model.load(path)
+    mix = dict(model.quant_mix())
+    main = "Q4_K" if quant == "q4_k_m" else "Q6_K"
+    assert max(mix, key=mix.get) == main and math.isclose(sum(mix.values()), 1.0)
+    if quant == "q4_k_m":
+        assert "Q6_K" in mix
+    ids = synthetic(64, model.spec.vocab, nonce=7)
+    res = Session(model, EngineConfig(devices=["cpu"], prefill=32)).run(ids, decode_tokens=4, logits_all=True)
+    ref_model = hf_model(path, model.spec)
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0]
+        gen = ref_model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)[0, 64:].tolist()
+    assert ref.std() > 0.1  # a model whose logits say something
+    diff = (res.logits - ref).abs().max().item()
+    assert diff <= 1e-4, f"{arch} {quant}: max |logits - HF| = {diff}"
+    assert res.report.generated == gen
+
+
+def test_synthetic_source_generates_quantized_blocks():
+    """synthetic:PRESET:quant=q4_k_m makes blocks on the source's device (no file) that expand
+    like any file's, and a session runs on them."""
+    recipe = synth.recipe_from_args("demo", quant="q4_k_m", n_layers=2, **K_SHAPES)
+    src = synth.SyntheticSource(recipe, "cpu")
+    name = "blk.1.ffn_down_exps.weight"
+    assert src.qtype(name) == T.Q6_K and src.qtype("blk.0.ffn_up_exps.weight") == T.Q4_K
+    raw = src.raw(name)
+    assert raw.dtype == torch.uint8 and raw.numel() == src.nbytes(name) == 16 * 256 * 256 // 256 * 210
+    ref = gguf_quants.dequantize(raw.numpy().reshape(16, 256, -1), T.Q6_K)
+    assert np.array_equal(src.tensor(name).numpy(), ref)
+    assert torch.equal(src.raw(name), raw)  # deterministic
+    res = Session(src, EngineConfig(devices=["cpu"], prefill=16)).run(synthetic(32, src.spec.vocab, nonce=1),
+                                                                      logits_all=True)
+    assert torch.isfinite(res.logits).all()
+
+
+def test_streamed_quantized_experts_match_resident_and_transformers(quant_model):
+    """Experts streamed through a cache smaller than a layer, as stored (Q4_K rows in some
+    layers, Q4_K+Q6_K rows in others), give the resident run's output and HF's logits."""
+    pytest.importorskip("transformers")
+    path = quant_model("qwen3moe", "q4_k_m")
+    model = gguf_model.load(path)
+    rows = {model.qtype(f"blk.{i}.ffn_down_exps.weight").name for i in range(model.spec.n_layers)}
+    assert rows == {"Q4_K", "Q6_K"}
+    ids = synthetic(64, model.spec.vocab, nonce=7)
+    one_expert = sum(model.nbytes(f"blk.3.{p}.weight") for p in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+    one_expert /= model.spec.n_experts
+    cfg = EngineConfig(devices=["cpu", "cpu"], prefill=32, expert_cache=5.5 * one_expert / 2**30)
+    sess = Session(model, cfg)
+    streamed = sess.run(ids, decode_tokens=4, logits_all=True)
+    resident = Session(model, EngineConfig(devices=["cpu", "cpu"], prefill=32)).run(ids, decode_tokens=4,
+                                                                                   logits_all=True)
+    st = streamed.report.expert_stats[0]
+    assert st["slots"] == 5 and st["misses"] > 0 and not st["resident"]
+    # the cache streamed file bytes, not expanded weights
+    assert sess.arena.nbytes < 1.1 * sum(model.nbytes(f"blk.{i}.{p}.weight") for i in range(4)
+                                         for p in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+    assert streamed.report.digest == resident.report.digest
+    # streaming moved the experts' stored bytes: between the smallest and the largest row each
+    rows = [lay.row_bytes for lay in sess.arena.layouts.values()]
+    moved = st["bytes_pinned"] + st["bytes_pageable"]
+    assert st["misses"] * min(rows) <= moved <= st["misses"] * max(rows)
+    assert max(rows) < 0.3 * 3 * 256 * 256 * 4  # under a third of the fp32 weights (Q4_K/Q6_K)
+    with torch.no_grad():
+        ref = hf_model(path, model.spec)(torch.tensor([ids])).logits[0]
+    assert (streamed.logits - ref).abs().max().item() <= 1e-4
+
+
+def test_quant_mix_is_described(quant_model):
+    model = gguf_model.load(quant_model("qwen3moe", "q4_k_m"))
+    mix = model.quant_mix()
+    by_bytes: dict[str, int] = {}
+    for n in model.tensor_names():
+        by_bytes[model.qtype(n).name] = by_bytes.get(model.qtype(n).name, 0) + model.nbytes(n)
+    total = sum(by_bytes.values())
+    assert mix == sorted(((k, v / total) for k, v in by_bytes.items()), key=lambda kv: -kv[1])
+    text = gguf_model.format_quant_mix(mix)
+    assert text.startswith("Q4_K 7") and "Q6_K 2" in text and "F32" in text
+    assert text in model.describe()
+    assert gguf_model.format_quant_mix([("Q4_K", 0.8234), ("Q6_K", 0.1420), ("F32", 0.0346), ("F16", 0.001)]) == \
+        "Q4_K 82%, Q6_K 14%, F32 3%, F16 <1%"
