@@ -366,6 +366,7 @@ def test_qk_norm_rope_kernel_matches_torch_and_lays_q_out_heads_first():
         assert err <= 2 ** -6 * want.abs().max().item(), err
 
 
+@cuda
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_cuda_dequant_bit_exact(qtype):

@@ -190,7 +190,10 @@ def test_env_settings_and_precedence(demo):
 def test_check_nan_names_stage_layer_and_chunk(demo):
     sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=16, check_nan=True))
     lay = sess.stages[1].layers[1]
-    lay.w.ffn_norm[0] = float("nan")  # poison layer 3's FFN norm
+    # poison layer 3's FFN norm in a copy: weights are views of the file's (copy-on-write) mapping,
+    # which every session of this LoadedModel shares
+    lay.w.ffn_norm = lay.w.ffn_norm.clone()
+    lay.w.ffn_norm[0] = float("nan")
     with pytest.raises(StageError) as ei:
         sess.run(synthetic(64, demo.spec.vocab))
     assert (ei.value.stage, ei.value.layer, ei.value.chunk) == (1, 3, 0)
