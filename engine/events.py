@@ -25,6 +25,7 @@ class StageEvent:
     tokens: int = 0
     nbytes: int = 0
     note: str = ""
+    predicted: bool = False  # True for the planner's events (engine.planner), never for a run's
 
     @property
     def dur_ns(self) -> int:
