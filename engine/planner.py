@@ -720,6 +720,89 @@ def profile_from_run(run: MeasuredRun) -> CostProfile:
                        decode_s_per_layer=dec_layer, dispatch_s=dispatch, source=f"measured: {run.name}", fit_note=note)
 
 
+@dataclass(frozen=True)
+class MeasuredTotal:
+    """One measured one-stage prefill: prompt tokens, fixed chunk, layers, seconds."""
+
+    prompt_tokens: int
+    chunk: int
+    n_layers: int
+    prefill_s: float
+
+
+def profile_from_totals(points: Sequence[MeasuredTotal], probe: CostProfile | None = None,
+                        source: str = "measured totals") -> CostProfile:
+    """Fit t0(chunk) per chunk size and one attention slope e to one-stage prefill times.
+
+    A one-stage prefill of chunks (p_i, n_i) over L layers takes L x sum_i (t0(n_i) + e n_i p_i):
+    linear in the unknowns, solved by least squares (normal equations).  A remainder chunk costs
+    t0 of its own size, taken from the full size's per-token rate when unmeasured.  Sizes not
+    measured come from `probe`'s curve scaled to agree at the measured ones."""
+    sizes = sorted({p.chunk for p in points})
+    if not sizes:
+        raise PlanError("no measurements to fit")
+    idx = {c: i for i, c in enumerate(sizes)}
+    k = len(sizes) + 1
+    rows, ys = [], []
+    for p in points:
+        if p.prefill_s <= 0 or p.n_layers <= 0:
+            continue
+        row = [0.0] * k
+        for pos, n in chunking.chunk_bounds(p.prompt_tokens, p.chunk):
+            row[idx[p.chunk]] += n / p.chunk  # a remainder chunk at the full size's rate per token
+            row[-1] += n * pos
+        rows.append(row)
+        ys.append(p.prefill_s / p.n_layers)
+    if len(rows) < k:
+        raise PlanError(f"{len(rows)} measurements for {k} unknowns: measure more prompt sizes")
+    ata = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    aty = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(k)]
+    sol = _solve(ata, aty)
+    layer_s = {c: max(sol[idx[c]], 1e-9) for c in sizes}
+    attn = max(sol[-1], 0.0)
+    note = f"fitted to {len(rows)} one-stage prefill times at {sizes} tokens"
+    base = probe or CostProfile(layer_s={})
+    if probe is not None and probe.layer_s:
+        common = [c for c in sizes if c in probe.layer_s]
+        ratio = sum(layer_s[c] / probe.layer_s[c] for c in common) / len(common) if common else 1.0
+        for c, v in probe.layer_s.items():
+            layer_s.setdefault(c, v * ratio)
+        note += f"; other sizes from the probe curve x {ratio:.3f}"
+    return replace(base, layer_s=layer_s, attn_s_per_token_key=attn, n_layers=points[0].n_layers,
+                   source=source, fit_note=note)
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (small dense systems)."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    scale = [max(abs(v) for v in row[:n]) or 1.0 for row in m]
+    m = [[v / s for v in row] for row, s in zip(m, scale)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-300:
+            raise PlanError("the measurements cannot separate the costs (a singular fit)")
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * y for x, y in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def parse_chunk_cost_log(text: str) -> CostProfile | None:
+    """The probe's costs from a log line `chunk cost on DEV: ChunkCost(layer_s={...}, ...)`."""
+    m = re.search(r"chunk cost on (\S+): ChunkCost\(layer_s=(\{[^}]*\}), attn_s_per_token_key=([0-9.e+-]+), "
+                  r"host_s_per_layer=([0-9.e+-]+), layers_per_stage=(\d+)", text)
+    if not m:
+        return None
+    dev = m.group(1).rstrip(":")
+    return CostProfile(layer_s={int(k): float(v) for k, v in ast.literal_eval(m.group(2)).items()},
+                       attn_s_per_token_key=float(m.group(3)), host_s_per_layer=float(m.group(4)),
+                       device_kind="cuda" if dev.startswith("cuda") else "cpu",
+                       source=f"probe on {dev}", fit_note="the chunk-cost probe's own figures")
+
+
 def machine_of_run(run: MeasuredRun, profile: CostProfile, link_gbs: float = 0.0, peer_gbs: float = 0.0) -> Machine:
     """The machine a run ran on, as far as its events tell (links from its copies and streams)."""
     devs, seen = [], set()
