@@ -105,6 +105,9 @@ class RunReport:
     telemetry: list[dict] = field(default_factory=list)  # GPU samples on the event clock
     telemetry_status: str = ""
     attention: str = ""  # the attention kernel per device (engine/attention.py)
+    # the chunk-cost probe's figures (engine.planner.probe_dict) when the run measured them: what the
+    # planner prices chunk sizes the run did not execute from
+    cost_profile: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         from dataclasses import asdict

@@ -78,6 +78,12 @@ class CostProfile:
     dispatch_s: float = 0.0  # CPU stages: a hand-off's end to the successor's compute start (thread wake-up)
     source: str = "entered"
     fit_note: str = ""
+    fitted_sizes: tuple[int, ...] = ()  # chunk sizes measured (others interpolated or from a probe curve)
+
+    def extrapolated(self, tokens: int) -> bool:
+        """Whether a chunk of this size is priced from other sizes than its own measurement."""
+        sizes = self.fitted_sizes or tuple(self.layer_s)
+        return tokens not in sizes
 
     def cost(self) -> chunking.ChunkCost:
         return chunking.ChunkCost(dict(self.layer_s), self.attn_s_per_token_key, self.host_s_per_layer, 1)
@@ -97,6 +103,7 @@ class CostProfile:
         known = {f for f in cls.__dataclass_fields__}
         kw = {k: v for k, v in d.items() if k in known}
         kw["layer_s"] = {int(k): float(v) for k, v in d["layer_s"].items()}
+        kw["fitted_sizes"] = tuple(int(x) for x in kw.get("fitted_sizes", ()) or ())
         return cls(**kw)
 
 
@@ -617,6 +624,17 @@ def load_history_run(db: Path | str, run: int) -> MeasuredRun:
     return measured_from_report(f"run #{run}", json.loads(row[0]), [StageEvent(*r) for r in rows])
 
 
+def probe_dict(cost: chunking.ChunkCost | None) -> dict[str, Any]:
+    """A run's chunk-cost probe as JSON for `RunReport.cost_profile` ({} when it measured none).
+
+    The hook for engine/pipeline.py: `cost_profile=planner.probe_dict(self._chunk_cost)` in the
+    RunReport of `Session._run_inner`."""
+    if cost is None:
+        return {}
+    return {"layer_s": {str(k): v for k, v in cost.layer_s.items()},
+            "attn_s_per_token_key": cost.attn_s_per_token_key, "host_s_per_layer": cost.host_s_per_layer}
+
+
 def _layers_of(ev: StageEvent, plan: RunPlan) -> int:
     m = re.match(r"prefill-main: layers (\d+)-(\d+)", ev.note)
     if m:
@@ -717,7 +735,8 @@ def profile_from_run(run: MeasuredRun) -> CostProfile:
                        copy_gbs=copy_gbs if kind == "cpu" else (stream_gbs or 0.0),
                        stream_bytes_per_layer_chunk=stream_layer_chunk,
                        expert_layer_bytes=stream_layer_chunk, kv_bytes_per_token_layer=kv,
-                       decode_s_per_layer=dec_layer, dispatch_s=dispatch, source=f"measured: {run.name}", fit_note=note)
+                       decode_s_per_layer=dec_layer, dispatch_s=dispatch, source=f"measured: {run.name}", fit_note=note,
+                       fitted_sizes=tuple(sorted(fitted)))
 
 
 @dataclass(frozen=True)
@@ -769,7 +788,7 @@ def profile_from_totals(points: Sequence[MeasuredTotal], probe: CostProfile | No
             layer_s.setdefault(c, v * ratio)
         note += f"; other sizes from the probe curve x {ratio:.3f}"
     return replace(base, layer_s=layer_s, attn_s_per_token_key=attn, n_layers=points[0].n_layers,
-                   source=source, fit_note=note)
+                   source=source, fit_note=note, fitted_sizes=tuple(sizes))
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
@@ -908,8 +927,10 @@ def sweep(profile: CostProfile, machine: Machine, base: PlanSettings, chunks: It
     """Every combination of chunk, schedule, depth, prefill-main, pin limit and device order,
     best predicted prefill first."""
     n = base.prompt_tokens
-    cands = chunking.GPU_CANDIDATES if profile.device_kind == "cuda" else chunking.CPU_CANDIDATES
-    sizes = sorted({min(c, n) for c in (chunks or cands) if c > 0})
+    # only sizes the profile prices from a measurement (its fit or a probe curve), never a blind extrapolation
+    priced = sorted(profile.layer_s)
+    sizes = sorted({min(c, n) for c in (chunks or priced) if c > 0})
+    schedules = ("fixed", "balanced") if len(priced) >= 3 else ("fixed",)  # balancing needs a cost curve
     names = [d.name for d in machine.devices]
     perms = [list(p) for p in itertools.permutations(names)] if orders and len(names) <= 4 else [names]
     seen_orders = []
@@ -919,7 +940,7 @@ def sweep(profile: CostProfile, machine: Machine, base: PlanSettings, chunks: It
             seen_orders.append((key, p))
     pins = list(pin_limits) or [base.pin_limit_gib]
     out: list[Candidate] = []
-    for (_, order), c, sched, depth, pm, pin in itertools.product(seen_orders, sizes, ("fixed", "balanced"), (0, 1),
+    for (_, order), c, sched, depth, pm, pin in itertools.product(seen_orders, sizes, schedules, (0, 1),
                                                                   (False, True), pins):
         if len(order) == 1 and (pm or depth == 0 or sched == "balanced"):
             continue
