@@ -76,6 +76,7 @@ class CostProfile:
     kv_bytes_per_token_layer: float = 0.0
     decode_s_per_layer: float = 0.0
     dispatch_s: float = 0.0  # CPU stages: a hand-off's end to the successor's compute start (thread wake-up)
+    first_chunk_s_per_layer: float = 0.0  # a stage's first chunk of a run costs this much more per layer
     source: str = "entered"
     fit_note: str = ""
     fitted_sizes: tuple[int, ...] = ()  # chunk sizes measured (others interpolated or from a probe curve)
@@ -285,10 +286,10 @@ class _Sim:
         f = self.stream_share
         return b * f / (pinned * 1e9) + b * (1 - f) / (pageable * 1e9)
 
-    def work(self, st: StagePlan, layers: int, n: int, pos: int) -> tuple[float, float]:
+    def work(self, st: StagePlan, layers: int, n: int, pos: int, first: bool = False) -> tuple[float, float]:
         """(compute seconds, of which streaming-bound extra) of `layers` layers for one chunk."""
         dev = self.devs[st.stage]
-        comp = self.p.layer_time(n, pos) / max(dev.speed, 1e-9)
+        comp = (self.p.layer_time(n, pos) + (self.p.first_chunk_s_per_layer if first else 0.0)) / max(dev.speed, 1e-9)
         if self.streams(st, layers):
             strm = self.stream_s(dev)
             return layers * max(comp, strm), layers * strm
@@ -341,7 +342,7 @@ class _Sim:
                 h = ret[0][c - 1] if (j == 0 and c > 0) else (submit[j][c] if j > 0 else 0.0)
                 if c > 0:
                     h = max(h, ret[j][c - 1])
-                w, strm = self.work(st, L, n, pos)
+                w, strm = self.work(st, L, n, pos, first=c == 0)
                 if gpu:
                     launch = L * self.p.host_s_per_layer
                     ls = self.host.place(h, launch)
@@ -406,7 +407,7 @@ class _Sim:
         t_host, prev_end, prev2 = 0.0, 0.0, 0.0
         note = f"prefill-main: layers 0-{n_layers - 1}"
         for c, (pos, n) in enumerate(bounds):
-            w, strm = self.work(main, n_layers, n, pos)
+            w, strm = self.work(main, n_layers, n, pos, first=c == 0)
             if gpu:
                 launch = n_layers * self.p.host_s_per_layer
                 ls = self.host.place(t_host, launch)
@@ -659,6 +660,7 @@ def profile_from_run(run: MeasuredRun) -> CostProfile:
     starts = {c: b[0] for c, b in enumerate(bounds)}
     n_layers = max((s.end_layer for s in plan.stages), default=0)
     groups: dict[int, list[tuple[float, float]]] = {}
+    firsts: list[tuple[int, float, float]] = []
     kind = "cpu"
     for e in run.events:
         if e.kind != "compute" or e.chunk < 0 or e.chunk not in starts:
@@ -669,7 +671,15 @@ def profile_from_run(run: MeasuredRun) -> CostProfile:
         if e.device.startswith("cuda"):
             kind = "cuda"
         n = e.tokens or bounds[e.chunk][1]
-        groups.setdefault(n, []).append((n * starts[e.chunk], e.dur_ns / 1e9 / L))
+        point = (n * starts[e.chunk], e.dur_ns / 1e9 / L)
+        if e.chunk == 0:
+            firsts.append((n, *point))  # a stage's first chunk also pays its warm-up: fitted apart
+        else:
+            groups.setdefault(n, []).append(point)
+    if not groups:  # one chunk only: its cost is all there is
+        for n, x, y in firsts:
+            groups.setdefault(n, []).append((x, y))
+        firsts = []
     if not groups:
         raise PlanError(f"{run.name}: no compute events to fit costs to")
     sxy = sxx = 0.0
@@ -684,6 +694,10 @@ def profile_from_run(run: MeasuredRun) -> CostProfile:
     fitted = {n: max(sum(y - attn * x for x, y in pts) / len(pts), 1e-9) for n, pts in groups.items()}
     layer_s = dict(fitted)
     note = f"fitted to {sum(len(p) for p in groups.values())} compute events at {sorted(fitted)} tokens"
+    extras = sorted(y - (fitted[n] + attn * x) for n, x, y in firsts if n in fitted)
+    first_extra = max(extras[(len(extras) - 1) // 2], 0.0) if extras else 0.0  # the lower median
+    if first_extra > 0:
+        note += f"; a stage's first chunk {first_extra * 1e3:.3f} ms more per layer (warm-up)"
     probe = run.cost_profile
     if probe.get("layer_s"):
         curve = {int(k): float(v) for k, v in probe["layer_s"].items()}
@@ -735,7 +749,7 @@ def profile_from_run(run: MeasuredRun) -> CostProfile:
                        copy_gbs=copy_gbs if kind == "cpu" else (stream_gbs or 0.0),
                        stream_bytes_per_layer_chunk=stream_layer_chunk,
                        expert_layer_bytes=stream_layer_chunk, kv_bytes_per_token_layer=kv,
-                       decode_s_per_layer=dec_layer, dispatch_s=dispatch, source=f"measured: {run.name}", fit_note=note,
+                       decode_s_per_layer=dec_layer, dispatch_s=dispatch, first_chunk_s_per_layer=first_extra, source=f"measured: {run.name}", fit_note=note,
                        fitted_sizes=tuple(sorted(fitted)))
 
 
