@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default="A,C,D", help="log sections ([A], [C], ...) measured on the same code")
     ap.add_argument("--layers", type=int, default=32, help="the model's layer count")
     ap.add_argument("--traces", nargs="*", type=Path, default=[])
+    ap.add_argument("--compact", action="store_true", help="one line per prompt and chunk: 1 GPU, join, overlap")
     ns = ap.parse_args(argv)
     rows, probe = read_log(ns.log, set(ns.sections.split(",")))
     traces = [planner.load_trace_run(p) for p in ns.traces]
@@ -91,17 +92,40 @@ def main(argv: list[str] | None = None) -> int:
           f"{peer:.0f} GB/s peer (from {traces[0].name if traces else 'nothing'})")
     print("layer_s (ms): " + ", ".join(f"{c}: {v * 1e3:.3f}" for c, v in sorted(fit.layer_s.items())))
     print()
-    print("| log | prompt | chunk | arm | measured tok/s | predicted tok/s | error | busy 0/1/2 % measured | predicted |")
-    print("|---|---:|---|---|---:|---:|---:|---|---|")
     worst = {1: 0.0, 2: 0.0}
+    preds = {}
     for r in rows:
-        p = predict(fit, machine, r)
-        err = p.prefill_tok_s / r.tok_s - 1
-        arm = "1 GPU" if len(r.devices) == 1 else f"2 GPUs, depth {r.depth}"
-        worst[min(len(r.devices), 2)] = max(worst[min(len(r.devices), 2)], abs(err))
-        print(f"| {r.section} | {r.prompt:,} | {r.chunk}x{r.n_chunks} | {arm} | {r.tok_s:,.0f} | "
-              f"{p.prefill_tok_s:,.0f} | {err:+.1%} | {'/'.join(f'{x * 100:.0f}' for x in r.busy)} | "
-              f"{'/'.join(f'{x * 100:.0f}' for x in p.busy_histogram)} |")
+        p = preds[id(r)] = predict(fit, machine, r)
+        worst[min(len(r.devices), 2)] = max(worst[min(len(r.devices), 2)], abs(p.prefill_tok_s / r.tok_s - 1))
+
+    def hist(h: list[float]) -> str:
+        return "/".join(f"{x * 100:.0f}" for x in h)
+
+    if ns.compact:  # one line per (log section, prompt, one-GPU chunk): 1 GPU, join, overlap
+        print("| log | prompt | chunks (2 GPUs) | 1 GPU measured / predicted | join measured / predicted (error) "
+              "| overlap measured / predicted (error) | overlap busy 0/1/2 % measured / predicted |")
+        print("|---|---:|---|---|---|---|---|")
+        i = 0
+        while i + 2 < len(rows) + 0:
+            one, join, over = rows[i:i + 3]
+            if len(one.devices) != 1 or (join.depth, over.depth) != (0, 1):
+                i += 1
+                continue
+            pj, po, p1 = preds[id(join)], preds[id(over)], preds[id(one)]
+            print(f"| {one.section} | {one.prompt:,} | {over.chunk}x{over.n_chunks} | {one.tok_s:,.0f} / "
+                  f"{p1.prefill_tok_s:,.0f} | {join.tok_s:,.0f} / {pj.prefill_tok_s:,.0f} "
+                  f"({pj.prefill_tok_s / join.tok_s - 1:+.1%}) | {over.tok_s:,.0f} / {po.prefill_tok_s:,.0f} "
+                  f"(**{po.prefill_tok_s / over.tok_s - 1:+.1%}**) | {hist(over.busy)} / {hist(po.busy_histogram)} |")
+            i += 3
+    else:
+        print("| log | prompt | chunk | arm | measured tok/s | predicted tok/s | error | busy 0/1/2 % measured | predicted |")
+        print("|---|---:|---|---|---:|---:|---:|---|---|")
+        for r in rows:
+            p = preds[id(r)]
+            arm = "1 GPU" if len(r.devices) == 1 else f"2 GPUs, depth {r.depth}"
+            print(f"| {r.section} | {r.prompt:,} | {r.chunk}x{r.n_chunks} | {arm} | {r.tok_s:,.0f} | "
+                  f"{p.prefill_tok_s:,.0f} | {p.prefill_tok_s / r.tok_s - 1:+.1%} | {hist(r.busy)} | "
+                  f"{hist(p.busy_histogram)} |")
     print()
     print(f"Largest error: one-GPU rows (the fit's own data) {worst[1]:.1%}; two-GPU rows (never fitted) "
           f"{worst[2]:.1%}")

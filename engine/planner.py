@@ -77,6 +77,7 @@ class CostProfile:
     decode_s_per_layer: float = 0.0
     dispatch_s: float = 0.0  # CPU stages: a hand-off's end to the successor's compute start (thread wake-up)
     first_chunk_s_per_layer: float = 0.0  # a stage's first chunk of a run costs this much more per layer
+    root_gap_s: float = 0.0  # CPU: the root thread's own time between its chunks (embedding, interpreter)
     source: str = "entered"
     fit_note: str = ""
     fitted_sizes: tuple[int, ...] = ()  # chunk sizes measured (others interpolated or from a probe curve)
@@ -353,6 +354,8 @@ class _Sim:
                         self.ev(st, c, "wait", dev_end[j][c - 1], ds, note="idle")
                     t_host = le
                 else:
+                    if j == 0 and c > 0:
+                        h += self.p.root_gap_s  # the root's own time between chunks
                     ds = self.device_place(st, max(h, ready_in[j][c]), w)
                     de = ds + w
                     t_host = de
@@ -739,6 +742,19 @@ def profile_from_run(run: MeasuredRun) -> CostProfile:
         if gaps:
             dispatch = max(gaps[len(gaps) // 2], 0.0)
             note += f"; hand-off to successor start {dispatch * 1e3:.2f} ms (median of {len(gaps)})"
+    root_gap = 0.0
+    if kind == "cpu":  # stage 0 never waits for input: what its events leave out between chunks is its own
+        comp0 = sorted((e for e in run.events if e.kind == "compute" and e.stage == 0 and e.chunk >= 0),
+                       key=lambda e: e.chunk)
+        other0 = [e for e in run.events if e.stage == 0 and e.kind in ("wait", "copy", "stream")]
+        gaps = []
+        for a, b in zip(comp0, comp0[1:]):
+            covered = sum(min(o.end_ns, b.start_ns) - max(o.start_ns, a.end_ns) for o in other0
+                          if o.end_ns > a.end_ns and o.start_ns < b.start_ns)
+            gaps.append(max(b.start_ns - a.end_ns - covered, 0) / 1e9)
+        if gaps:
+            root_gap = sorted(gaps)[len(gaps) // 2]
+            note += f"; the root's own time between chunks {root_gap * 1e3:.2f} ms (median of {len(gaps)})"
     dec = [e for e in run.events if e.kind == "decode"]
     dec_layer = 0.0
     if dec:
@@ -749,7 +765,8 @@ def profile_from_run(run: MeasuredRun) -> CostProfile:
                        copy_gbs=copy_gbs if kind == "cpu" else (stream_gbs or 0.0),
                        stream_bytes_per_layer_chunk=stream_layer_chunk,
                        expert_layer_bytes=stream_layer_chunk, kv_bytes_per_token_layer=kv,
-                       decode_s_per_layer=dec_layer, dispatch_s=dispatch, first_chunk_s_per_layer=first_extra, source=f"measured: {run.name}", fit_note=note,
+                       decode_s_per_layer=dec_layer, dispatch_s=dispatch, first_chunk_s_per_layer=first_extra,
+                       root_gap_s=root_gap, source=f"measured: {run.name}", fit_note=note,
                        fitted_sizes=tuple(sorted(fitted)))
 
 
