@@ -334,7 +334,6 @@ class _Sim:
         submit = [[0.0] * M for _ in range(S)]
         ready_in = [[0.0] * M for _ in range(S)]  # input activations in place
         dev_end = [[0.0] * M for _ in range(S)]
-        dev_start = [[0.0] * M for _ in range(S)]
         joined: dict[tuple[int, int], float] = {}
         for c, (pos, n) in enumerate(bounds):
             for j, st in enumerate(self.stages):
@@ -359,7 +358,7 @@ class _Sim:
                     ds = self.device_place(st, max(h, ready_in[j][c]), w)
                     de = ds + w
                     t_host = de
-                dev_start[j][c], dev_end[j][c] = ds, de
+                dev_end[j][c] = de
                 self.ev(st, c, "compute", ds, de, tokens=n)
                 if strm > 0:
                     self.ev(st, c, "stream", ds, ds + strm, nbytes=int(L * self.p.stream_bytes_per_layer_chunk),
@@ -407,7 +406,7 @@ class _Sim:
         n_layers = self.stages[-1].end_layer
         dev = self.devs[main.stage]
         gpu = dev.kind == "cuda"
-        t_host, prev_end, prev2 = 0.0, 0.0, 0.0
+        t_host, prev_end = 0.0, 0.0
         note = f"prefill-main: layers 0-{n_layers - 1}"
         for c, (pos, n) in enumerate(bounds):
             w, strm = self.work(main, n_layers, n, pos, first=c == 0)
@@ -427,7 +426,7 @@ class _Sim:
             if strm > 0:
                 self.ev(main, c, "stream", ds, ds + strm, nbytes=int(n_layers * self.p.stream_bytes_per_layer_chunk),
                         note=f"{n_layers} layers, {self.stream_share:.0%} pinned")
-            prev2, prev_end = prev_end, de
+            prev_end = de
         t = max(prev_end, t_host)
         total = bounds[-1][0] + bounds[-1][1] if bounds else 0
         if self.p.kv_bytes_per_token_layer <= 0:

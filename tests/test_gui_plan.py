@@ -11,8 +11,7 @@ import pytest
 from gui_support import qsettings, qt_settings_sandbox, themed_app, window  # noqa: F401
 from history_support import demo_runs  # noqa: F401
 
-from engine import planner
-from strata_gui.plan_model import PlanModel
+from strata_gui.plan_model import GpuRow, PlanModel
 
 
 def test_plan_model_predicts_a_saved_run_and_its_errors(demo_runs):  # noqa: F811
@@ -27,16 +26,10 @@ def test_plan_model_predicts_a_saved_run_and_its_errors(demo_runs):  # noqa: F81
     m.inputs.pf_depth = 0
     join = m.predict()
     assert join.prediction.prefill_s > res.prediction.prefill_s  # join inherits the chain's latency
-    m.inputs.gpus = [planner_row("cpu")]
+    m.inputs.gpus = [GpuRow("cpu")]
     m.inputs.chunk = "64"
     one = m.predict()
     assert one.prediction.chunk == 64 and {s.device for s in one.prediction.stages} == {"cpu"}
-
-
-def planner_row(name):
-    from strata_gui.plan_model import GpuRow
-
-    return GpuRow(name)
 
 
 def test_plan_tab_draws_prediction_above_measurement_and_recommends(window, qtbot, demo_runs):  # noqa: F811
