@@ -953,15 +953,17 @@ class Candidate:
 
 
 def sweep(profile: CostProfile, machine: Machine, base: PlanSettings, chunks: Iterable[int] | None = None,
-          orders: bool = True, pin_limits: Sequence[float | None] = ()) -> list[Candidate]:
+          orders: bool = True, pin_limits: Sequence[float | None] = (),
+          devices: Sequence[str] | None = None) -> list[Candidate]:
     """Every combination of chunk, schedule, depth, prefill-main, pin limit and device order,
-    best predicted prefill first."""
+    best predicted prefill first.  `devices`: the stages' devices (default: one stage per device
+    of the machine; a name may repeat, e.g. cpu,cpu: stages sharing a device)."""
     n = base.prompt_tokens
     # only sizes the profile prices from a measurement (its fit or a probe curve), never a blind extrapolation
     priced = sorted(profile.layer_s)
     sizes = sorted({min(c, n) for c in (chunks or priced) if c > 0})
     schedules = ("fixed", "balanced") if len(priced) >= 3 else ("fixed",)  # balancing needs a cost curve
-    names = [d.name for d in machine.devices]
+    names = list(devices) if devices else [d.name for d in machine.devices]
     perms = [list(p) for p in itertools.permutations(names)] if orders and len(names) <= 4 else [names]
     seen_orders = []
     for p in perms:  # orders that differ only between identical devices are one order

@@ -190,8 +190,11 @@ class PlanModel:
                    f"{list(self.profile.fitted_sizes)}" if guessed else "")
         return PlanResult(pred, predicted_record(pred), self.record, own, errors, caution)
 
-    def recommend(self, gpus: list[GpuRow], base: RunSettings, top: int = 1) -> tuple[RunSettings, planner.Candidate]:
-        """The best predicted settings for these GPUs (the detected machine), as Run tab settings."""
+    def recommend(self, gpus: list[GpuRow], base: RunSettings,
+                  base_devices: Sequence[str] = ()) -> tuple[RunSettings, planner.Candidate]:
+        """The best predicted settings for these GPUs (the detected machine), as Run tab settings.
+        `base_devices`: the Run tab's stages when they only name these devices (cpu,cpu on a
+        machine without GPUs), so stages sharing a device stay a choice."""
         if self.run is None or self.profile is None:
             raise planner.PlanError("pick a saved run to start from")
         keep = self.inputs.gpus
@@ -201,7 +204,9 @@ class PlanModel:
         finally:
             self.inputs.gpus = keep
         settings = replace(settings, layer_split=None)
-        ranked = planner.sweep(self.profile, machine, settings)
+        names = [g.name for g in gpus]
+        stages = list(base_devices) if base_devices and set(base_devices) <= set(names) else names
+        ranked = planner.sweep(self.profile, machine, settings, devices=stages)
         if not ranked:
             raise planner.PlanError("no setting could be predicted for this machine")
         best = ranked[0]

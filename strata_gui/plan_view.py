@@ -376,7 +376,7 @@ class PlanView(QWidget):
         gpus = gpus_of_topology(self.topology, devices)
         try:
             self._read_inputs()
-            settings, best = self.model.recommend(gpus, self.base_settings)
+            settings, best = self.model.recommend(gpus, self.base_settings, devices)
         except (PlanError, ValueError) as exc:
             self.show_message(f"No recommendation: {exc}", error=True)
             return None

@@ -89,4 +89,6 @@ def test_plan_tab_draws_prediction_above_measurement_and_recommends(window, qtbo
     current = win.current_settings()
     assert current.pf_depth == settings.pf_depth and current.chunk_mode == "fixed"
     assert current.chunk_size == settings.chunk_size
+    # no GPU here: the Run tab's two CPU stages stay a choice, and overlap on both wins the sweep
+    assert settings.devices == current.devices == "cpu,cpu" and settings.pf_depth == 1
     assert join_id != over_id
