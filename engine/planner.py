@@ -21,7 +21,8 @@ The simulation follows `engine.pipeline` one call at a time:
   (their threads run in parallel, as the sleep-hook tests do);
 * GPU stages ("async"): the thread launches (host time, serialised across stage threads: one
   interpreter), the device computes in launch order on its ONE stream (stages sharing a device
-  serialise there), the copy to the next GPU starts once this chunk's compute ended and the
+  serialise there; runs are walked in about their threads' order, chunk c at stage j at step
+  c + j, and placed first-fit on the device — an approximation of one stream's launch order), the copy to the next GPU starts once this chunk's compute ended and the
   successor's stream is past its previous chunk, and a stage keeps at most two chunks queued on
   its device (`Stage.throttle`);
 * expert misses stream at the pinned rate for the pinned share of the arena and at the pageable
@@ -335,65 +336,77 @@ class _Sim:
         ready_in = [[0.0] * M for _ in range(S)]  # input activations in place
         dev_end = [[0.0] * M for _ in range(S)]
         joined: dict[tuple[int, int], float] = {}
-        for c, (pos, n) in enumerate(bounds):
-            for j, st in enumerate(self.stages):
-                gpu = self.devs[st.stage].kind == "cuda"
-                L = st.n_layers
-                h = ret[0][c - 1] if (j == 0 and c > 0) else (submit[j][c] if j > 0 else 0.0)
-                if c > 0:
-                    h = max(h, ret[j][c - 1])
-                w, strm = self.work(st, L, n, pos, first=c == 0)
+
+        def item(j: int, c: int) -> None:
+            """Stage j's run of chunk c (its compute, reap, hand-off and return)."""
+            st = self.stages[j]
+            pos, n = bounds[c]
+            gpu = self.devs[st.stage].kind == "cuda"
+            L = st.n_layers
+            h = ret[0][c - 1] if (j == 0 and c > 0) else (submit[j][c] if j > 0 else 0.0)
+            if c > 0:
+                h = max(h, ret[j][c - 1])
+            w, strm = self.work(st, L, n, pos, first=c == 0)
+            if gpu:
+                launch = L * self.p.host_s_per_layer
+                ls = self.host.place(h, launch)
+                le = ls + launch
+                ds = self.device_place(st, max(ls, ready_in[j][c]), w)
+                de = max(ds + w, le)
+                if c > 0 and ds - dev_end[j][c - 1] >= IDLE_MIN_NS / 1e9:
+                    self.ev(st, c, "wait", dev_end[j][c - 1], ds, note="idle")
+                t_host = le
+            else:
+                if j == 0 and c > 0:
+                    h += self.p.root_gap_s  # the root's own time between chunks
+                ds = self.device_place(st, max(h, ready_in[j][c]), w)
+                de = ds + w
+                t_host = de
+            dev_end[j][c] = de
+            self.ev(st, c, "compute", ds, de, tokens=n)
+            if strm > 0:
+                self.ev(st, c, "stream", ds, ds + strm, nbytes=int(L * self.p.stream_bytes_per_layer_chunk),
+                        note=f"{L} layers, {self.stream_share:.0%} pinned")
+            if j == S - 1:
                 if gpu:
-                    launch = L * self.p.host_s_per_layer
-                    ls = self.host.place(h, launch)
-                    le = ls + launch
-                    ds = self.device_place(st, max(ls, ready_in[j][c]), w)
-                    de = max(ds + w, le)
-                    if c > 0 and ds - dev_end[j][c - 1] >= IDLE_MIN_NS / 1e9:
-                        self.ev(st, c, "wait", dev_end[j][c - 1], ds, note="idle")
-                    t_host = le
+                    ret[j][c] = de if depth == 0 else max(t_host, dev_end[j][c - 1] if c > 0 else 0.0)
                 else:
-                    if j == 0 and c > 0:
-                        h += self.p.root_gap_s  # the root's own time between chunks
-                    ds = self.device_place(st, max(h, ready_in[j][c]), w)
-                    de = ds + w
-                    t_host = de
-                dev_end[j][c] = de
-                self.ev(st, c, "compute", ds, de, tokens=n)
-                if strm > 0:
-                    self.ev(st, c, "stream", ds, ds + strm, nbytes=int(L * self.p.stream_bytes_per_layer_chunk),
-                            note=f"{L} layers, {self.stream_share:.0%} pinned")
-                if j == S - 1:
-                    if gpu:
-                        ret[j][c] = de if depth == 0 else max(t_host, dev_end[j][c - 1] if c > 0 else 0.0)
-                    else:
-                        ret[j][c] = t_host
-                    continue
-                nxt = self.stages[j + 1]
-                reap_until = ret[j + 1][c - 1] if c > 0 else 0.0
-                t = max(t_host, reap_until)
-                if not gpu and reap_until > t_host:
-                    self.ev(st, c, "wait", t_host, reap_until, note="reap")
-                nbytes = n * self.p.handoff_bytes_per_token
-                dur, kind = self.handoff(st, nxt, nbytes)
-                self.handoffs.append(kind)
-                if gpu and self.devs[nxt.stage].kind == "cuda":
-                    cs = max(de, dev_end[j + 1][c - 1] if c > 0 else 0.0)
-                    ready_in[j + 1][c] = cs + dur
-                    self.ev(st, c, "copy", cs, cs + dur, tokens=n, nbytes=int(nbytes), note=kind)
-                    submit[j + 1][c] = t
-                    after = t
-                else:
-                    self.ev(st, c, "copy", t, t + dur, tokens=n, nbytes=int(nbytes), note=kind)
-                    ready_in[j + 1][c] = t + dur + self.p.dispatch_s  # the worker thread wakes up
-                    submit[j + 1][c] = t + dur
-                    after = t + dur
-                if depth == 0:
-                    joined[(j, c)] = after  # ret = the successor's return, filled in below
-                else:
-                    ret[j][c] = max(after, dev_end[j][c - 1] if (gpu and c > 0) else 0.0)
-            if depth == 0:  # the join: each stage returns once the chain below returned
-                for j in range(S - 2, -1, -1):
+                    ret[j][c] = t_host
+                return
+            nxt = self.stages[j + 1]
+            reap_until = ret[j + 1][c - 1] if c > 0 else 0.0
+            t = max(t_host, reap_until)
+            if not gpu and reap_until > t_host:
+                self.ev(st, c, "wait", t_host, reap_until, note="reap")
+            nbytes = n * self.p.handoff_bytes_per_token
+            dur, kind = self.handoff(st, nxt, nbytes)
+            self.handoffs.append(kind)
+            if gpu and self.devs[nxt.stage].kind == "cuda":
+                cs = max(de, dev_end[j + 1][c - 1] if c > 0 else 0.0)
+                ready_in[j + 1][c] = cs + dur
+                self.ev(st, c, "copy", cs, cs + dur, tokens=n, nbytes=int(nbytes), note=kind)
+                submit[j + 1][c] = t
+                after = t
+            else:
+                self.ev(st, c, "copy", t, t + dur, tokens=n, nbytes=int(nbytes), note=kind)
+                ready_in[j + 1][c] = t + dur + self.p.dispatch_s  # the worker thread wakes up
+                submit[j + 1][c] = t + dur
+                after = t + dur
+            if depth == 0:
+                joined[(j, c)] = after  # ret = the successor's return, filled in below
+            else:
+                ret[j][c] = max(after, dev_end[j][c - 1] if (gpu and c > 0) else 0.0)
+        if depth == 1:
+            # walk the runs in about the order their threads get to them (a chunk enters stage j
+            # at step c + j; the stage below first, as it is reaped first), so that work sharing
+            # one GPU's stream or the interpreter is placed in launch order
+            for j, c in sorted(((j, c) for c in range(M) for j in range(S)), key=lambda jc: (jc[0] + jc[1], -jc[0])):
+                item(j, c)
+        else:
+            for c in range(M):
+                for j in range(S):
+                    item(j, c)
+                for j in range(S - 2, -1, -1):  # the join: each stage returns once the chain below returned
                     after = joined[(j, c)]
                     ret[j][c] = max(after, ret[j + 1][c])
                     if self.devs[self.stages[j].stage].kind != "cuda" and ret[j][c] > after:

@@ -117,3 +117,20 @@ def test_another_recorded_configuration_from_a_different_trace_within_10_percent
     rows = planner.error_rows([src, planner.load_trace_run(BENCH / "overlap2-fixed-1024-32k-s3.json.gz")])
     cross = [r for r in rows if r.profile_from != r.predicted]
     assert len(cross) == 2 and all(abs(r.error) < 0.10 for r in cross)
+
+
+def test_interleaved_groups_on_two_gpus_shrink_the_fill_without_overlapping_a_device():
+    prof = planner.CostProfile(layer_s={1024: 1e-3}, n_layers=16, device_kind="cuda", handoff_bytes_per_token=4096)
+    m = planner.Machine([planner.DeviceSpec("cuda:0"), planner.DeviceSpec("cuda:1")], peer_gbs=300.0)
+    s = planner.PlanSettings(prompt_tokens=6 * 1024, chunk=1024)
+    flat = planner.simulate(prof, m, s)
+    inter = planner.simulate(prof, m, planner.PlanSettings(**{**s.__dict__, "interleave": 2}))
+    assert len(inter.stages) == 4 and [st.device for st in inter.stages] == ["cuda:0", "cuda:1"] * 2
+    for dev in ("cuda:0", "cuda:1"):
+        comp = sorted((e.start_ns, e.end_ns) for e in inter.events if e.kind == "compute" and e.device == dev)
+        assert all(a[1] <= b[0] for a, b in zip(comp, comp[1:]))
+    # the same work per device; a chunk reaches the second GPU after half as many layers
+    assert inter.prefill_s < flat.prefill_s
+    visits = [(e.stage, e.chunk) for e in sorted(inter.events, key=lambda e: e.start_ns) if e.kind == "compute"]
+    for c in range(6):  # every chunk visits stages 0..3 in order
+        assert [st for st, ch in visits if ch == c] == [0, 1, 2, 3]
