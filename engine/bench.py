@@ -522,6 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--probe", action="store_true", help="measure pinned host<->device GB/s")
     d.add_argument("--format", choices=("md", "json"), default="md")
     d.set_defaults(func=cmd_devices)
+
+    from . import plan_cli  # issue 22: the what-if planner's subcommand lives in its own module
+
+    plan_cli.add_parser(sub)
     return ap
 
 

@@ -26,6 +26,7 @@ class StageEvent:
     tokens: int = 0
     nbytes: int = 0
     note: str = ""
+    predicted: bool = False  # True for the planner's events (engine.planner), never for a run's
 
     @property
     def dur_ns(self) -> int:
@@ -127,6 +128,9 @@ class RunReport:
     telemetry_status: str = ""
     attention: str = ""  # the attention kernel per device (engine/attention.py)
     handoff_bytes: int = 0  # activations handed between stages during prefill (all hops)
+    # the chunk-cost probe's figures (engine.planner.probe_dict) when the run measured them: what the
+    # planner prices chunk sizes the run did not execute from
+    cost_profile: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         from dataclasses import asdict

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from . import chunking, nonfinite
+from . import chunking, nonfinite, planner
 from .attention import kernel_for
 from .chunk_cost import ChunkCostProbe
 from .config import ConfigError, EngineConfig
@@ -986,6 +986,7 @@ class Session:
             order_reason=self.order_reason, cancelled=cancelled, notes=list(self.notes),
             expert_stats=expert_stats, attention=self.attention_kernels(),
             handoff_bytes=sum(e.nbytes for e in prefill_events if e.kind == "copy" and e.chunk >= 0),
+            cost_profile=planner.probe_dict(self._chunk_cost),
             telemetry=samples, telemetry_status=telemetry_status)
         if self.config.timing:
             log.info("prefill timing (run %s):\n%s", self.run_id, format_timing(report.per_stage))

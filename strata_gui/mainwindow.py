@@ -35,6 +35,7 @@ from .run_progress import RunProgress
 from .run_record import RunRecord
 from .run_settings import RunSettings, Validation, check_machine, validate
 from .run_job import RunRequest, RunStarted, SaveResult
+from .plan_view import PlanTab
 from .settings_panel import SettingsPanel
 from .settings_store import SettingsStore
 from .summary_view import SummaryView
@@ -179,6 +180,9 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.history_panel, "History")
         self.tabs.addTab(self.compare_tab, "Compare")
         self.tabs.addTab(self.sweep_view, "Sweep")
+        self.plan_tab = PlanTab(self)  # issue 22: the what-if planner (strata_gui/plan_view.py)
+        self.tabs.addTab(self.plan_tab, "Plan")
+        self.tabs.setTabToolTip(4, "Predict a run on other GPUs or settings from a saved run's measured costs.")
         self.tabs.setTabToolTip(1, "Every run saved with its settings, report, events and telemetry.")
         self.tabs.setTabToolTip(2, "Two runs' timelines on one time axis, their figures as ratios, what changed.")
         self.tabs.setTabToolTip(3, "Prefill tok/s against prompt size for several arms, with repeats.")

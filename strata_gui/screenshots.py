@@ -4,6 +4,8 @@ slowed-down hooks: the prompts are simply long enough to watch), in a temporary 
 - main-during-run.png, main-after-run.png: the Run tab during and after a run;
 - compare.png: pf_depth 0 (join) against pf_depth 1 (overlap) on the same prompt;
 - sweep.png: join vs overlap over four prompt sizes, five repeats each;
+- plan.png: the Plan tab predicting a pf_depth 1 run from its own measured costs, the predicted
+  Gantt above the measured one (after a warm-up run: the planner's error is the point);
 - history.png: the History tab holding all of those runs.
 
     QT_QPA_PLATFORM=offscreen python -m strata_gui.screenshots docs/screenshots
@@ -30,7 +32,7 @@ COMPARE_SETTINGS = RunSettings(model_path="", devices="cpu,cpu", chunk_mode="fix
 SWEEP_SIZES = "1K, 2K, 4K, 8K"
 SWEEP_ARMS = (("join", "pf_depth=0"), ("overlap", "pf_depth=1"))
 SWEEP_REPEATS = 5
-VIEWS = ("main", "compare", "sweep", "history")
+VIEWS = ("main", "compare", "sweep", "plan", "history")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,6 +129,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     sys.stderr.write(f"the sweep did not finish: {view.progress_label.text()}\n")
                     return 1
                 shot("sweep.png")
+            if "plan" in views:
+                settings = RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "pf_depth": 1})
+                if run(settings) is None:  # warm-up: the planner's start run should not be a cold one
+                    return 1
+                source = run(settings)
+                if source is None:
+                    return 1
+                win.tabs.setCurrentWidget(win.plan_tab)
+                if not win.plan_tab.plan_from(source):
+                    sys.stderr.write(f"cannot plan from run #{source}: {win.plan_tab.view.headline.text()}\n")
+                    return 1
+                shot("plan.png")
             if "history" in views:
                 win.tabs.setCurrentWidget(win.history_panel)
                 win.history_panel.refresh()
