@@ -33,9 +33,10 @@ from .run_controller import RunController
 from .run_progress import RunProgress
 from .run_record import RunRecord
 from .run_settings import RunSettings, Validation, check_devices, validate
-from .run_worker import RunRequest, RunStarted, SaveResult
+from .run_worker import RepeatDone, RunRequest, RunStarted, SaveResult
 from .settings_panel import SettingsPanel
 from .settings_store import SettingsStore
+from .spread import Spread
 from .summary_view import SummaryView
 from .sweep import SweepPlan, SweepResults, SweepSample, SweepStep, arm_config, format_tokens
 from .sweep_controller import SweepController
@@ -88,11 +89,12 @@ class MainWindow(QMainWindow):
         self.last_report: RunReport | None = None
         self.last_outcome = ""  # "finished" | "cancelled" | "failed"
         self.last_saved: SaveResult | None = None  # how the last run went into the history
+        self.repeats: list[RepeatDone] = []  # the measured repeats of the run in flight (or the last one)
         self.error_box: QMessageBox | None = None
         self._closing = False
         self._build()
         self._connect()
-        defaults = RunSettings.from_env(self._env, default_devices(self.cuda_count))
+        defaults = RunSettings.from_env(self._env, default_devices(self.cuda_count), demo=True)
         self.apply_settings(self.store.load_run_settings(defaults) if self.store.has_run_settings else defaults)
         geometry = self.store.load_bytes("geometry")
         if geometry is not None:
@@ -196,6 +198,7 @@ class MainWindow(QMainWindow):
         c.telemetry.connect(self._on_telemetry)
         c.status.connect(self.set_status)
         c.finished.connect(self._on_finished)
+        c.measured.connect(self._on_measured)
         c.cancelled.connect(self._on_cancelled)
         c.failed.connect(self._on_failed)
         c.busy_changed.connect(self._on_busy)
@@ -327,7 +330,8 @@ class MainWindow(QMainWindow):
         request = RunRequest(
             model_path=self.model_path(s), config=v.config,
             prompt_tokens=s.prompt_tokens, prompt_text=s.prompt_text if s.prompt_mode == "text" else None,
-            decode_tokens=s.decode_tokens, model_label=self.model_label(s))
+            decode_tokens=s.decode_tokens, model_label=self.model_label(s), warmup=s.warmup, repeats=s.repeats)
+        self.repeats = []
         self.last_report = None
         self.last_outcome = ""
         self.last_saved = None
@@ -360,6 +364,9 @@ class MainWindow(QMainWindow):
         self.progress.setValue(0)
         self._show_progress()
         reused = " (model already loaded)" if info.session_reused else ""
+        total = self.current_settings().repeats
+        if total > 1:
+            reused += f" · repeat {len(self.repeats) + 1} of {total}"
         self.set_status(f"running{reused}: {plan.prompt_tokens:,} tokens as {plan.n_chunks} "
                         f"{'balanced chunks of up to' if plan.schedule == 'balanced' else '×'} {plan.chunk} on "
                         f"{len(plan.stages)} stage(s) · {plan.chunk_reason}")
@@ -380,16 +387,43 @@ class MainWindow(QMainWindow):
     def _on_telemetry(self, samples: list) -> None:
         self.telemetry.add_samples(samples)
 
+    def _on_measured(self, done: RepeatDone) -> None:
+        self.repeats.append(done)
+        if done.index + 1 < done.total:
+            self.progress_label.setText(f"repeat {done.index + 1} of {done.total} done · "
+                                        f"{done.report.prefill_tok_s:,.0f} tok/s")
+
+    @staticmethod
+    def measure_text(repeats: list[RepeatDone]) -> str:
+        """How the shown figures were measured, in words (the summary's 'Measured' row)."""
+        if not repeats:
+            return ""
+        n = len(repeats)
+        what = f"{n} repeats of the same prompt; the Gantt shows the last" if n > 1 else "one run"
+        if repeats[0].warmed_up:
+            how = "after a warm-up pass of the same shapes (not measured, not drawn)"
+        elif repeats[0].cold:
+            how = ("COLD: no warm-up and the first run of this shape, so it includes one-off set-up "
+                   "(turn on the warm-up, or run again)")
+        else:
+            how = "warm (this shape ran before in this session)"
+        return f"{what}, {how}"
+
     def _on_finished(self, report: RunReport) -> None:
         self.last_report = report
         self.last_outcome = "finished"
         self.gantt.finish()
-        self.summary.show_report(report)
+        self.summary.show_report(report, [d.report for d in self.repeats], self.measure_text(self.repeats))
         self._show_progress()
         self.progress.setValue(self.progress.maximum())
         total_s = report.prefill_s + report.decode_s
-        self.progress_label.setText(f"done · prefill {report.prefill_tok_s:,.0f} tok/s"
-                                    + (f" · decode {report.decode_tok_s:,.1f} tok/s" if report.decode_tok_s else ""))
+        if len(self.repeats) > 1:
+            pre = Spread.of(d.report.prefill_tok_s for d in self.repeats)
+            self.progress_label.setText(f"done · prefill median {pre.median:,.0f} tok/s ±{pre.rel * 100:.1f}% "
+                                        f"over {pre.n} repeats")
+        else:
+            self.progress_label.setText(f"done · prefill {report.prefill_tok_s:,.0f} tok/s"
+                                        + (f" · decode {report.decode_tok_s:,.1f} tok/s" if report.decode_tok_s else ""))
         saved = self.last_saved
         where = f" · saved to the history as #{saved.run}" if saved is not None and saved.run is not None else ""
         self.set_status(f"finished run {report.run_id} in {total_s:.2f} s · digest {report.digest[:12]}{where}")

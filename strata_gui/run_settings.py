@@ -19,10 +19,15 @@ log = logging.getLogger(__name__)
 # field names of the form (one error slot each); "general" takes what no field owns
 FIELDS = ("model", "devices", "gpu_order", "layer_split", "prefill", "chunk_schedule", "pf_depth", "prefill_main",
           "cuda_graphs",
-          "pin_limit_gib", "expert_cache", "prompt", "decode_tokens", "general")
+          "pin_limit_gib", "expert_cache", "prompt", "decode_tokens", "repeats", "general")
 
 MAX_PROMPT_TOKENS = 1 << 20
 MAX_DECODE_TOKENS = 4096
+MAX_REPEATS = 20
+# The demo's first-start chunk: auto (the engine's default, right for real models) picks ONE
+# 2048-token chunk for the demo on a CPU, which shows no pipeline; 256 makes C0..C7 on two stages
+# with the overlap visible (73% of the prefill with both stages computing, 2 CPU cores).
+DEMO_CHUNK = 256
 
 
 @dataclass
@@ -44,6 +49,8 @@ class RunSettings:
     prompt_text: str = ""
     decode_tokens: int = 16
     cuda_graphs: bool = True
+    warmup: bool = True  # an unmeasured pass before the first measured run of each new shape
+    repeats: int = 1  # measured runs per press of Run; the summary shows their median and spread
 
     def overrides(self) -> dict[str, Any]:
         """The engine settings as raw values for `EngineConfig.from_sources` (GUI > env > default)."""
@@ -87,10 +94,16 @@ class RunSettings:
         return cls(**kw)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, devices: str = "cpu,cpu") -> "RunSettings":
-        """Defaults for a first start: the environment's valid values (DESIGN.md "Settings")."""
+    def from_env(cls, env: Mapping[str, str] | None = None, devices: str = "cpu,cpu",
+                 demo: bool = False) -> "RunSettings":
+        """Defaults for a first start: the environment's valid values (DESIGN.md "Settings").
+
+        demo: the first start opens the built-in demo model; its chunk is fixed at DEMO_CHUNK
+        (unless STRATA_PREFILL says otherwise) so the first Run shows the pipeline."""
         env = os.environ if env is None else env
         s = cls(devices=devices)
+        if demo:
+            s.chunk_mode, s.chunk_size = "fixed", str(DEMO_CHUNK)
         for name, var in ENV_NAMES.items():
             raw = env.get(var, "")
             if raw == "":
@@ -172,6 +185,8 @@ def validate(settings: RunSettings, n_layers: int | None, model_error: str = "",
     elif not 1 <= settings.prompt_tokens <= MAX_PROMPT_TOKENS:
         v.errors["prompt"] = str(ConfigError("prompt_tokens", settings.prompt_tokens,
                                              f"a token count from 1 to {MAX_PROMPT_TOKENS}"))
+    if not 1 <= settings.repeats <= MAX_REPEATS:
+        v.errors["repeats"] = str(ConfigError("repeats", settings.repeats, f"an integer from 1 to {MAX_REPEATS}"))
     if not 0 <= settings.decode_tokens <= MAX_DECODE_TOKENS:
         v.errors["decode_tokens"] = str(ConfigError("decode_tokens", settings.decode_tokens,
                                                     f"an integer from 0 to {MAX_DECODE_TOKENS}"))

@@ -11,8 +11,11 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
+from typing import Sequence
+
 from engine.events import RunReport
 
+from .spread import Spread, format_spread
 from .table_height import fit_height
 from .theme import KIND_STYLES, MUTED_COLOR
 
@@ -90,23 +93,42 @@ class SummaryView(QWidget):
     # ------------------------------------------------------------------ states
     def show_message(self, text: str) -> None:
         self.report = None
+        self.repeats: list[RunReport] = []
         self.figures.setText(f"<p style='color:{MUTED_COLOR}'>{html.escape(text)}</p>")
         self.table.setRowCount(0)
         fit_height(self.table, min_rows=2)
         self.expert.setText("")
         self._set_hist([])
 
-    def show_report(self, r: RunReport) -> None:
+    def show_report(self, r: RunReport, repeats: Sequence[RunReport] = (), measure: str = "") -> None:
+        """The report `r` (the run the Gantt shows); with `repeats` (every measured repeat, `r`
+        among them) the prefill and decode figures are their median and spread.  `measure` says
+        how the runs were measured (warm-up, cold)."""
         self.report = r
+        self.repeats = list(repeats)
         plan = r.plan
         rows = []
-        rows.append(("Prefill", f"<b>{r.prefill_tok_s:,.0f} tok/s</b> · {plan.prompt_tokens:,} tokens in "
-                                f"{r.prefill_s * 1e3:,.1f} ms"))
+        many = len(self.repeats) >= 2
+        if r.cancelled:
+            rows.append(("Prefill", f"<b>—</b> (stopped: no prefill rate) · {plan.prompt_tokens:,} tokens planned"))
+        elif many:
+            pre = Spread.of(x.prefill_tok_s for x in self.repeats)
+            ms = Spread.of(x.prefill_s * 1e3 for x in self.repeats)
+            rows.append(("Prefill", f"<b>{html.escape(format_spread(pre, unit='tok/s'))}</b><br>"
+                                    f"{plan.prompt_tokens:,} tokens in {html.escape(format_spread(ms, '{:,.1f}', 'ms'))}"))
+        else:
+            rows.append(("Prefill", f"<b>{r.prefill_tok_s:,.0f} tok/s</b> · {plan.prompt_tokens:,} tokens in "
+                                    f"{r.prefill_s * 1e3:,.1f} ms"))
         steps = max(len(r.generated) - 1, 0)
-        if steps:
+        if steps and many:
+            dec = Spread.of(x.decode_tok_s for x in self.repeats if x.decode_tok_s)
+            rows.append(("Decode", f"<b>{html.escape(format_spread(dec, '{:,.1f}', 'tok/s'))}</b> · {steps} steps"))
+        elif steps:
             rows.append(("Decode", f"<b>{r.decode_tok_s:,.1f} tok/s</b> · {steps} steps in {r.decode_s * 1e3:,.1f} ms"))
         else:
             rows.append(("Decode", "no decode steps in this run"))
+        if measure:
+            rows.append(("Measured", html.escape(measure)))
         if plan.schedule == "balanced" and plan.bounds:
             sizes = [n for _, n in plan.bounds]
             what = f"{plan.n_chunks} balanced chunks, {sizes[0]:,} … {sizes[-1]:,} tokens"
