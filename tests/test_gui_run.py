@@ -215,3 +215,32 @@ def test_balanced_schedule_and_cuda_graphs_settings_reach_the_engine(window, qtb
     assert session.config.chunk_schedule == "balanced" and session.config.cuda_graphs is False
     ok, what = win.gantt.store.one_compute_per_stage_chunk(2, plan.n_chunks)
     assert ok, what
+
+
+def test_first_run_on_the_demo_shows_the_pipeline(themed_app, qtbot, tmp_path, demo_path):
+    """A first start (no stored settings) pressing Run: C0…C7 on two stages, with both stages
+    computing at once for part of the prefill; auto stays the engine's default elsewhere."""
+    from PySide6.QtCore import QSettings
+
+    from strata_gui.mainwindow import MainWindow
+    from strata_gui.run_settings import RunSettings
+
+    assert RunSettings().chunk_mode == "auto" and RunSettings.from_env({}).chunk_mode == "auto"
+    assert RunSettings.from_env({"STRATA_PREFILL": "auto"}, demo=True).chunk_mode == "auto"
+    fresh = QSettings(str(tmp_path / "first-start.ini"), QSettings.Format.IniFormat)
+    win = MainWindow(fresh, demo_path, history_path=tmp_path / "h.sqlite3", env={})
+    qtbot.addWidget(win)
+    win.show()
+    try:
+        qtbot.waitUntil(lambda: not win.jobs.busy, timeout=20_000)
+        s = win.current_settings()
+        assert (s.chunk_mode, s.chunk_size, s.prompt_tokens, s.warmup) == ("fixed", "256", 2048, True)
+        _click_run(qtbot, win)
+        _wait_done(qtbot, win, "finished")
+        plan = win.last_report.plan
+        assert (len(plan.stages), plan.n_chunks) == (2, 8)
+        ok, what = win.gantt.store.one_compute_per_stage_chunk(2, 8)
+        assert ok, what
+        assert win.last_report.busy_histogram[2] > 0.2  # the overlap is visible: both stages at once
+    finally:
+        win.close()
