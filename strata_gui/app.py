@@ -80,8 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     win = MainWindow(QSettings(), demo)
     if ns.model is not None:
         win.settings_panel.set_model_path(str(ns.model))
-    win.resize(1600, 1000)
-    win.show()
+    win.show()  # at its remembered size and place, clamped to the screen (MainWindow.fit_to_screen)
     return app.exec()
 
 

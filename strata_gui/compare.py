@@ -115,9 +115,13 @@ class MetricRow:
         """What the ratio's colour (or its absence) means, in words."""
         if self.ratio is None:
             return ""
-        if self.unaffected:
-            return self.unaffected
         noise = self.noise
+        if self.unaffected:
+            if noise is None:
+                return self.unaffected
+            if self.within_noise:
+                return f"within noise (±{noise * 100:.1f}%); {self.unaffected}"
+            return f"{self.unaffected} (noise ±{noise * 100:.1f}%)"
         if noise is None:
             return "noise unknown: single runs (use repeats, or run the same settings again)"
         if self.within_noise:

@@ -141,9 +141,9 @@ class CompareView(QWidget):
         body = QSplitter(Qt.Orientation.Vertical)
         body.addWidget(gantts)
         body.addWidget(bottom)
-        body.setStretchFactor(0, 3)
-        body.setStretchFactor(1, 2)
-        body.setSizes([520, 380])
+        body.setStretchFactor(0, 1)
+        body.setStretchFactor(1, 1)
+        body.setSizes([480, 420])  # proportions: a short window keeps the figures readable
 
         lay = QVBoxLayout(self)
         lay.addLayout(top)

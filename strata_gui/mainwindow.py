@@ -13,9 +13,9 @@ from typing import Callable, Mapping
 
 import torch
 from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QCloseEvent
+from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QMessageBox, QProgressBar, QPushButton,
-                               QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+                               QScrollArea, QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
 from engine import topology
 from engine.config import ConfigError
@@ -23,6 +23,7 @@ from engine.events import RunReport
 from engine.gguf_model import GGUFError, load
 from engine.topology import TelemetrySample, Topology
 
+from . import window_fit
 from .background import BackgroundJobs
 from .compare_view import CompareView
 from .devices_panel import DevicesPanel
@@ -97,8 +98,8 @@ class MainWindow(QMainWindow):
         defaults = RunSettings.from_env(self._env, default_devices(self.cuda_count), demo=True)
         self.apply_settings(self.store.load_run_settings(defaults) if self.store.has_run_settings else defaults)
         geometry = self.store.load_bytes("geometry")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
+        restored = geometry is not None and self.restoreGeometry(geometry)
+        self.fit_to_screen(restored)
         self.refresh_topology(probe=False)
         if self.history_error:
             self.set_status(f"run history unavailable: {self.history_error}")
@@ -106,6 +107,21 @@ class MainWindow(QMainWindow):
                             informative="Runs work as before; they are not saved until this is resolved.")
 
     # ------------------------------------------------------------------ layout
+    def fit_to_screen(self, remembered: bool = True) -> None:
+        """The remembered size and place (or a first-start default), clamped to the screen's
+        available area: the window never opens larger than the screen (150% scale included)."""
+        if self.isMaximized() or self.isFullScreen():
+            return
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        if screen is None:
+            return
+        a = screen.availableGeometry()
+        g = self.geometry()
+        m = self.minimumSizeHint()
+        r = window_fit.fit(window_fit.Rect(g.x(), g.y(), g.width(), g.height()) if remembered else None,
+                           window_fit.Rect(a.x(), a.y(), a.width(), a.height()), (m.width(), m.height()))
+        self.setGeometry(r.x, r.y, r.w, r.h)
+
     def _build(self) -> None:
         self.devices_panel = DevicesPanel()
         self.settings_panel = SettingsPanel()
@@ -134,7 +150,8 @@ class MainWindow(QMainWindow):
         self.progress.setMinimumWidth(220)
         self.progress.setToolTip("Prefill chunks finished by the last stage, then decode steps.")
         self.progress_label = QLabel("idle")
-        self.progress_label.setMinimumWidth(330)
+        self.progress_label.setMinimumWidth(160)
+        self.progress_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         bar = QHBoxLayout()
         bar.addWidget(self.run_button)
         bar.addWidget(self.stop_button)
@@ -147,13 +164,21 @@ class MainWindow(QMainWindow):
         self.telemetry.link_x(self.gantt.plot.getPlotItem())
         self.summary = SummaryView()
         self.splitter = QSplitter(Qt.Orientation.Vertical)
+        # the summary scrolls when the window is short (1280x720, 150% scale) instead of clipping
+        summary_scroll = QScrollArea()
+        summary_scroll.setWidget(self.summary)
+        summary_scroll.setWidgetResizable(True)
+        summary_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        summary_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.summary.setMinimumHeight(260)
         for w in (self.gantt, self.telemetry, self.summary):
             w.setContentsMargins(4, 4, 4, 4)
+        for w in (self.gantt, self.telemetry, summary_scroll):
             self.splitter.addWidget(w)
         self.splitter.setStretchFactor(0, 5)
-        self.splitter.setStretchFactor(1, 2)
-        self.splitter.setStretchFactor(2, 3)
-        self.splitter.setSizes([470, 120, 310])
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setStretchFactor(2, 4)
+        self.splitter.setSizes([440, 90, 370])  # proportions: Qt scales them to the window
         right = QWidget()
         right_lay = QVBoxLayout(right)
         right_lay.addLayout(bar)
@@ -241,7 +266,7 @@ class MainWindow(QMainWindow):
     @staticmethod
     def _idle_telemetry_text(topo: Topology) -> str:
         if not topo.devices:
-            return f"telemetry unavailable: no GPU to sample ({topo.reason or 'no CUDA devices'})"
+            return "telemetry unavailable: no GPU to sample (the Devices panel says why)"
         return "GPU telemetry is sampled during a run."
 
     # --------------------------------------------------------------- settings

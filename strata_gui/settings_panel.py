@@ -46,10 +46,10 @@ TIPS = {
               "spans several chunks (+10% at 16K, +28% at 64K tokens on 4 GPUs).",
     "decode_tokens": "Tokens to generate greedily after the prompt, one step at a time through the split; "
                      "decode speed is not expected to change with the prefill settings.",
-    "warmup": "Before the first measured run of a new prompt shape, run the same chunk shapes once unmeasured "
-              "(not drawn, not saved): the first pass pays one-off set-up (kernels, memory, CUDA graph "
-              "capture; a demo C0 took ~250 ms cold instead of ~55 ms). Off: that run is labelled cold.",
-    "repeats": "Measured runs of the same prompt per press of Run; the summary shows their median and spread, "
+    "warmup": "Before the first measured run of a new prompt shape, run its chunk shapes once unmeasured (not "
+              "drawn, not saved): the first pass pays one-off set-up such as kernels, memory and CUDA graph capture "
+              "(a demo C0 took ~250 ms cold, ~55 ms warm); off, that run is labelled cold.",
+    "repeats": "Measured runs of the same prompt per press of Run: the summary shows their median and spread, "
                "every repeat is saved, and Compare uses the spread to tell a change from noise.",
 }
 
@@ -151,8 +151,8 @@ class SettingsPanel(QGroupBox):
         self.repeats = QSpinBox()
         self.repeats.setRange(1, MAX_REPEATS)
         self.repeats.setPrefix("repeats ")
-        box = FieldBox(self.warmup, self.repeats, tooltip=TIPS["warmup"])
-        self.repeats.setToolTip(TIPS["repeats"])
+        box = FieldBox(self.repeats, self.warmup, tooltip=TIPS["repeats"])
+        self.warmup.setToolTip(TIPS["warmup"])
         box.flag_targets = [self.repeats]
         self._add(form, "Measure", "repeats", box)
 

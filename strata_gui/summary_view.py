@@ -8,7 +8,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QTableWidget,
+from PySide6.QtWidgets import (QAbstractItemView, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
 from typing import Sequence
@@ -49,7 +49,7 @@ class SummaryView(QWidget):
         self.figures.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.figures.setWordWrap(True)
         self.figures.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
-        self.figures.setMinimumWidth(330)
+        self.figures.setMinimumWidth(260)
 
         self.table = QTableWidget(0, len(STAGE_COLUMNS))
         self.table.setHorizontalHeaderLabels(STAGE_COLUMNS)
@@ -71,7 +71,7 @@ class SummaryView(QWidget):
         mid.addStretch(1)
 
         self.hist, hp = busy_plot("Busy histogram", "share of prefill wall time (%)")
-        self.hist.setMinimumWidth(250)
+        self.hist.setMinimumWidth(190)
         self.hist.setToolTip("Share of the prefill's wall time with exactly k stages computing, k = 0…N: "
                              "a full pipeline spends most of its time at k = N.")
         self.bars = pg.BarGraphItem(x=np.zeros(0), height=np.zeros(0), width=0.6,
@@ -79,16 +79,48 @@ class SummaryView(QWidget):
         hp.addItem(self.bars)
         self.bar_labels: list[pg.TextItem] = []
 
-        body = QHBoxLayout()
-        body.addWidget(self.figures, 5)
-        body.addLayout(mid, 8)
-        body.addWidget(self.hist, 4)
+        self._mid = QWidget()
+        mid.setContentsMargins(0, 0, 0, 0)
+        self._mid.setLayout(mid)
+        self.body = body = QGridLayout()
+        self.narrow: bool | None = None
+        self._arrange(narrow=False)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(title)
         lay.addLayout(body, 1)
         self.show_message("No run yet. Press Run to prefill the prompt through the split; "
                           "the engine's report appears here.")
+
+    NARROW_PX = 1000  # below this width: figures and histogram side by side, the stage table under them
+
+    def _arrange(self, narrow: bool) -> None:
+        """Three columns on a wide window; two rows on a narrow one (1280 px, 150% scale)."""
+        if narrow == self.narrow:
+            return
+        self.narrow = narrow
+        for w in (self.figures, self._mid, self.hist):
+            self.body.removeWidget(w)
+        for c in range(3):
+            self.body.setColumnStretch(c, 0)
+        if narrow:
+            self.body.addWidget(self.figures, 0, 0)
+            self.body.addWidget(self.hist, 0, 1)
+            self.body.addWidget(self._mid, 1, 0, 1, 2)
+            self.body.setColumnStretch(0, 3)
+            self.body.setColumnStretch(1, 2)
+            self.hist.setMinimumHeight(200)
+        else:
+            self.body.addWidget(self.figures, 0, 0)
+            self.body.addWidget(self._mid, 0, 1)
+            self.body.addWidget(self.hist, 0, 2)
+            for c, stretch in enumerate((5, 8, 4)):
+                self.body.setColumnStretch(c, stretch)
+            self.hist.setMinimumHeight(0)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        self._arrange(event.size().width() < self.NARROW_PX)
+        super().resizeEvent(event)
 
     # ------------------------------------------------------------------ states
     def show_message(self, text: str) -> None:

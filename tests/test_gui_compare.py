@@ -119,7 +119,8 @@ def test_two_identical_settings_runs_compare_as_within_noise(window, qtbot):
     assert c.before_samples.source == c.after_samples.source == "same settings"
     pre = c.metric("prefill tok/s")
     assert pre.within_noise is True and pre.verdict == ""
-    assert pre.judgement == "no setting differs: any difference is noise"
+    assert pre.judgement.startswith("within noise (±") and pre.judgement.endswith("no setting differs: any "
+                                                                                 "difference is noise")
     assert "noise" in cv.headline.text() and "color:#1B7F3B" not in cv.headline.text()
     row = _prefill_row(cv)
     assert cv.metrics.item(row, 3).foreground().color().name() not in ("#1b7f3b", "#c5221f")
@@ -153,4 +154,5 @@ def test_depth_change_with_repeats_colours_prefill_and_flags_decode_as_unaffecte
     assert cv.metrics.item(_prefill_row(cv), 3).foreground().color().name() == "#1b7f3b"
     dec = c.metric("decode tok/s")
     assert dec.verdict == "" and dec.unaffected.startswith("not affected by pf_depth")
+    assert "not affected by pf_depth" in dec.judgement
     assert "not affected by pf_depth" in cv.headline.text()
