@@ -169,7 +169,7 @@ class SummaryView(QWidget):
         rows.append(("Chunks", f"{what} ({html.escape(_short(plan.chunk_reason))})"))
         depth = "1 (overlap)" if plan.pf_depth == 1 else "0 (join)"
         rows.append(("Pipeline", f"depth {depth}" + (" · prefill on the main device" if plan.prefill_main else "")))
-        rows.append(("Hand-off", html.escape(r.handoff)))
+        rows.append(("Hand-off", html.escape(handoff_text(r.handoff))))
         rows.append(("Order used", f"{html.escape(', '.join(r.device_order))}<br>"
                                    f"<span style='color:{MUTED_COLOR}'>{html.escape(r.order_reason)}</span>"))
         rows.append(("Digest", f"<code>{html.escape(r.digest)}</code>"))
@@ -243,6 +243,24 @@ def expert_text(stats: list[dict]) -> str:
                      + (f" at {st.get('gbs', 0.0):,.1f} GB/s" if moved else "")
                      + (f" ({_bytes(st.get('bytes_pageable', 0))} pageable)" if st.get("bytes_pageable") else ""))
     return "<b>Expert cache</b><br>" + "<br>".join(html.escape(x) for x in lines)
+
+
+HANDOFF_MEANING = {
+    "peer": "GPU to GPU directly (peer access)",
+    "host": "host-staged: device → pinned host buffer → device (no peer access between these devices, "
+            "as under WDDM)",
+    "same-device": "none needed (the stages share a device)",
+}
+
+
+def handoff_text(kind: str) -> str:
+    """The hand-off kind the engine chose, with what it means ("host,peer": per stage pair)."""
+    parts = [k.strip() for k in kind.split(",") if k.strip()]
+    if len(parts) == 1 and parts[0] in HANDOFF_MEANING:
+        return f"{parts[0]}: {HANDOFF_MEANING[parts[0]]}"
+    if parts and all(k in HANDOFF_MEANING for k in parts):
+        return f"{kind} (per stage pair; host = host-staged through pinned memory, peer = direct)"
+    return kind
 
 
 def _short(reason: str, limit: int = 110) -> str:

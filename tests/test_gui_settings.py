@@ -156,3 +156,26 @@ def test_pcie_ordering_preview_and_drag_reordering(themed_app, qtbot):
         assert panel.order_list.model().moveRow(QModelIndex(), 1, QModelIndex(), 0)  # what a drag does
     assert panel.values()["devices"] == "cuda:1,cuda:0"
     assert panel.order() == ["cuda:1", "cuda:0"]
+
+
+def test_devices_panel_shows_driver_models_and_what_follows_from_a_fake_nvml(themed_app, qtbot, monkeypatch):
+    """Two WDDM GPUs without peer access (a Windows workstation), seen through a fake NVML."""
+    import pynvml
+    from test_topology import FakeCuda, FakeNvml, FakeNvmlDevice, cuda_props
+
+    from engine import topology
+
+    FakeNvml([FakeNvmlDevice(0, 6, 0, name="RTX A", driver_model=pynvml.NVML_DRIVER_WDDM),
+              FakeNvmlDevice(0, 7, 0, name="RTX B", driver_model=pynvml.NVML_DRIVER_WDDM)]).install(monkeypatch)
+    FakeCuda([cuda_props("RTX A", 0, 6, 0), cuda_props("RTX B", 0, 7, 0)], peer=set()).install(monkeypatch)
+    panel = DevicesPanel()
+    qtbot.addWidget(panel)
+    panel.set_topology(topology.discover())
+    col = [panel.table.horizontalHeaderItem(j).text() for j in range(panel.table.columnCount())].index("driver\nmodel")
+    assert [panel.table.item(r, col).text() for r in range(2)] == ["WDDM", "WDDM"]
+    assert not panel.facts.isHidden()
+    text = panel.facts.text()
+    assert "host-staged" in text and "capped at 22 GiB" in text and "WDDM" in text
+    panel.set_topology(_fake_topology())  # driver model unknown (Linux): n/a, nothing to explain but peer access
+    assert panel.table.item(0, col).text() == "n/a"
+    assert "WDDM" not in panel.facts.text() and "host-staged" in panel.facts.text()
