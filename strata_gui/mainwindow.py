@@ -30,6 +30,7 @@ from .devices_panel import DevicesPanel
 from .gantt import GanttView
 from .history import RunHistory, open_history
 from .history_panel import HistoryPanel
+from .messages import model_error_text
 from .run_controller import RunController
 from .run_progress import RunProgress
 from .run_record import RunRecord
@@ -295,7 +296,7 @@ class MainWindow(QMainWindow):
                 model = load(path)
                 facts = (model.spec.n_layers, model.describe(), "")
             except GGUFError as exc:
-                facts = (None, "", str(exc))
+                facts = (None, "", model_error_text(exc))
             except Exception as exc:  # a reader bug on a strange file must not take the app down
                 log.exception("reading %s failed", path)
                 facts = (None, "", f"{path}: cannot read the model ({type(exc).__name__}: {exc})")

@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 from engine.config import ENV_NAMES, ConfigError, EngineConfig, parse_setting
 
+from .messages import config_error_text
+
 log = logging.getLogger(__name__)
 
 # field names of the form (one error slot each); "general" takes what no field owns
@@ -178,24 +180,26 @@ def validate(settings: RunSettings, n_layers: int | None, model_error: str = "",
         try:
             parse_setting(name, value)
         except ConfigError as exc:
-            v.errors.setdefault(_field_for(name), str(exc))
+            v.errors.setdefault(_field_for(name), config_error_text(exc))
     if settings.prompt_mode == "text":
         if not settings.prompt_text.strip():
-            v.errors["prompt"] = str(ConfigError("prompt", settings.prompt_text, "text that yields at least one token"))
+            v.errors["prompt"] = config_error_text(ConfigError("prompt", settings.prompt_text,
+                                                                "text that yields at least one token"))
     elif not 1 <= settings.prompt_tokens <= MAX_PROMPT_TOKENS:
-        v.errors["prompt"] = str(ConfigError("prompt_tokens", settings.prompt_tokens,
+        v.errors["prompt"] = config_error_text(ConfigError("prompt_tokens", settings.prompt_tokens,
                                              f"a token count from 1 to {MAX_PROMPT_TOKENS}"))
     if not 1 <= settings.repeats <= MAX_REPEATS:
-        v.errors["repeats"] = str(ConfigError("repeats", settings.repeats, f"an integer from 1 to {MAX_REPEATS}"))
+        v.errors["repeats"] = config_error_text(ConfigError("repeats", settings.repeats,
+                                                            f"an integer from 1 to {MAX_REPEATS}"))
     if not 0 <= settings.decode_tokens <= MAX_DECODE_TOKENS:
-        v.errors["decode_tokens"] = str(ConfigError("decode_tokens", settings.decode_tokens,
+        v.errors["decode_tokens"] = config_error_text(ConfigError("decode_tokens", settings.decode_tokens,
                                                     f"an integer from 0 to {MAX_DECODE_TOKENS}"))
     if any(k in v.errors for k in raw):
         return v
     try:
         cfg = EngineConfig.from_sources(raw, env)
     except ConfigError as exc:
-        v.errors.setdefault(_field_for(exc.setting), str(exc))
+        v.errors.setdefault(_field_for(exc.setting), config_error_text(exc))
         return v
     try:
         if cuda_count is not None:
@@ -203,7 +207,7 @@ def validate(settings: RunSettings, n_layers: int | None, model_error: str = "",
         if n_layers is not None:
             cfg.check_layers(n_layers)
     except ConfigError as exc:
-        v.errors.setdefault(_field_for(exc.setting), str(exc))
+        v.errors.setdefault(_field_for(exc.setting), config_error_text(exc))
         return v
     if not v.errors:
         v.config = cfg

@@ -179,3 +179,19 @@ def test_devices_panel_shows_driver_models_and_what_follows_from_a_fake_nvml(the
     panel.set_topology(_fake_topology())  # driver model unknown (Linux): n/a, nothing to explain but peer access
     assert panel.table.item(0, col).text() == "n/a"
     assert "WDDM" not in panel.facts.text() and "host-staged" in panel.facts.text()
+
+
+def test_errors_lead_with_the_fields_name_not_the_engines(window, tmp_path):
+    win = window
+    win.settings_panel.chunk_mode.setCurrentText("fixed")
+    win.settings_panel.chunk_size.setText("abc")
+    msg = _flagged(win, "prefill")
+    assert msg.startswith("Chunk size: 'abc' is invalid; allowed: auto or a chunk size in tokens")
+    assert msg.endswith("(setting prefill='abc')")  # the name the CLI and the environment use, last
+    win.settings_panel.chunk_size.setText("128")
+    bad = tmp_path / "hello.gguf"
+    bad.write_bytes(b"hello world" + bytes(64))
+    win.settings_panel.set_model_path(str(bad))
+    msg = _flagged(win, "model")
+    assert "not a GGUF file" in msg and "bad magic" not in msg and "b'hell'" not in msg
+    win.settings_panel.set_model_path("")
