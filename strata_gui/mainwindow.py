@@ -34,7 +34,7 @@ from .messages import model_error_text
 from .run_controller import RunController
 from .run_progress import RunProgress
 from .run_record import RunRecord
-from .run_settings import RunSettings, Validation, check_devices, validate
+from .run_settings import RunSettings, Validation, check_devices, settings_from_config, validate
 from .run_worker import RepeatDone, RunRequest, RunStarted, SaveResult
 from .settings_panel import SettingsPanel
 from .settings_store import SettingsStore
@@ -545,7 +545,11 @@ class MainWindow(QMainWindow):
         self.progress_model = None
         self.progress_label.setText(f"showing run #{run} from the history ({record.status})")
         self.tabs.setCurrentWidget(self.run_tab)
-        self.set_status(f"showing run #{run} from the history")
+        # the form shows the run's settings, so Run repeats it (rather than other values beside its timeline)
+        restored, kept = settings_from_config(record.config, self.current_settings())
+        self.apply_settings(restored)
+        note = f"; kept the form's {', '.join(kept)}" if kept else ""
+        self.set_status(f"showing run #{run} from the history; the settings are that run's{note}")
         return True
 
     # ------------------------------------------------------------------- sweeps

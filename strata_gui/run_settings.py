@@ -135,6 +135,47 @@ class RunSettings:
         return s
 
 
+def settings_from_config(config: Mapping[str, Any], current: RunSettings) -> tuple[RunSettings, list[str]]:
+    """The form's values that reproduce a recorded run (`record_config`'s flat dict), and what
+    could not be restored (kept at `current`): a model file that is gone, a text prompt (the
+    history keeps only its head)."""
+    s = RunSettings.from_dict(current.to_dict())
+    kept: list[str] = []
+    model = str(config.get("model", ""))
+    if model.startswith("built-in demo"):
+        s.model_path = ""
+    elif model and os.path.isfile(model):
+        s.model_path = model
+    elif model:
+        kept.append(f"model ({model} is not a file here)")
+    simple = {"devices": "devices", "gpu_order": "gpu_order", "chunk_schedule": "chunk_schedule",
+              "expert_cache": "expert_cache"}
+    for key, attr in simple.items():
+        if key in config and config[key] is not None:
+            setattr(s, attr, str(config[key]))
+    if "layer_split" in config:
+        split = str(config["layer_split"])
+        s.split_mode, s.split_counts = ("auto", s.split_counts) if split == "auto" else ("manual", split)
+    if "prefill" in config:
+        chunk = str(config["prefill"])
+        s.chunk_mode, s.chunk_size = ("auto", s.chunk_size) if chunk == "auto" else ("fixed", chunk)
+    if "pin_limit_gib" in config:
+        pin = config["pin_limit_gib"]
+        s.pin_limit_gib = f"{pin:g}" if isinstance(pin, float) else str(pin)
+    for key in ("pf_depth", "decode_tokens", "repeats"):
+        if isinstance(config.get(key), int) and not isinstance(config.get(key), bool):
+            setattr(s, key, config[key])
+    for key in ("prefill_main", "cuda_graphs", "warmup"):
+        if isinstance(config.get(key), bool):
+            setattr(s, key, config[key])
+    prompt = str(config.get("prompt", ""))
+    if prompt.startswith("synthetic") and isinstance(config.get("prompt_tokens"), int):
+        s.prompt_mode, s.prompt_tokens = "tokens", config["prompt_tokens"]
+    elif prompt:
+        kept.append("prompt text (the history keeps only its first characters)")
+    return s, kept
+
+
 @dataclass
 class Validation:
     errors: dict[str, str] = field(default_factory=dict)

@@ -244,3 +244,39 @@ def test_first_run_on_the_demo_shows_the_pipeline(themed_app, qtbot, tmp_path, d
         assert win.last_report.busy_histogram[2] > 0.2  # the overlap is visible: both stages at once
     finally:
         win.close()
+
+
+def test_showing_a_saved_run_puts_its_settings_in_the_form(window, qtbot):
+    win = window
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_mode="tokens", prompt_tokens=256,
+             decode_tokens=2, pf_depth=0, repeats=1)
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+    qtbot.waitUntil(lambda: win.last_saved is not None, timeout=5_000)
+    saved = win.last_saved.run
+    set_form(win, chunk_mode="auto", prompt_tokens=999, decode_tokens=7, pf_depth=1, devices="cpu")
+    assert win.show_history_run(saved)
+    s = win.current_settings()
+    assert (s.devices, s.chunk_mode, s.chunk_size, s.prompt_tokens, s.decode_tokens, s.pf_depth) == \
+        ("cpu,cpu", "fixed", "32", 256, 2, 0)
+    assert win.validation.ok and "settings are that run's" in win.status_label.text()
+    _click_run(qtbot, win)  # Run now repeats the shown run: same plan, same output
+    _wait_done(qtbot, win, "finished")
+    assert win.last_report.digest == win.history.report(saved).digest
+
+
+def test_a_run_without_warm_up_is_labelled_cold(window, qtbot):
+    win = window
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=192, decode_tokens=0,
+             warmup=False)
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+    qtbot.waitUntil(lambda: win.last_saved is not None, timeout=5_000)
+    first_id = win.last_saved.run
+    first = win.history.get(first_id)
+    assert first.config["cold"] is True and first.config["warmup"] is False
+    assert "COLD" in win.summary.figures.text()
+    _click_run(qtbot, win)  # the same shape again: warm now
+    _wait_done(qtbot, win, "finished")
+    qtbot.waitUntil(lambda: win.last_saved is not None and win.last_saved.run != first_id, timeout=5_000)
+    assert win.history.get(win.last_saved.run).config["cold"] is False
