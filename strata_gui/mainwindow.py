@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 import torch
 from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QCloseEvent, QGuiApplication
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QMessageBox, QProgressBar, QPushButton,
                                QScrollArea, QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
@@ -211,6 +211,37 @@ class MainWindow(QMainWindow):
         self._refresh_past_sweeps()
         self.status_label = QLabel("ready")
         self.statusBar().addWidget(self.status_label, 1)
+        self._build_menu()
+
+    def _build_menu(self) -> None:
+        """File and Run menus with the shortcuts a desktop app has (Ctrl+R run, Ctrl+Q quit)."""
+        bar = self.menuBar()
+        file_menu = bar.addMenu("&File")
+        self.quit_action = QAction("&Quit", self)
+        self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))  # StandardKey.Quit is empty on Windows
+        self.quit_action.triggered.connect(self.close)
+        file_menu.addAction(self.quit_action)
+        run_menu = bar.addMenu("&Run")
+        self.run_action = QAction("&Run", self)
+        self.run_action.setShortcut(QKeySequence("Ctrl+R"))
+        self.run_action.setToolTip("Prefill the prompt through the split with the Run tab's settings.")
+        self.run_action.triggered.connect(self._run_from_menu)
+        self.stop_action = QAction("&Stop", self)
+        self.stop_action.setShortcut(QKeySequence("Ctrl+."))
+        self.stop_action.triggered.connect(self.stop_run)
+        run_menu.addAction(self.run_action)
+        run_menu.addAction(self.stop_action)
+        view_menu = bar.addMenu("&View")
+        for i, key in ((0, "Ctrl+1"), (1, "Ctrl+2"), (2, "Ctrl+3"), (3, "Ctrl+4")):
+            act = QAction(f"{self.tabs.tabText(i)} tab", self)
+            act.setShortcut(QKeySequence(key))
+            act.triggered.connect(lambda _=False, i=i: self.tabs.setCurrentIndex(i))
+            view_menu.addAction(act)
+        self.run_button.setToolTip(self.run_button.toolTip() + " (Ctrl+R)")
+
+    def _run_from_menu(self) -> None:
+        self.tabs.setCurrentWidget(self.run_tab)
+        self.start_run()
 
     def _connect(self) -> None:
         self.settings_panel.changed.connect(self.revalidate)
@@ -311,6 +342,10 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_model_info(f"{label}{info}" if info else "")
         self.validation = validate(s, n_layers, error, self._env, self.cuda_count)
         self.settings_panel.set_errors(self.validation.errors)
+        cuda = any(d.strip().startswith("cuda") for d in s.devices.split(","))
+        self.settings_panel.set_cuda_graphs_applicable(
+            cuda, "" if cuda else "no CUDA device in the device list" if self.cuda_count else
+            "this machine has no CUDA device")
         self.devices_panel.set_errors(self.validation.errors)
         self.sweep_view.set_base(self._sweep_base_text(s))
         self._update_buttons()
@@ -335,6 +370,9 @@ class MainWindow(QMainWindow):
         sweeping = self.sweeps.is_running
         ok = self.validation.ok
         self.run_button.setEnabled(ok and not running and not sweeping)
+        if hasattr(self, "run_action"):
+            self.run_action.setEnabled(ok and not running and not sweeping)
+            self.stop_action.setEnabled(running)
         self.run_button.setToolTip("A sweep is running; stop it or wait." if sweeping else
                                    "Prefill the prompt through the split (and decode), with these settings."
                                    if ok else "Fix the settings marked in red first.")

@@ -272,6 +272,12 @@ class SettingsPanel(QGroupBox):
         self.general.setText(general)
         self.general.setVisible(bool(general))
 
+    def set_cuda_graphs_applicable(self, applicable: bool, why: str = "") -> None:
+        """CUDA graphs only apply to CUDA stages: the box is greyed out, saying why, for CPU runs."""
+        self.cuda_graphs.setEnabled(applicable)
+        self.cuda_graphs.setText("replay layers as CUDA graphs" if applicable else
+                                 f"not used: {why} (CPU stages run eagerly)")
+
     def set_editable(self, on: bool) -> None:
         """Settings are fixed while a run is in flight."""
         for box in self.boxes.values():

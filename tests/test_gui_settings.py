@@ -195,3 +195,19 @@ def test_errors_lead_with_the_fields_name_not_the_engines(window, tmp_path):
     msg = _flagged(win, "model")
     assert "not a GGUF file" in msg and "bad magic" not in msg and "b'hell'" not in msg
     win.settings_panel.set_model_path("")
+
+
+def test_menu_shortcuts_and_cuda_graphs_greyed_for_cpu_runs(window, qtbot):
+    from PySide6.QtGui import QKeySequence
+
+    win = window
+    assert win.run_action.shortcut() == QKeySequence("Ctrl+R") and win.quit_action.shortcut() == QKeySequence("Ctrl+Q")
+    assert [a.text() for a in win.menuBar().actions()] == ["&File", "&Run", "&View"]
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_tokens=128, decode_tokens=0)
+    assert not win.settings_panel.cuda_graphs.isEnabled()
+    assert "CPU stages run eagerly" in win.settings_panel.cuda_graphs.text()
+    win.tabs.setCurrentIndex(1)
+    win.run_action.trigger()  # Ctrl+R from any tab runs, and shows the Run tab
+    assert win.tabs.currentWidget() is win.run_tab
+    qtbot.waitUntil(lambda: win.last_outcome == "finished" and not win.controller.is_running, timeout=60_000)
+    assert win.run_action.isEnabled()
