@@ -183,7 +183,7 @@ def describe(record: RunRecord) -> str:
     depth = {0: "depth 0 (join)", 1: "depth 1 (overlap)"}.get(plan.pf_depth, "depth ?")
     devs = ",".join(r.device_order) or ",".join(s.device for s in plan.stages)
     parts = [f"{plan.prompt_tokens:,} tok", f"{len(plan.stages)} stage(s) {devs}", depth,
-             f"chunk {plan.chunk}", f"{r.prefill_tok_s:,.0f} tok/s"]
+             f"chunk {plan.chunk}", "prefill — (stopped)" if r.cancelled else f"{r.prefill_tok_s:,.0f} tok/s"]
     if record.status != "finished":
         parts.append(record.status)
     if record.config.get("repeats", 1) > 1:

@@ -130,7 +130,7 @@ class SweepView(QWidget):
         self.progress = QProgressBar()
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
-        self.progress.setFormat("%v / %m runs")
+        self.progress.setFormat("not started")  # "%v / %m runs" once a sweep begins (not "0 / 1 runs")
         self.progress_label = QLabel("idle")
         self.progress_label.setWordWrap(True)
 
@@ -138,6 +138,13 @@ class SweepView(QWidget):
         self.past.setToolTip("Sweeps saved in the history; Open shows one's chart and table again.")
         open_past = QPushButton("Open")
         open_past.clicked.connect(self._open_past)
+        # a narrow combo box elides its text; the chosen sweep is spelled out in full under it
+        self.past.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.past.setMinimumContentsLength(16)
+        self.past_detail = QLabel()
+        self.past_detail.setWordWrap(True)
+        self.past_detail.setProperty("role", "hint")
+        self.past.currentIndexChanged.connect(self._show_past_detail)
         past_row = QHBoxLayout()
         past_row.addWidget(self.past, 1)
         past_row.addWidget(open_past)
@@ -164,6 +171,7 @@ class SweepView(QWidget):
         past_title.setStyleSheet("font-weight: 600")
         left_lay.addWidget(past_title)
         left_lay.addLayout(past_row)
+        left_lay.addWidget(self.past_detail)
         left_lay.addLayout(export_row)
         left_lay.addWidget(self.message)
         left_lay.addStretch(1)
@@ -184,7 +192,9 @@ class SweepView(QWidget):
         self.legend = cp.addLegend(offset=(10, 10), labelTextSize="9pt")
         self._curves: list[pg.GraphicsObject] = []
         self.chart_note = QLabel("Lines join the medians; bars span the lowest and highest repeat; dots are the "
-                                 "single runs.")
+                                 "single runs. Each repeat prefills a different synthetic prompt (a nonce in its "
+                                 "first tokens), so digests differ between repeats by design; the arms of one "
+                                 "repeat share it, so their digests must match.")
         self.chart_note.setProperty("role", "hint")
         self.chart_note.setWordWrap(True)
         chart_box = QWidget()
@@ -290,10 +300,18 @@ class SweepView(QWidget):
         current = self.past.currentData()
         self.past.clear()
         for s in sweeps:
-            self.past.addItem(f"#{s.id} · {s.when} · {s.label or 'sweep'} · {s.n_runs} runs · {s.status}", s.id)
+            text = f"#{s.id} · {s.when} · {s.label or 'sweep'} · {s.n_runs} runs · {s.status}"
+            self.past.addItem(text, s.id)
+            self.past.setItemData(self.past.count() - 1, text, Qt.ItemDataRole.ToolTipRole)
         if current is not None and self.past.findData(current) >= 0:
             self.past.setCurrentIndex(self.past.findData(current))
         self.open_past_button.setEnabled(self.past.count() > 0 and not self.running)
+        if self.past.count():
+            self.past.view().setMinimumWidth(self.past.view().sizeHintForColumn(0) + 24)  # the list: whole lines
+        self._show_past_detail()
+
+    def _show_past_detail(self, *args: object) -> None:
+        self.past_detail.setText(self.past.currentText() if self.past.count() else "no sweep saved yet")
 
     def _open_past(self) -> None:
         sid = self.past.currentData()
@@ -304,6 +322,7 @@ class SweepView(QWidget):
     def begin(self, plan: SweepPlan, sweep_id: int | None) -> None:
         self.sweep_id = sweep_id
         self.show_results(SweepResults(plan))
+        self.progress.setFormat("%v / %m runs")
         self.progress.setRange(0, plan.total)
         self.progress.setValue(0)
         self.progress_label.setText("starting …")
@@ -336,6 +355,7 @@ class SweepView(QWidget):
         if sweep_id is not None:
             self.sweep_id = sweep_id
         if results is not None:
+            self.progress.setFormat("%v / %m runs")
             self.progress.setRange(0, max(results.plan.total, 1))
             self.progress.setValue(len(results))
         self._draw()

@@ -198,3 +198,10 @@ def test_sweep_worker_warms_up_every_size_like_the_bench(demo_path, monkeypatch)
     assert sizes == [64, 64, 64, 64, 96, 96, 96, 96]  # warm-up x 2 arms, then the 2 measured runs
     assert len(samples) == 4
     assert any("warming up arm join at 96 tokens" in s for s in statuses)
+
+
+def test_sweep_tab_before_any_sweep_says_not_started_and_explains_digests(window):
+    v = window.sweep_view
+    assert v.progress.text() == "not started"  # not "0 / 1 runs"
+    assert "digests differ between repeats by design" in v.chart_note.text()
+    assert v.past_detail.text() == "no sweep saved yet"
