@@ -171,7 +171,7 @@ class MainWindow(QMainWindow):
         summary_scroll.setWidgetResizable(True)
         summary_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         summary_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.summary.setMinimumHeight(260)
+        self.summary.setMinimumHeight(200)
         for w in (self.gantt, self.telemetry, self.summary):
             w.setContentsMargins(4, 4, 4, 4)
         for w in (self.gantt, self.telemetry, summary_scroll):
@@ -179,7 +179,7 @@ class MainWindow(QMainWindow):
         self.splitter.setStretchFactor(0, 5)
         self.splitter.setStretchFactor(1, 1)
         self.splitter.setStretchFactor(2, 4)
-        self.splitter.setSizes([440, 90, 370])  # proportions: Qt scales them to the window
+        self.splitter.setSizes([400, 80, 420])  # proportions: Qt scales them to the window
         right = QWidget()
         right_lay = QVBoxLayout(right)
         right_lay.addLayout(bar)
@@ -344,8 +344,7 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_errors(self.validation.errors)
         cuda = any(d.strip().startswith("cuda") for d in s.devices.split(","))
         self.settings_panel.set_cuda_graphs_applicable(
-            cuda, "" if cuda else "no CUDA device in the device list" if self.cuda_count else
-            "this machine has no CUDA device")
+            cuda, "" if cuda else "no CUDA device in the list" if self.cuda_count else "no CUDA device")
         self.devices_panel.set_errors(self.validation.errors)
         self.sweep_view.set_base(self._sweep_base_text(s))
         self._update_buttons()

@@ -147,7 +147,7 @@ class SettingsPanel(QGroupBox):
         self.decode_tokens.setRange(0, MAX_DECODE_TOKENS)
         self._add(form, "Decode tokens", "decode_tokens", FieldBox(self.decode_tokens, tooltip=TIPS["decode_tokens"]))
 
-        self.warmup = QCheckBox("warm-up pass per new shape")
+        self.warmup = QCheckBox("warm-up pass first")
         self.repeats = QSpinBox()
         self.repeats.setRange(1, MAX_REPEATS)
         self.repeats.setPrefix("repeats ")
@@ -276,7 +276,7 @@ class SettingsPanel(QGroupBox):
         """CUDA graphs only apply to CUDA stages: the box is greyed out, saying why, for CPU runs."""
         self.cuda_graphs.setEnabled(applicable)
         self.cuda_graphs.setText("replay layers as CUDA graphs" if applicable else
-                                 f"not used: {why} (CPU stages run eagerly)")
+                                 f"not used: {why}")
 
     def set_editable(self, on: bool) -> None:
         """Settings are fixed while a run is in flight."""

@@ -114,7 +114,7 @@ class SummaryView(QWidget):
             self.body.addWidget(self.figures, 0, 0)
             self.body.addWidget(self._mid, 0, 1)
             self.body.addWidget(self.hist, 0, 2)
-            for c, stretch in enumerate((5, 8, 4)):
+            for c, stretch in enumerate((6, 7, 3)):
                 self.body.setColumnStretch(c, stretch)
             self.hist.setMinimumHeight(0)
 

@@ -21,7 +21,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QFormL
 from engine.config import ConfigError
 
 from . import run_files
-from .sweep import MAX_REPEATS, SweepArm, SweepPlan, SweepResults, SweepSample, format_tokens, parse_sizes
+from .sweep import (MAX_REPEATS, SweepArm, SweepPlan, SweepResults, SweepSample, format_tokens, parse_sizes,
+                    ratio_noise)
 from .sweep_worker import SweepProgress
 from .theme import ERROR_COLOR, GPU_COLORS, MUTED_COLOR
 
@@ -211,7 +212,8 @@ class SweepView(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.setToolTip("Per arm and prompt size: the median prefill tok/s of the repeats, ± half their range "
-                              "as a share of the median, and the ratio of the medians to the first arm's.")
+                              "as a share of the median, and the ratio of the medians to the first arm's: green or "
+                              "red only beyond the repeats' noise (hover a ratio).")
 
         self.command = QLabel()
         self.command.setWordWrap(True)
@@ -414,6 +416,7 @@ class SweepView(QWidget):
 
     def _fill_table(self, res: SweepResults) -> None:
         rows = res.rows()
+        base = {r.prompt_tokens: r for r in rows if r.arm == 0}
         t = self.table
         t.setRowCount(len(rows))
         for i, r in enumerate(rows):
@@ -429,7 +432,12 @@ class SweepView(QWidget):
                     item.setForeground(QColor(_arm_color(r.arm)))
                     item.setToolTip(r.settings or "(base settings)")
                 if j == 5 and r.ratio is not None and r.arm > 0:
-                    item.setForeground(QColor("#1B7F3B" if r.ratio >= 1.0 else ERROR_COLOR))
+                    within, noise = ratio_noise(r, base.get(r.prompt_tokens))
+                    if within is False and abs(r.ratio - 1.0) >= 0.01:  # coloured only beyond the repeats' noise
+                        item.setForeground(QColor("#1B7F3B" if r.ratio >= 1.0 else ERROR_COLOR))
+                    item.setToolTip("noise unknown: one repeat" if within is None else
+                                    f"{'within' if within else 'beyond'} noise (±{noise * 100:.1f}%): the ratios "
+                                    "the repeats allow " + ("hold" if within else "exclude") + " 1")
                 if j == 7 and r.same_output is False:
                     item.setForeground(QColor(ERROR_COLOR))
                 t.setItem(i, j, item)
