@@ -8,8 +8,8 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QTableWidget,
-                               QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QSizePolicy,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from typing import Sequence
 
@@ -72,6 +72,9 @@ class SummaryView(QWidget):
 
         self.hist, hp = busy_plot("Busy histogram", "share of prefill wall time (%)")
         self.hist.setMinimumWidth(190)
+        # its height follows the figures beside it: a plot's own size hint (480 px) would make the
+        # summary scroll for nothing
+        self.hist.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Ignored)
         self.hist.setToolTip("Share of the prefill's wall time with exactly k stages computing, k = 0…N: "
                              "a full pipeline spends most of its time at k = N.")
         self.bars = pg.BarGraphItem(x=np.zeros(0), height=np.zeros(0), width=0.6,
@@ -114,7 +117,7 @@ class SummaryView(QWidget):
             self.body.addWidget(self.figures, 0, 0)
             self.body.addWidget(self._mid, 0, 1)
             self.body.addWidget(self.hist, 0, 2)
-            for c, stretch in enumerate((6, 7, 3)):
+            for c, stretch in enumerate((5, 8, 4)):
                 self.body.setColumnStretch(c, stretch)
             self.hist.setMinimumHeight(0)
 
