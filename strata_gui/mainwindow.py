@@ -171,7 +171,7 @@ class MainWindow(QMainWindow):
         summary_scroll.setWidgetResizable(True)
         summary_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         summary_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.summary.setMinimumHeight(200)
+        self.summary.setMinimumHeight(160)
         for w in (self.gantt, self.telemetry, self.summary):
             w.setContentsMargins(4, 4, 4, 4)
         for w in (self.gantt, self.telemetry, summary_scroll):

@@ -15,8 +15,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
-                               QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
-                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+                               QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QScrollArea, QSpinBox,
+                               QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from engine.config import ConfigError
 
@@ -235,8 +235,16 @@ class SweepView(QWidget):
         right_lay.addWidget(self.title)
         right_lay.addWidget(results, 1)
 
+        # the plan column scrolls in a short window (1280x720, 150% scale) instead of setting its height
+        left_scroll = QScrollArea()
+        left_scroll.setWidget(left)
+        left_scroll.setWidgetResizable(True)
+        left_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        left_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        left_scroll.setMinimumWidth(400)
+        left_scroll.setMaximumWidth(490)
         lay = QHBoxLayout(self)
-        lay.addWidget(left)
+        lay.addWidget(left_scroll)
         lay.addWidget(right, 1)
 
     # ------------------------------------------------------------------ the plan

@@ -22,6 +22,7 @@ def test_a_remembered_window_larger_than_the_screen_opens_inside_it(themed_app, 
         assert g.left() >= avail.left()
         # as wide as the screen, or as narrow as the layout goes (about 1090 px: a 1280-px screen fits it)
         assert g.width() <= max(avail.width(), again.minimumSizeHint().width() + 1)
+        # 1920x1080 at 150% leaves about 1280x656 logical px below a task bar and a title bar
         assert again.minimumSizeHint().width() <= 1180 and again.minimumSizeHint().height() <= 640
     finally:
         again.close()
