@@ -186,8 +186,9 @@ def describe(record: RunRecord) -> str:
              f"chunk {plan.chunk}", "prefill — (stopped)" if r.cancelled else f"{r.prefill_tok_s:,.0f} tok/s"]
     if record.status != "finished":
         parts.append(record.status)
-    if record.config.get("repeats", 1) > 1:
-        parts.append(f"repeat {record.config.get('repeat', '?')} of {record.config['repeats']}")
+    repeats = record.config.get("repeats")
+    if isinstance(repeats, int) and repeats > 1:
+        parts.append(f"repeat {record.config.get('repeat', '?')} of {repeats}")
     if record.config.get("cold"):
         parts.append("cold (no warm-up)")
     return " · ".join(parts)

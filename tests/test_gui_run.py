@@ -280,3 +280,20 @@ def test_a_run_without_warm_up_is_labelled_cold(window, qtbot):
     _wait_done(qtbot, win, "finished")
     qtbot.waitUntil(lambda: win.last_saved is not None and win.last_saved.run != first_id, timeout=5_000)
     assert win.history.get(win.last_saved.run).config["cold"] is False
+
+
+def test_a_stopped_run_shown_from_the_history_has_no_prefill_figure(window, qtbot):
+    win = window
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02))
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=512, decode_tokens=0,
+             warmup=False)
+    _click_run(qtbot, win)
+    qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 2,
+                    timeout=RUN_TIMEOUT_MS)
+    win.stop_button.click()
+    _wait_done(qtbot, win, "cancelled")
+    win.controller.hooks = None
+    qtbot.waitUntil(lambda: win.last_saved is not None, timeout=5_000)
+    assert win.show_history_run(win.last_saved.run)
+    text = win.summary.figures.text()
+    assert "<b>—</b> (stopped: no prefill rate)" in text and "0 tok/s" not in text
