@@ -131,6 +131,8 @@ class DevicesPanel(QGroupBox):
             self.reason.setText(f"No CUDA GPU: stages run on the CPU. Reason: {topo.reason or 'unknown'}")
             cores = os.cpu_count() or 0
             self._add_row(("cpu", f"host CPU, {cores} logical cores", "—", "—", "—", "—", "n/a"))
+        # the driver model is a GPU's fact: no column for the CPU row
+        self.table.setColumnHidden(COLUMNS.index("driver\nmodel"), not topo.devices)
         facts = driver_facts(topo)
         self.facts.setText("\n".join(facts))
         self.facts.setVisible(bool(facts))

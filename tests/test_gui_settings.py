@@ -179,6 +179,8 @@ def test_devices_panel_shows_driver_models_and_what_follows_from_a_fake_nvml(the
     panel.set_topology(_fake_topology())  # driver model unknown (Linux): n/a, nothing to explain but peer access
     assert panel.table.item(0, col).text() == "n/a"
     assert "WDDM" not in panel.facts.text() and "host-staged" in panel.facts.text()
+    panel.set_topology(Topology(reason="no CUDA devices"))  # CPU only: no driver-model column
+    assert panel.table.isColumnHidden(col) and panel.facts.isHidden()
 
 
 def test_errors_lead_with_the_fields_name_not_the_engines(window, tmp_path):
