@@ -121,7 +121,8 @@ class MetricRow:
                 return self.unaffected
             if self.within_noise:
                 return f"within noise (±{noise * 100:.1f}%); {self.unaffected}"
-            return f"{self.unaffected} (noise ±{noise * 100:.1f}%)"
+            return (f"{self.unaffected}, yet beyond the noise (±{noise * 100:.1f}%): something else differed "
+                    "between the runs (machine load, clocks, a cold start)")
         if noise is None:
             return "noise unknown: single runs (use repeats, or run the same settings again)"
         if self.within_noise:
@@ -239,11 +240,11 @@ def _side(value: Callable[[RunReport], float | None], own: RunReport, samples: S
 def unaffected_reason(name: str, diff: Sequence[DiffRow]) -> str:
     """Why no setting that differs can move this figure ("" : one can)."""
     if not diff:
-        return "no setting differs: any difference is noise"
+        return "no setting differs"
     changed = [d.setting for d in diff]
     if name.startswith("decode") and all(c in PREFILL_ONLY for c in changed):
         shown = ", ".join(c for c in changed if c not in ("chunk (resolved)", "chunks")) or "the chunking"
-        return f"not affected by {shown} (prefill only): a difference is noise"
+        return f"not affected by {shown} (prefill only)"
     return ""
 
 

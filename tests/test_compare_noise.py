@@ -40,7 +40,12 @@ def test_decode_is_unaffected_by_prefill_only_settings():
     assert unaffected_reason("decode tok/s", depth).startswith("not affected by pf_depth")
     assert unaffected_reason("prefill tok/s", depth) == ""
     assert unaffected_reason("decode tok/s", [DiffRow("devices", "cpu", "cpu,cpu")]) == ""
-    assert unaffected_reason("prefill tok/s", []) == "no setting differs: any difference is noise"
+    assert unaffected_reason("prefill tok/s", []) == "no setting differs"
+    within = MetricRow("decode tok/s", "tok/s", 100.0, 103.0, "higher", Spread.of([95, 105]), Spread.of([98, 108]),
+                       unaffected_reason("decode tok/s", depth))
+    assert within.verdict == "" and within.judgement.startswith("within noise (±")
+    beyond = dataclasses.replace(within, after=280.0, after_spread=Spread.of([270, 290]))
+    assert beyond.verdict == "" and "yet beyond the noise" in beyond.judgement  # flagged, never coloured
 
 
 def test_measurement_keys_are_never_a_setting_difference(demo_runs):
