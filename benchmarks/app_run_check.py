@@ -5,7 +5,7 @@ own SessionCache and RunHistory, the built-in demo model and a recording outlet 
 the Qt signals.  Checks, per device list:
 
   1. a run finishes with one compute block per (stage, chunk), is saved to the history, and
-     the outlet saw started -> events -> saved -> finished -> done in that order;
+     the outlet saw started -> events -> saved -> measured -> finished -> done in that order;
   2. a second run with nothing changed reuses the session and gives the same digest;
   3. an internal error injected into a layer fails the run with one line naming the log file
      (traceback only in the details), and the next run succeeds on a fresh session.
@@ -83,7 +83,7 @@ def check(devices: str, tmp: Path) -> list[str]:
 
     try:
         first = one_run(req, sessions, history)
-        expect(first.kinds() == ["run_started", "saved", "finished", "done"], f"outcome order {first.kinds()}")
+        expect(first.kinds() == ["run_started", "saved", "measured", "finished", "done"], f"outcome order {first.kinds()}")
         if "finished" in first.kinds():
             report = first.arg("finished")[0]
             computes = sorted((e.stage, e.chunk) for e in first.got if e.kind == "compute")

@@ -130,13 +130,21 @@ class ExpertStats:
         return d
 
 
-def resolve_pin_limit(setting: str | float, arena_bytes: int, cuda: bool) -> tuple[int, str]:
+def resolve_pin_limit(setting: str | float, arena_bytes: int, cuda: bool,
+                      cap: tuple[int | None, str] | None = None) -> tuple[int, str]:
     """Bytes of the arena to page-lock, and a note.  Refused (ConfigError) before anything is
-    registered when the machine cannot honour it."""
+    registered when the machine cannot honour it.
+
+    cap: (bytes, why) that caps auto (`topology.wddm_pin_cap`); None: asked of this machine's
+    devices when auto is pinning for CUDA."""
     ram = physical_ram()
     if setting == "auto":
         limit = min(arena_bytes, ram // 2)  # Windows' pinned pool is about half of RAM
         why = f"auto: min(arena {arena_bytes / GiB:.1f} GiB, half of RAM {ram / 2 / GiB:.1f} GiB)"
+        if cap is None and cuda:
+            cap = _machine_pin_cap()
+        if cap is not None and cap[0] is not None and cap[0] < limit:
+            limit, why = cap[0], cap[1]
     else:
         limit = int(float(setting) * GiB)
         if limit > ram:
@@ -147,6 +155,17 @@ def resolve_pin_limit(setting: str | float, arena_bytes: int, cuda: bool) -> tup
     if not cuda:
         return 0, "pinning skipped: no CUDA device (host memory stays pageable)"
     return limit, why
+
+
+def _machine_pin_cap() -> tuple[int | None, str]:
+    """The WDDM cap of this machine's GPUs (never fails a run: unknown means no cap)."""
+    try:
+        from . import topology
+
+        return topology.wddm_pin_cap(topology.discover())
+    except Exception as exc:  # the driver query must never stop a run
+        log.debug("driver-model query for the pin limit failed: %s", exc)
+        return None, ""
 
 
 class HostArena:

@@ -884,6 +884,7 @@ class Session:
         if on_plan is not None:
             on_plan(plan)
         capacity = n + max(decode_tokens, 1)
+        self._run_t0_ns = time.perf_counter_ns()  # a caller's sampler may hold earlier runs' samples
         sampler, telemetry_status = self._start_telemetry(sampler)
         try:
             return self._run(ids, n, plan, capacity, decode_tokens, cancel, logits_all, sampler, telemetry_status)
@@ -971,7 +972,7 @@ class Session:
         samples = []
         if sampler is not None:
             sampler.stop()
-            samples = [dataclasses.asdict(x) for x in sampler.samples()]
+            samples = [dataclasses.asdict(x) for x in sampler.samples(since_ns=self._run_t0_ns)]
         steps = max(len(generated) - 1, 0)
         events = list(self.events)
         prefill_events = [e for e in events if e.kind != "decode"]

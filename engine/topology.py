@@ -69,6 +69,7 @@ class GpuInfo:
     link_class_gbs: float | None = None  # per direction, at max gen x max width
     h2d_gbs: float | None = None  # measured with pinned host memory (probe only)
     d2h_gbs: float | None = None
+    driver_model: str = "n/a"  # WDDM | TCC | MCDM on Windows (NVML's driver-model query); n/a elsewhere
 
 
 @dataclass
@@ -284,6 +285,7 @@ def _fill_from_nvml(gpu: GpuInfo, h: Any) -> None:
     gpu.pcie_width_max = _try(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h)
     gpu.gpu_gen_max = _try(pynvml.nvmlDeviceGetGpuMaxPcieLinkGeneration, h)
     gpu.link_class_gbs = link_class_gbs(gpu.pcie_gen_max, gpu.pcie_width_max)
+    gpu.driver_model = driver_model_name(_try(pynvml.nvmlDeviceGetDriverModel, h))
     mem = _try(pynvml.nvmlDeviceGetMemoryInfo, h)
     if mem is not None:
         gpu.vram_free = int(mem.free)
@@ -292,6 +294,61 @@ def _fill_from_nvml(gpu: GpuInfo, h: Any) -> None:
     if gpu.name in ("", "?"):
         nvml_name = _try(pynvml.nvmlDeviceGetName, h)
         gpu.name = _text(nvml_name) if nvml_name is not None else gpu.name
+
+
+# --------------------------------------------------------------------------------------------
+# Windows driver models and what follows from them
+
+# NVML's nvmlDriverModel_t: WDDM (a display driver; the OS schedules the GPU and its memory), WDM
+# (shown as TCC, the compute-only driver), MCDM (the compute driver model of newer Windows)
+_DRIVER_MODELS = {0: "WDDM", 1: "TCC", 2: "MCDM"}
+# seed 004: with two CUDA contexts under WDDM, page-locking stopped at about 22 GiB
+WDDM_PIN_CEILING_GIB = 22.0
+
+
+def driver_model_name(value: Any) -> str:
+    """NVML's (current, pending) driver model, or the current one alone, as WDDM/TCC/MCDM; "n/a"
+    when NVML has no answer (every driver off Windows: the query is not supported there)."""
+    if isinstance(value, (tuple, list)):
+        value = value[0] if value else None
+    if value is None:
+        return "n/a"
+    return _DRIVER_MODELS.get(int(value), f"unknown ({value})")
+
+
+def wddm_pin_cap(topo: Topology, n_contexts: int | None = None) -> tuple[int | None, str]:
+    """(bytes, why) the auto pin limit is capped at, or (None, "") when nothing caps it.
+
+    Two or more CUDA contexts on WDDM GPUs (seed 004: ~22 GiB page-locked at most, then
+    cudaHostRegister failed)."""
+    wddm = [g for g in topo.devices if g.driver_model == "WDDM"]
+    n = len(wddm) if n_contexts is None else min(n_contexts, len(wddm))
+    if n < 2:
+        return None, ""
+    return int(WDDM_PIN_CEILING_GIB * (1 << 30)), (
+        f"auto capped at {WDDM_PIN_CEILING_GIB:g} GiB: {n} GPUs under WDDM (seed 004 measured a "
+        f"~{WDDM_PIN_CEILING_GIB:g} GiB page-locking ceiling with two contexts)")
+
+
+def driver_facts(topo: Topology) -> list[str]:
+    """What the driver models and peer access mean for a run, one sentence each."""
+    facts = []
+    models = {g.driver_model for g in topo.devices}
+    if "WDDM" in models:
+        names = ", ".join(g.torch_name for g in topo.devices if g.driver_model == "WDDM")
+        facts.append(f"{names} under WDDM: the OS schedules GPU memory, and peer access between WDDM GPUs is "
+                     "usually off.")
+    n = len(topo.devices)
+    off = [(a, b) for a in range(n) for b in range(n) if a < b and topo.peer and
+           not (topo.peer[a][b] and topo.peer[b][a])]
+    if off:
+        pairs = ", ".join(f"{topo.devices[a].torch_name}↔{topo.devices[b].torch_name}" for a, b in off)
+        facts.append(f"Peer access off ({pairs}): hand-offs between those GPUs are host-staged (device → pinned "
+                     "host buffer → device), chosen per stage pair when the session starts.")
+    cap, why = wddm_pin_cap(topo)
+    if cap is not None:
+        facts.append(f"Pin limit {why}.")
+    return facts
 
 
 def _peer_matrix(n: int) -> list[list[bool]]:

@@ -1,6 +1,9 @@
 """The Compare tab: a before and an after run, their Gantts stacked on ONE time axis (each aligned
 at its run's start), the figures side by side with after/before ratios, both busy histograms as
-grouped bars, and exactly the settings that differ.  The arithmetic is `compare.py`'s."""
+grouped bars, and exactly the settings that differ.  The arithmetic is `compare.py`'s, the noise
+too: a ratio is green or red only when it lies beyond the spread of the runs' repeats (or of the
+history's runs with the same settings); inside it, or with no spread known, it is shown neutral
+and says why."""
 from __future__ import annotations
 
 import html
@@ -13,7 +16,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QPushButton,
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from .compare import Comparison, compare, format_ratio, unchanged
+from .compare import Comparison, MetricRow, SampleSet, compare, format_ratio, gather_samples, unchanged
 from .gantt import GanttView
 from .history import RunHistory
 from .run_record import RunRecord, describe
@@ -97,10 +100,13 @@ class CompareView(QWidget):
         gantts.addWidget(self.gantt_before)
         gantts.addWidget(self.gantt_after)
 
-        self.metrics = QTableWidget(0, 4)
-        self.metrics.setHorizontalHeaderLabels(["figure", "before", "after", "after / before"])
+        self.metrics = QTableWidget(0, 5)
+        self.metrics.setHorizontalHeaderLabels(["figure", "before", "after", "after / before", "noise"])
         self._table_setup(self.metrics)
-        self.metrics.setToolTip("Ratios are after / before; green where the after run is better, red where worse.")
+        self.metrics.setToolTip("Ratios are after / before; green where the after run is better, red where worse, "
+                                "only beyond the noise: the spread of the runs' repeats, or of the history's runs "
+                                "with the same settings. Within the noise, or with no spread known, a ratio is "
+                                "neutral; a figure no changed setting can affect is flagged.")
 
         self.hist, hp = busy_plot("Busy histogram: share of prefill wall time", "% of prefill wall time")
         self.hist_legend = hp.addLegend(offset=(10, 5), labelTextSize="9pt")
@@ -135,9 +141,9 @@ class CompareView(QWidget):
         body = QSplitter(Qt.Orientation.Vertical)
         body.addWidget(gantts)
         body.addWidget(bottom)
-        body.setStretchFactor(0, 3)
-        body.setStretchFactor(1, 2)
-        body.setSizes([520, 380])
+        body.setStretchFactor(0, 1)
+        body.setStretchFactor(1, 1)
+        body.setSizes([480, 420])  # proportions: a short window keeps the figures readable
 
         lay = QVBoxLayout(self)
         lay.addLayout(top)
@@ -227,7 +233,8 @@ class CompareView(QWidget):
                 self.refresh_choices()
                 i = box.findData(run)
             box.setCurrentIndex(max(i, 0))
-        self.set_records(a, b, f"#{before}", f"#{after}")
+        self.set_records(a, b, f"#{before}", f"#{after}", gather_samples(self.history, before, a),
+                         gather_samples(self.history, after, b))
         return True
 
     # ------------------------------------------------------------------ showing
@@ -243,8 +250,9 @@ class CompareView(QWidget):
         self.same.setText("")
         self._set_hist([], [])
 
-    def set_records(self, before: RunRecord, after: RunRecord, before_name: str = "", after_name: str = "") -> None:
-        c = self.comparison = compare(before, after)
+    def set_records(self, before: RunRecord, after: RunRecord, before_name: str = "", after_name: str = "",
+                    before_samples: SampleSet = SampleSet(), after_samples: SampleSet = SampleSet()) -> None:
+        c = self.comparison = compare(before, after, before_samples, after_samples)
         self.gantt_before.set_title(f"Before {before_name} · {describe(before)}".replace("  ", " "))
         self.gantt_after.set_title(f"After {after_name} · {describe(after)}".replace("  ", " "))
         self.gantt_before.show_run(before.report.run_id, before.origin_ns, before.stages, before.events,
@@ -271,40 +279,64 @@ class CompareView(QWidget):
     def shared_x_range(self) -> tuple[tuple[float, float], tuple[float, float]]:
         return (tuple(self.gantt_before.vb.viewRange()[0]), tuple(self.gantt_after.vb.viewRange()[0]))
 
+    @staticmethod
+    def _ratio_html(m: MetricRow) -> str:
+        verdict = m.verdict
+        color = GOOD_COLOR if verdict == "better" else ERROR_COLOR if verdict == "worse" else None
+        ratio = html.escape(format_ratio(m.ratio))
+        return f"<b style='color:{color}'>{ratio}</b>" if color else ratio
+
+    @staticmethod
+    def _sample_text(name: str, samples: SampleSet) -> str:
+        if samples.source == "repeats":
+            return f"{name}: median of {samples.n} repeats"
+        if samples.source == "same settings":
+            return f"{name}: noise from {samples.n} runs with the same settings"
+        return f"{name}: one run"
+
     def _show_headline(self, c: Comparison) -> None:
         pre = c.metric("prefill tok/s")
         r = pre.ratio
         if r is None:
             head = "Prefill: no figure to compare (a stopped run has no prefill rate)."
         else:
-            color = GOOD_COLOR if r >= 1.0 else ERROR_COLOR
-            head = (f"Prefill <b style='color:{color}'>{format_ratio(r)}</b> "
-                    f"({_num(pre.before, 'tok/s')} → {_num(pre.after, 'tok/s')} tok/s)")
+            head = (f"Prefill {self._ratio_html(pre)} "
+                    f"({_num(pre.before, 'tok/s')} → {_num(pre.after, 'tok/s')} tok/s) "
+                    f"<span style='color:{MUTED_COLOR}'>{html.escape(pre.judgement)}</span>")
         dec = c.metric("decode tok/s")
         if dec.ratio is not None:
-            head += f" · decode {format_ratio(dec.ratio)}"
+            head += f" · decode {self._ratio_html(dec)} <span style='color:{MUTED_COLOR}'>" \
+                    f"{html.escape(dec.judgement)}</span>"
         same = c.same_output
         if same is True:
             head += f" · outputs byte-identical (digest {html.escape(c.after.report.digest[:12])})"
         elif same is False:
             head += f" · <b style='color:{ERROR_COLOR}'>outputs differ</b> (digests " \
                     f"{html.escape(c.before.report.digest[:12])} vs {html.escape(c.after.report.digest[:12])})"
+        cold = [name for name, is_cold in zip(("before", "after"), c.cold) if is_cold]
+        if cold:
+            head += f"<br><b style='color:{ERROR_COLOR}'>Cold run: {' and '.join(cold)}</b> " \
+                    f"(no warm-up, first run of its shape: includes one-off set-up)"
         changed = ", ".join(d.setting for d in c.diff[:6]) or "no setting differs"
-        head += f"<br><span style='color:{MUTED_COLOR}'>Changed: {html.escape(changed)}. Both timelines start at " \
-                f"their run's first event, on one time axis.</span>"
+        measured = "; ".join((self._sample_text("before", c.before_samples), self._sample_text("after", c.after_samples)))
+        head += f"<br><span style='color:{MUTED_COLOR}'>Changed: {html.escape(changed)}. {html.escape(measured)}. " \
+                f"Both timelines start at their run's first event, on one time axis.</span>"
         self.headline.setText(head)
 
     def _show_metrics(self, c: Comparison) -> None:
         t = self.metrics
         t.setRowCount(len(c.metrics))
         for i, m in enumerate(c.metrics):
-            unit = f" ({m.unit})" if m.unit else ""
+            unit = f" ({m.unit})" if m.unit and m.unit != m.name.split()[-1] else ""
             verdict = m.verdict
             color = GOOD_COLOR if verdict == "better" else ERROR_COLOR if verdict == "worse" else None
             t.setItem(i, 0, _item(m.name + unit, bold=m.name == "prefill tok/s"))
             t.setItem(i, 1, _item(_num(m.before, m.unit), right=True))
             t.setItem(i, 2, _item(_num(m.after, m.unit), right=True))
             t.setItem(i, 3, _item(format_ratio(m.ratio), right=True, color=color, bold=bool(verdict)))
+            note = _item(m.judgement, color=MUTED_COLOR)
+            note.setToolTip(m.judgement)
+            t.setItem(i, 4, note)
         t.resizeRowsToContents()
 
     def _show_diff(self, c: Comparison) -> None:

@@ -15,14 +15,15 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFormLayout, QGroup
                                QHeaderView, QLabel, QListWidget, QListWidgetItem, QPushButton,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from engine.topology import GpuInfo, Topology, order_devices
+from engine.topology import GpuInfo, Topology, driver_facts, order_devices
 
 from .field_box import FieldBox
 from .table_height import fit_height
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("device", "name", "VRAM GiB\ntotal / free", "PCIe\ncur / max", "link class\nGB/s", "measured\nH2D GB/s")
+COLUMNS = ("device", "name", "VRAM GiB\ntotal / free", "PCIe\ncur / max", "link class\nGB/s", "measured\nH2D GB/s",
+           "driver\nmodel")
 
 TIP_DEVICES = ("The devices of the layer split, one stage per entry in order (cpu,cpu splits the model into two "
                "CPU stages); more stages only pay off when the prompt has enough chunks to keep them all busy.")
@@ -60,6 +61,12 @@ class DevicesPanel(QGroupBox):
         hdr.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.table.setToolTip("Link class: GB/s per direction at the link's max generation x width (idle links "
                               "downshift, so the current figures say little); measured: pinned host->device.")
+        self.facts = QLabel()
+        self.facts.setProperty("role", "hint")
+        self.facts.setWordWrap(True)
+        self.facts.setVisible(False)
+        self.facts.setToolTip("What the GPUs' Windows driver models (NVML: WDDM, TCC or MCDM; n/a off Windows) and "
+                              "their peer access mean for a run.")
         self.probe = QPushButton("Measure bandwidth")
         self.probe.setToolTip("Measure pinned host->device GB/s per GPU (used by ordering pcie when present).")
         self.probe.clicked.connect(self.probe_requested)
@@ -97,6 +104,7 @@ class DevicesPanel(QGroupBox):
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addWidget(self.table)
+        lay.addWidget(self.facts)
         lay.addLayout(form)
 
         self.devices.currentTextChanged.connect(self._on_edited)
@@ -122,7 +130,12 @@ class DevicesPanel(QGroupBox):
         else:
             self.reason.setText(f"No CUDA GPU: stages run on the CPU. Reason: {topo.reason or 'unknown'}")
             cores = os.cpu_count() or 0
-            self._add_row(("cpu", f"host CPU, {cores} logical cores", "—", "—", "—", "—"))
+            self._add_row(("cpu", f"host CPU, {cores} logical cores", "—", "—", "—", "—", "n/a"))
+        # the driver model is a GPU's fact: no column for the CPU row
+        self.table.setColumnHidden(COLUMNS.index("driver\nmodel"), not topo.devices)
+        facts = driver_facts(topo)
+        self.facts.setText("\n".join(facts))
+        self.facts.setVisible(bool(facts))
         fit_height(self.table)
         self.probe.setEnabled(bool(topo.devices))
         self.probe.setVisible(bool(topo.devices))
@@ -133,7 +146,7 @@ class DevicesPanel(QGroupBox):
     def _add_gpu_row(self, g: GpuInfo) -> None:
         self._add_row((g.torch_name, g.name, f"{_num(g.vram_total, _GIB)} / {_num(g.vram_free, _GIB)}",
                        f"{_link(g.pcie_gen_cur, g.pcie_width_cur)} / {_link(g.pcie_gen_max, g.pcie_width_max)}",
-                       _num(g.link_class_gbs), _num(g.h2d_gbs)))
+                       _num(g.link_class_gbs), _num(g.h2d_gbs), g.driver_model))
 
     def _add_row(self, cells: tuple[str, ...]) -> None:
         r = self.table.rowCount()

@@ -15,7 +15,8 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QCursor, QFont, QPainter, QPainterPath, QPaintEvent, QPen, QStaticText
-from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QToolTip, QVBoxLayout,
+                               QWidget)
 
 from engine.events import StageEvent
 
@@ -186,8 +187,7 @@ class GanttView(QWidget):
         fit.setToolTip("Show the whole run.")
         fit.clicked.connect(self.fit)
         head = QHBoxLayout()
-        head.addWidget(title)
-        head.addStretch(1)
+        head.addWidget(title, 1)
         self.hint = hint = QLabel("wheel: zoom · drag: pan · hover: details")
         hint.setProperty("role", "hint")
         head.addWidget(hint)
@@ -207,9 +207,12 @@ class GanttView(QWidget):
             lab.setToolTip(st.meaning)
             legend.addWidget(lab)
         legend.addStretch(1)
+        # narrow windows (1280 px, or 150% scale) clip the legend and the hint instead of widening the window
+        for w in (title, self.legend):
+            w.setSizePolicy(QSizePolicy.Policy.Ignored, w.sizePolicy().verticalPolicy())
 
         self.plot = _PlotWidget()
-        self.plot.setMinimumHeight(160)
+        self.plot.setMinimumHeight(160 if self._live else 100)  # Compare stacks two
         pi = self.plot.getPlotItem()
         pi.setMenuEnabled(False)
         pi.hideButtons()

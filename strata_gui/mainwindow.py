@@ -13,9 +13,9 @@ from typing import Callable, Mapping
 
 import torch
 from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QCloseEvent
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QMessageBox, QProgressBar, QPushButton,
-                               QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+                               QScrollArea, QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
 from engine import topology
 from engine.config import ConfigError
@@ -24,20 +24,23 @@ from engine.gguf_model import GGUFError, load
 from engine.memory_plan import plan_memory
 from engine.topology import TelemetrySample, Topology
 
+from . import window_fit
 from .background import BackgroundJobs
 from .compare_view import CompareView
 from .devices_panel import DevicesPanel
 from .gantt import GanttView
 from .history import RunHistory, UnsavedRuns, open_history
 from .history_panel import HistoryPanel
+from .messages import model_error_text
 from .run_controller import RunController
 from .run_progress import RunProgress
 from .run_record import RunRecord
-from .run_settings import RunSettings, Validation, check_machine, validate
-from .run_job import RunRequest, RunStarted, SaveResult
+from .run_settings import RunSettings, Validation, check_machine, settings_from_config, validate
+from .run_job import RepeatDone, RunRequest, RunStarted, SaveResult
 from .plan_view import PlanTab
 from .settings_panel import SettingsPanel
 from .settings_store import SettingsStore
+from .spread import Spread
 from .summary_view import SummaryView
 from .sweep import SweepPlan, SweepResults, SweepSample, SweepStep, arm_config, format_tokens
 from .sweep_controller import SweepController
@@ -93,15 +96,16 @@ class MainWindow(QMainWindow):
         self.last_report: RunReport | None = None
         self.last_outcome = ""  # "finished" | "cancelled" | "failed"
         self.last_saved: SaveResult | None = None  # how the last run went into the history
+        self.repeats: list[RepeatDone] = []  # the measured repeats of the run in flight (or the last one)
         self.error_box: QMessageBox | None = None
         self._closing = False
         self._build()
         self._connect()
-        defaults = RunSettings.from_env(self._env, default_devices(self.cuda_count))
+        defaults = RunSettings.from_env(self._env, default_devices(self.cuda_count), demo=True)
         self.apply_settings(self.store.load_run_settings(defaults) if self.store.has_run_settings else defaults)
         geometry = self.store.load_bytes("geometry")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
+        restored = geometry is not None and self.restoreGeometry(geometry)
+        self.fit_to_screen(restored)
         self.refresh_topology(probe=False)
         if self.history_error:
             self.set_status(f"run history unavailable: {self.history_error}")
@@ -109,6 +113,21 @@ class MainWindow(QMainWindow):
                             informative="Runs work as before; they are not saved until this is resolved.")
 
     # ------------------------------------------------------------------ layout
+    def fit_to_screen(self, remembered: bool = True) -> None:
+        """The remembered size and place (or a first-start default), clamped to the screen's
+        available area: the window never opens larger than the screen (150% scale included)."""
+        if self.isMaximized() or self.isFullScreen():
+            return
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        if screen is None:
+            return
+        a = screen.availableGeometry()
+        g = self.geometry()
+        m = self.minimumSizeHint()
+        r = window_fit.fit(window_fit.Rect(g.x(), g.y(), g.width(), g.height()) if remembered else None,
+                           window_fit.Rect(a.x(), a.y(), a.width(), a.height()), (m.width(), m.height()))
+        self.setGeometry(r.x, r.y, r.w, r.h)
+
     def _build(self) -> None:
         self.devices_panel = DevicesPanel()
         self.settings_panel = SettingsPanel()
@@ -137,7 +156,8 @@ class MainWindow(QMainWindow):
         self.progress.setMinimumWidth(220)
         self.progress.setToolTip("Prefill chunks finished by the last stage, then decode steps.")
         self.progress_label = QLabel("idle")
-        self.progress_label.setMinimumWidth(330)
+        self.progress_label.setMinimumWidth(160)
+        self.progress_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         bar = QHBoxLayout()
         bar.addWidget(self.run_button)
         bar.addWidget(self.stop_button)
@@ -150,13 +170,21 @@ class MainWindow(QMainWindow):
         self.telemetry.link_x(self.gantt.plot.getPlotItem())
         self.summary = SummaryView()
         self.splitter = QSplitter(Qt.Orientation.Vertical)
+        # the summary scrolls when the window is short (1280x720, 150% scale) instead of clipping
+        summary_scroll = QScrollArea()
+        summary_scroll.setWidget(self.summary)
+        summary_scroll.setWidgetResizable(True)
+        summary_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        summary_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.summary.setMinimumHeight(160)
         for w in (self.gantt, self.telemetry, self.summary):
             w.setContentsMargins(4, 4, 4, 4)
+        for w in (self.gantt, self.telemetry, summary_scroll):
             self.splitter.addWidget(w)
         self.splitter.setStretchFactor(0, 5)
-        self.splitter.setStretchFactor(1, 2)
-        self.splitter.setStretchFactor(2, 3)
-        self.splitter.setSizes([470, 120, 310])
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setStretchFactor(2, 4)
+        self.splitter.setSizes([400, 80, 420])  # proportions: Qt scales them to the window
         right = QWidget()
         right_lay = QVBoxLayout(right)
         right_lay.addLayout(bar)
@@ -191,6 +219,37 @@ class MainWindow(QMainWindow):
         self._refresh_past_sweeps()
         self.status_label = QLabel("ready")
         self.statusBar().addWidget(self.status_label, 1)
+        self._build_menu()
+
+    def _build_menu(self) -> None:
+        """File and Run menus with the shortcuts a desktop app has (Ctrl+R run, Ctrl+Q quit)."""
+        bar = self.menuBar()
+        file_menu = bar.addMenu("&File")
+        self.quit_action = QAction("&Quit", self)
+        self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))  # StandardKey.Quit is empty on Windows
+        self.quit_action.triggered.connect(self.close)
+        file_menu.addAction(self.quit_action)
+        run_menu = bar.addMenu("&Run")
+        self.run_action = QAction("&Run", self)
+        self.run_action.setShortcut(QKeySequence("Ctrl+R"))
+        self.run_action.setToolTip("Prefill the prompt through the split with the Run tab's settings.")
+        self.run_action.triggered.connect(self._run_from_menu)
+        self.stop_action = QAction("&Stop", self)
+        self.stop_action.setShortcut(QKeySequence("Ctrl+."))
+        self.stop_action.triggered.connect(self.stop_run)
+        run_menu.addAction(self.run_action)
+        run_menu.addAction(self.stop_action)
+        view_menu = bar.addMenu("&View")
+        for i, key in ((0, "Ctrl+1"), (1, "Ctrl+2"), (2, "Ctrl+3"), (3, "Ctrl+4")):
+            act = QAction(f"{self.tabs.tabText(i)} tab", self)
+            act.setShortcut(QKeySequence(key))
+            act.triggered.connect(lambda _=False, i=i: self.tabs.setCurrentIndex(i))
+            view_menu.addAction(act)
+        self.run_button.setToolTip(self.run_button.toolTip() + " (Ctrl+R)")
+
+    def _run_from_menu(self) -> None:
+        self.tabs.setCurrentWidget(self.run_tab)
+        self.start_run()
 
     def _connect(self) -> None:
         self.settings_panel.changed.connect(self.revalidate)
@@ -204,6 +263,7 @@ class MainWindow(QMainWindow):
         c.telemetry.connect(self._on_telemetry)
         c.status.connect(self.set_status)
         c.finished.connect(self._on_finished)
+        c.measured.connect(self._on_measured)
         c.cancelled.connect(self._on_cancelled)
         c.failed.connect(self._on_failed)
         c.busy_changed.connect(self._on_busy)
@@ -246,7 +306,7 @@ class MainWindow(QMainWindow):
     @staticmethod
     def _idle_telemetry_text(topo: Topology) -> str:
         if not topo.devices:
-            return f"telemetry unavailable: no GPU to sample ({topo.reason or 'no CUDA devices'})"
+            return "telemetry unavailable: no GPU to sample (the Devices panel says why)"
         return "GPU telemetry is sampled during a run."
 
     # --------------------------------------------------------------- settings
@@ -276,7 +336,7 @@ class MainWindow(QMainWindow):
                 facts = (model.spec.n_layers, model.describe(), "")
                 self._loaded[key] = model
             except GGUFError as exc:
-                facts = (None, "", str(exc))
+                facts = (None, "", model_error_text(exc))
             except Exception as exc:  # a reader bug on a strange file must not take the app down
                 log.exception("reading %s failed", path)
                 facts = (None, "", f"{path}: cannot read the model ({type(exc).__name__}: {exc})")
@@ -292,6 +352,9 @@ class MainWindow(QMainWindow):
         self.validation = validate(s, n_layers, error, self._env, self.cuda_count)
         self.settings_panel.set_memory_plan(self._memory_plan_text(path, s))
         self.settings_panel.set_errors(self.validation.errors)
+        cuda = any(d.strip().startswith("cuda") for d in s.devices.split(","))
+        self.settings_panel.set_cuda_graphs_applicable(
+            cuda, "" if cuda else "no CUDA device in the list" if self.cuda_count else "no CUDA device")
         self.devices_panel.set_errors(self.validation.errors)
         self.sweep_view.set_base(self._sweep_base_text(s))
         self._update_buttons()
@@ -330,6 +393,9 @@ class MainWindow(QMainWindow):
         sweeping = self.sweeps.is_running
         ok = self.validation.ok
         self.run_button.setEnabled(ok and not running and not sweeping)
+        if hasattr(self, "run_action"):
+            self.run_action.setEnabled(ok and not running and not sweeping)
+            self.stop_action.setEnabled(running)
         self.run_button.setToolTip("A sweep is running; stop it or wait." if sweeping else
                                    "Prefill the prompt through the split (and decode), with these settings."
                                    if ok else "Fix the settings marked in red first.")
@@ -351,7 +417,8 @@ class MainWindow(QMainWindow):
         request = RunRequest(
             model_path=self.model_path(s), config=v.config,
             prompt_tokens=s.prompt_tokens, prompt_text=s.prompt_text if s.prompt_mode == "text" else None,
-            decode_tokens=s.decode_tokens, model_label=self.model_label(s))
+            decode_tokens=s.decode_tokens, model_label=self.model_label(s), warmup=s.warmup, repeats=s.repeats)
+        self.repeats = []
         self.last_report = None
         self.last_outcome = ""
         self.last_saved = None
@@ -384,6 +451,9 @@ class MainWindow(QMainWindow):
         self.progress.setValue(0)
         self._show_progress()
         reused = " (model already loaded)" if info.session_reused else ""
+        total = self.current_settings().repeats
+        if total > 1:
+            reused += f" · repeat {len(self.repeats) + 1} of {total}"
         self.set_status(f"running{reused}: {plan.prompt_tokens:,} tokens as {plan.n_chunks} "
                         f"{'balanced chunks of up to' if plan.schedule == 'balanced' else '×'} {plan.chunk} on "
                         f"{len(plan.stages)} stage(s) · {plan.chunk_reason}")
@@ -404,16 +474,43 @@ class MainWindow(QMainWindow):
     def _on_telemetry(self, samples: list) -> None:
         self.telemetry.add_samples(samples)
 
+    def _on_measured(self, done: RepeatDone) -> None:
+        self.repeats.append(done)
+        if done.index + 1 < done.total:
+            self.progress_label.setText(f"repeat {done.index + 1} of {done.total} done · "
+                                        f"{done.report.prefill_tok_s:,.0f} tok/s")
+
+    @staticmethod
+    def measure_text(repeats: list[RepeatDone]) -> str:
+        """How the shown figures were measured, in words (the summary's 'Measured' row)."""
+        if not repeats:
+            return ""
+        n = len(repeats)
+        what = f"{n} repeats of the same prompt; the Gantt shows the last" if n > 1 else "one run"
+        if repeats[0].warmed_up:
+            how = "after a warm-up pass of the same shapes (not measured, not drawn)"
+        elif repeats[0].cold:
+            how = ("COLD: no warm-up and the first run of this shape, so it includes one-off set-up "
+                   "(turn on the warm-up, or run again)")
+        else:
+            how = "warm (this shape ran before in this session)"
+        return f"{what}, {how}"
+
     def _on_finished(self, report: RunReport) -> None:
         self.last_report = report
         self.last_outcome = "finished"
         self.gantt.finish()
-        self.summary.show_report(report)
+        self.summary.show_report(report, [d.report for d in self.repeats], self.measure_text(self.repeats))
         self._show_progress()
         self.progress.setValue(self.progress.maximum())
         total_s = report.prefill_s + report.decode_s
-        self.progress_label.setText(f"done · prefill {report.prefill_tok_s:,.0f} tok/s"
-                                    + (f" · decode {report.decode_tok_s:,.1f} tok/s" if report.decode_tok_s else ""))
+        if len(self.repeats) > 1:
+            pre = Spread.of(d.report.prefill_tok_s for d in self.repeats)
+            self.progress_label.setText(f"done · prefill median {pre.median:,.0f} tok/s ±{pre.rel * 100:.1f}% "
+                                        f"over {pre.n} repeats")
+        else:
+            self.progress_label.setText(f"done · prefill {report.prefill_tok_s:,.0f} tok/s"
+                                        + (f" · decode {report.decode_tok_s:,.1f} tok/s" if report.decode_tok_s else ""))
         saved = self.last_saved
         where = f" · saved to the history as #{saved.run}" if saved is not None and saved.run is not None else ""
         self.set_status(f"finished run {report.run_id} in {total_s:.2f} s · digest {report.digest[:12]}{where}")
@@ -509,7 +606,11 @@ class MainWindow(QMainWindow):
         self.progress_model = None
         self.progress_label.setText(f"showing run #{run} from the history ({record.status})")
         self.tabs.setCurrentWidget(self.run_tab)
-        self.set_status(f"showing run #{run} from the history")
+        # the form shows the run's settings, so Run repeats it (rather than other values beside its timeline)
+        restored, kept = settings_from_config(record.config, self.current_settings())
+        self.apply_settings(restored)
+        note = f"; kept the form's {', '.join(kept)}" if kept else ""
+        self.set_status(f"showing run #{run} from the history; the settings are that run's{note}")
         return True
 
     # ------------------------------------------------------------------- sweeps

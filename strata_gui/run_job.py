@@ -9,6 +9,15 @@ arrives after `done`).  A finished run, and a cancelled one whose partial report
 attached to `Cancelled.report`, is handed to the `recorder` (the history) here, before that
 outcome; `saved` says how it went.
 
+Measured like a benchmark: before the first measured run of a new shape (prompt length and
+decode, on this Session) an unmeasured warm-up pass runs the same chunk shapes with a different
+prompt (`prompts.warmup_ids`), so one-off costs (kernel set-up, allocator growth, CUDA graph
+capture) stay out of the figures.  The warm-up is NOT drawn in the Gantt (its events go to no
+sink) and not saved; the status line says while it runs.  Then `repeats` measured runs of the
+same prompt follow; each is saved to the history as its own run (with `repeat`, `repeats` and a
+shared `repeat_group` in its settings) and announced by `measured`.  A run without warm-up on a
+shape the session had not run is recorded as `cold`.
+
 What leaves the job goes through a `RunOutlet` — the Qt worker (run_worker.py) turns each call
 into a signal; benchmarks/gpu_check.sh drives the same job on a GPU machine without Qt.
 """
@@ -18,6 +27,7 @@ import logging
 import threading
 import hashlib
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
@@ -45,6 +55,19 @@ class RunRequest:
     decode_tokens: int = 0
     nonce: int = 0
     model_label: str = ""  # how the history names the model ("" : the file name)
+    warmup: bool = False  # an unmeasured pass first, when this shape is new to the session
+    repeats: int = 1  # measured runs of the prompt
+
+
+@dataclass(frozen=True)
+class RepeatDone:
+    """One measured repeat finished (index from 0)."""
+
+    index: int
+    total: int
+    report: RunReport
+    warmed_up: bool = False  # a warm-up pass ran before the measured runs (this press of Run)
+    cold: bool = False  # this repeat was the shape's first pass in the session (no warm-up)
 
 
 # a run for the history -> its id there; raises on a storage error
@@ -108,6 +131,7 @@ class RunOutlet(Protocol):
     def telemetry(self, samples: list) -> None: ...
     def status(self, text: str) -> None: ...
     def finished(self, report: RunReport) -> None: ...
+    def measured(self, done: RepeatDone) -> None: ...
     def cancelled(self, message: str) -> None: ...
     def failed(self, title: str, message: str, details: str) -> None: ...
     def saved(self, result: SaveResult) -> None: ...
@@ -133,6 +157,7 @@ class RunJob:
         self._model = ""
         self._reused = False
         self._last_status = 0.0
+        self._measure: dict = {}
 
     # ------------------------------------------------------------ the thread body
     def execute(self) -> None:
@@ -150,24 +175,42 @@ class RunJob:
             else:
                 ids = prompts.synthetic(req.prompt_tokens, session.spec.vocab, nonce=req.nonce)
             self._n_prompt = len(ids)
-            session.sink = batcher
+            shape = (len(ids), req.decode_tokens > 0)
+            warmed = self.sessions.warm_shapes
+            warmed_up = False
+            if req.warmup and shape not in warmed:
+                self._warm_up(session, len(ids), req.decode_tokens)
+                warmed.add(shape)
+                warmed_up = True
+            cold = shape not in warmed
+            group = uuid.uuid4().hex[:12]
+            repeats = max(int(req.repeats), 1)
             session.hooks = self.hooks or PipelineHooks()
             self._sampler, self._telemetry_reason = make_sampler(req.config, self.topology)
             if self._sampler is not None:
                 self._sampler.start()
             batcher.start()
-            self.out.status(f"planning {len(ids)} prompt tokens on {', '.join(session.device_order)} …")
-            try:
-                result = session.run(ids, req.decode_tokens, cancel=self.cancel, on_plan=self._on_plan,
-                                     sampler=self._sampler)  # one sampler: the live plot's samples are the history's
-            finally:
-                self._stop_sources(batcher)
-            self._record(session, result.report, "finished")
+            result = None
+            for k in range(repeats):
+                self._measure = {"warmup": bool(req.warmup), "cold": cold and k == 0, "repeat": k + 1,
+                                 "repeats": repeats, "repeat_group": group}
+                session.sink = batcher
+                self.out.status(f"planning {len(ids)} prompt tokens on {', '.join(session.device_order)}"
+                                + (f" (repeat {k + 1} of {repeats})" if repeats > 1 else "") + " …")
+                try:  # one sampler: the live plot's samples are the history's
+                    result = session.run(ids, req.decode_tokens, cancel=self.cancel, on_plan=self._on_plan,
+                                         sampler=self._sampler)
+                finally:
+                    batcher.flush()
+                warmed.add(shape)
+                self._record(session, result.report, "finished")
+                self.out.measured(RepeatDone(k, repeats, result.report, warmed_up, cold and k == 0))
+            self._stop_sources(batcher)
             self.out.finished(result.report)
         except Cancelled as exc:
             self._stop_sources(batcher)
             partial = getattr(exc, "report", None)
-            if session is not None and isinstance(partial, RunReport):
+            if session is not None and isinstance(partial, RunReport) and self._measure:
                 self._record(session, partial, "cancelled")
             self.out.cancelled(str(exc))
         except Exception as exc:
@@ -180,13 +223,23 @@ class RunJob:
                 session.sink = None
             self.out.done()
 
+    def _warm_up(self, session: Session, n_tokens: int, decode_tokens: int) -> None:
+        """One unmeasured pass of the same shapes (not drawn, not saved); Cancelled propagates."""
+        self.out.status(f"warm-up pass: {n_tokens:,} tokens, not measured and not drawn (the first run of a "
+                        "shape pays one-off set-up) …")
+        session.sink = None
+        session.hooks = self.hooks or PipelineHooks()
+        t0 = time.perf_counter()
+        session.run(prompts.warmup_ids(n_tokens, session.spec.vocab), min(decode_tokens, 2), cancel=self.cancel)
+        log.info("warm-up pass of %d tokens took %.3f s", n_tokens, time.perf_counter() - t0)
+
     def _record(self, session: Session, report: RunReport, status: str) -> None:
         """Save the run to the history; a storage error is reported, never raised."""
         if self.recorder is None:
             return
         req = self.request
         config = record_config(req.config, req.model_label or req.model_path.name, describe_prompt(req),
-                               self._n_prompt, req.decode_tokens)
+                               self._n_prompt, req.decode_tokens, self._measure)
         record = RunRecord(report, list(session.events), config, source="run", status=status)
         try:
             self.out.saved(SaveResult(self.recorder(record), status))

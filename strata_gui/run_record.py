@@ -29,6 +29,10 @@ CONFIG_ORDER = ("model", "devices", "gpu_order", "layer_split", "prefill", "chun
                 "cuda_graphs",
                 "pin_limit_gib", "expert_cache", "handoff", "dtype", "timing", "check_nan", "prompt",
                 "prompt_tokens", "decode_tokens")
+# how a run was measured, not what it ran: recorded with its settings, never listed as a difference
+# warmup: a warm-up pass ran first; cold: the first pass of its shape in a session (no warm-up);
+# repeat / repeats / repeat_group: the k-th of n measured repeats of one press of Run
+META_KEYS = ("warmup", "cold", "repeat", "repeats", "repeat_group")
 
 
 @dataclass
@@ -73,7 +77,7 @@ def _flat(value: Any) -> Any:
 
 
 def record_config(config: EngineConfig, model: str, prompt: str, prompt_tokens: int,
-                  decode_tokens: int) -> dict[str, Any]:
+                  decode_tokens: int, measure: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The settings of one run: the engine's (as `EngineConfig` resolved them), the model, the prompt.
 
     `prompt` says which prompt it was ("synthetic, nonce 0" or the text), so two runs with the same
@@ -81,6 +85,7 @@ def record_config(config: EngineConfig, model: str, prompt: str, prompt_tokens: 
     out: dict[str, Any] = {"model": model}
     out.update({k: _flat(v) for k, v in config.as_dict().items()})
     out.update({"prompt": prompt, "prompt_tokens": int(prompt_tokens), "decode_tokens": int(decode_tokens)})
+    out.update({k: v for k, v in (measure or {}).items() if k in META_KEYS})
     return out
 
 
@@ -178,7 +183,12 @@ def describe(record: RunRecord) -> str:
     depth = {0: "depth 0 (join)", 1: "depth 1 (overlap)"}.get(plan.pf_depth, "depth ?")
     devs = ",".join(r.device_order) or ",".join(s.device for s in plan.stages)
     parts = [f"{plan.prompt_tokens:,} tok", f"{len(plan.stages)} stage(s) {devs}", depth,
-             f"chunk {plan.chunk}", f"{r.prefill_tok_s:,.0f} tok/s"]
+             f"chunk {plan.chunk}", "prefill — (stopped)" if r.cancelled else f"{r.prefill_tok_s:,.0f} tok/s"]
     if record.status != "finished":
         parts.append(record.status)
+    repeats = record.config.get("repeats")
+    if isinstance(repeats, int) and repeats > 1:
+        parts.append(f"repeat {record.config.get('repeat', '?')} of {repeats}")
+    if record.config.get("cold"):
+        parts.append("cold (no warm-up)")
     return " · ".join(parts)

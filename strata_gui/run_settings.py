@@ -14,15 +14,22 @@ from typing import Any, Mapping
 
 from engine.config import ENV_NAMES, ConfigError, EngineConfig, parse_setting
 
+from .messages import config_error_text
+
 log = logging.getLogger(__name__)
 
 # field names of the form (one error slot each); "general" takes what no field owns
 FIELDS = ("model", "devices", "gpu_order", "layer_split", "prefill", "chunk_schedule", "pf_depth", "prefill_main",
           "cuda_graphs",
-          "pin_limit_gib", "expert_cache", "prompt", "decode_tokens", "general")
+          "pin_limit_gib", "expert_cache", "prompt", "decode_tokens", "repeats", "general")
 
 MAX_PROMPT_TOKENS = 1 << 20
 MAX_DECODE_TOKENS = 4096
+MAX_REPEATS = 20
+# The demo's first-start chunk: auto (the engine's default, right for real models) picks ONE
+# 2048-token chunk for the demo on a CPU, which shows no pipeline; 256 makes C0..C7 on two stages
+# with the overlap visible (73% of the prefill with both stages computing, 2 CPU cores).
+DEMO_CHUNK = 256
 
 
 @dataclass
@@ -44,6 +51,8 @@ class RunSettings:
     prompt_text: str = ""
     decode_tokens: int = 16
     cuda_graphs: bool = True
+    warmup: bool = True  # an unmeasured pass before the first measured run of each new shape
+    repeats: int = 1  # measured runs per press of Run; the summary shows their median and spread
 
     def overrides(self) -> dict[str, Any]:
         """The engine settings as raw values for `EngineConfig.from_sources` (GUI > env > default)."""
@@ -89,10 +98,16 @@ class RunSettings:
         return cls(**kw)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, devices: str = "cpu,cpu") -> "RunSettings":
-        """Defaults for a first start: the environment's valid values (DESIGN.md "Settings")."""
+    def from_env(cls, env: Mapping[str, str] | None = None, devices: str = "cpu,cpu",
+                 demo: bool = False) -> "RunSettings":
+        """Defaults for a first start: the environment's valid values (DESIGN.md "Settings").
+
+        demo: the first start opens the built-in demo model; its chunk is fixed at DEMO_CHUNK
+        (unless STRATA_PREFILL says otherwise) so the first Run shows the pipeline."""
         env = os.environ if env is None else env
         s = cls(devices=devices)
+        if demo:
+            s.chunk_mode, s.chunk_size = "fixed", str(DEMO_CHUNK)
         for name, var in ENV_NAMES.items():
             raw = env.get(var, "")
             if raw == "":
@@ -120,6 +135,47 @@ class RunSettings:
                 else:
                     s.chunk_mode, s.chunk_size = "fixed", str(value)
         return s
+
+
+def settings_from_config(config: Mapping[str, Any], current: RunSettings) -> tuple[RunSettings, list[str]]:
+    """The form's values that reproduce a recorded run (`record_config`'s flat dict), and what
+    could not be restored (kept at `current`): a model file that is gone, a text prompt (the
+    history keeps only its head)."""
+    s = RunSettings.from_dict(current.to_dict())
+    kept: list[str] = []
+    model = str(config.get("model", ""))
+    if model.startswith("built-in demo"):
+        s.model_path = ""
+    elif model and os.path.isfile(model):
+        s.model_path = model
+    elif model:
+        kept.append(f"model ({model} is not a file here)")
+    simple = {"devices": "devices", "gpu_order": "gpu_order", "chunk_schedule": "chunk_schedule",
+              "expert_cache": "expert_cache"}
+    for key, attr in simple.items():
+        if key in config and config[key] is not None:
+            setattr(s, attr, str(config[key]))
+    if "layer_split" in config:
+        split = str(config["layer_split"])
+        s.split_mode, s.split_counts = ("auto", s.split_counts) if split == "auto" else ("manual", split)
+    if "prefill" in config:
+        chunk = str(config["prefill"])
+        s.chunk_mode, s.chunk_size = ("auto", s.chunk_size) if chunk == "auto" else ("fixed", chunk)
+    if "pin_limit_gib" in config:
+        pin = config["pin_limit_gib"]
+        s.pin_limit_gib = f"{pin:g}" if isinstance(pin, float) else str(pin)
+    for key in ("pf_depth", "decode_tokens", "repeats"):
+        if isinstance(config.get(key), int) and not isinstance(config.get(key), bool):
+            setattr(s, key, config[key])
+    for key in ("prefill_main", "cuda_graphs", "warmup"):
+        if isinstance(config.get(key), bool):
+            setattr(s, key, config[key])
+    prompt = str(config.get("prompt", ""))
+    if prompt.startswith("synthetic") and isinstance(config.get("prompt_tokens"), int):
+        s.prompt_mode, s.prompt_tokens = "tokens", config["prompt_tokens"]
+    elif prompt:
+        kept.append("prompt text (the history keeps only its first characters)")
+    return s, kept
 
 
 @dataclass
@@ -163,22 +219,26 @@ def validate(settings: RunSettings, n_layers: int | None, model_error: str = "",
         try:
             parse_setting(name, value)
         except ConfigError as exc:
-            v.errors.setdefault(_field_for(name), str(exc))
+            v.errors.setdefault(_field_for(name), config_error_text(exc))
     if settings.prompt_mode == "text":
         if not settings.prompt_text.strip():
-            v.errors["prompt"] = str(ConfigError("prompt", settings.prompt_text, "text that yields at least one token"))
+            v.errors["prompt"] = config_error_text(ConfigError("prompt", settings.prompt_text,
+                                                                "text that yields at least one token"))
     elif not 1 <= settings.prompt_tokens <= MAX_PROMPT_TOKENS:
-        v.errors["prompt"] = str(ConfigError("prompt_tokens", settings.prompt_tokens,
+        v.errors["prompt"] = config_error_text(ConfigError("prompt_tokens", settings.prompt_tokens,
                                              f"a token count from 1 to {MAX_PROMPT_TOKENS}"))
+    if not 1 <= settings.repeats <= MAX_REPEATS:
+        v.errors["repeats"] = config_error_text(ConfigError("repeats", settings.repeats,
+                                                            f"an integer from 1 to {MAX_REPEATS}"))
     if not 0 <= settings.decode_tokens <= MAX_DECODE_TOKENS:
-        v.errors["decode_tokens"] = str(ConfigError("decode_tokens", settings.decode_tokens,
+        v.errors["decode_tokens"] = config_error_text(ConfigError("decode_tokens", settings.decode_tokens,
                                                     f"an integer from 0 to {MAX_DECODE_TOKENS}"))
     if any(k in v.errors for k in raw):
         return v
     try:
         cfg = EngineConfig.from_sources(raw, env)
     except ConfigError as exc:
-        v.errors.setdefault(_field_for(exc.setting), str(exc))
+        v.errors.setdefault(_field_for(exc.setting), config_error_text(exc))
         return v
     try:
         if cuda_count is not None:
@@ -186,7 +246,7 @@ def validate(settings: RunSettings, n_layers: int | None, model_error: str = "",
         if n_layers is not None:
             cfg.check_layers(n_layers)
     except ConfigError as exc:
-        v.errors.setdefault(_field_for(exc.setting), str(exc))
+        v.errors.setdefault(_field_for(exc.setting), config_error_text(exc))
         return v
     if not v.errors:
         v.config = cfg

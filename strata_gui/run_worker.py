@@ -13,7 +13,7 @@ from engine.pipeline import PipelineHooks
 from engine.topology import Topology
 
 from .event_batcher import DEFAULT_INTERVAL_S
-from .run_job import RunJob, RunRecorder, RunRequest, RunStarted, SaveResult
+from .run_job import RepeatDone, RunJob, RunRecorder, RunRequest, RunStarted, SaveResult
 from .session_cache import SessionCache
 
 
@@ -22,7 +22,8 @@ class RunWorker(QObject):
     events = Signal(object)  # list[StageEvent]
     telemetry = Signal(object)  # list[TelemetrySample]
     status = Signal(str)
-    finished = Signal(object)  # RunReport
+    finished = Signal(object)  # RunReport of the last repeat
+    measured = Signal(object)  # RepeatDone, after each measured repeat (before finished)
     cancelled = Signal(str)
     failed = Signal(str, str, str)  # title, message, details
     saved = Signal(object)  # SaveResult
@@ -60,6 +61,9 @@ class _SignalOutlet:
 
     def finished(self, report) -> None:
         self.w.finished.emit(report)
+
+    def measured(self, done: RepeatDone) -> None:
+        self.w.measured.emit(done)
 
     def cancelled(self, message: str) -> None:
         self.w.cancelled.emit(message)

@@ -2,7 +2,7 @@
 slowed-down hooks: the prompts are simply long enough to watch), in a temporary run history:
 
 - main-during-run.png, main-after-run.png: the Run tab during and after a run;
-- compare.png: pf_depth 0 (join) against pf_depth 1 (overlap) on the same prompt;
+- compare.png: pf_depth 0 (join) against pf_depth 1 (overlap) on the same prompt, three repeats each;
 - sweep.png: join vs overlap over four prompt sizes, five repeats each;
 - plan.png: the Plan tab predicting a pf_depth 1 run from its own measured costs, the predicted
   Gantt above the measured one (after a warm-up run: the planner's error is the point);
@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 
 SETTINGS = RunSettings(model_path="", devices="cpu,cpu", chunk_mode="fixed", chunk_size="256", pf_depth=1,
                        prompt_mode="tokens", prompt_tokens=8192, decode_tokens=16)
+# three repeats per arm: Compare then judges the ratio against their spread
 COMPARE_SETTINGS = RunSettings(model_path="", devices="cpu,cpu", chunk_mode="fixed", chunk_size="256", pf_depth=0,
-                               prompt_mode="tokens", prompt_tokens=4096, decode_tokens=8)
+                               prompt_mode="tokens", prompt_tokens=4096, decode_tokens=8, repeats=3)
 SWEEP_SIZES = "1K, 2K, 4K, 8K"
 SWEEP_ARMS = (("join", "pf_depth=0"), ("overlap", "pf_depth=1"))
 SWEEP_REPEATS = 5

@@ -38,6 +38,8 @@ class SessionCache:
         self._key: SessionKey | None = None
         self._session: Session | None = None
         self.builds = 0  # how many Sessions were built (tests, status)
+        # shapes (prompt tokens, decode or not) the cached Session has run: warm, no warm-up needed
+        self.warm_shapes: set[tuple[int, bool]] = set()
 
     @property
     def session(self) -> Session | None:
@@ -55,6 +57,7 @@ class SessionCache:
         model: LoadedModel = load(path)
         session = Session(model, config, progress=progress)
         self._session, self._key = session, key
+        self.warm_shapes = set()
         self.builds += 1
         log.info("built a session: %s on %s", model.describe(), ", ".join(session.device_order))
         return session, False
@@ -65,6 +68,7 @@ class SessionCache:
 
     def close(self) -> None:
         session, self._session, self._key = self._session, None, None
+        self.warm_shapes = set()
         if session is not None:
             try:
                 session.close()

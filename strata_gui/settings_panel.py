@@ -12,7 +12,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
                                QWidget)
 
 from .field_box import FieldBox
-from .run_settings import MAX_DECODE_TOKENS, MAX_PROMPT_TOKENS, RunSettings
+from .run_settings import DEMO_CHUNK, MAX_DECODE_TOKENS, MAX_PROMPT_TOKENS, MAX_REPEATS, RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +24,10 @@ TIPS = {
                    "interleave V gives each device V groups of layers (2 GPUs, V=2: layers 0-7 on the first, "
                    "8-15 on the second, 16-23 on the first again…): a chunk visits every device V times, "
                    "so the pipeline's fill and drain shrink about V-fold while chunks stay big.",
-    "prefill": "Tokens per prefill chunk: auto weighs prompt length and stage count; on 4 GPUs a fixed "
-               "3072 or 4096 beat auto by up to 27% at 6-12K-token prompts, while 1024 was too small everywhere.",
+    "prefill": "Tokens per prefill chunk: auto (the engine's default) weighs prompt length and stage count; on "
+               "4 GPUs a fixed 3072 or 4096 beat auto by up to 27% at 6-12K-token prompts, while 1024 was too "
+               f"small everywhere. The demo starts at a fixed {DEMO_CHUNK}: auto makes its 2048-token prompt one "
+               "chunk on a CPU, which shows no pipeline.",
     "chunk_schedule": "fixed: every chunk the chosen size. balanced: as many chunks, sized so each costs the "
                       "same (bigger early, smaller late, since a late chunk attends to the whole prompt before "
                       "it) — the next stage then never waits for a costlier chunk; each new size plans its "
@@ -48,6 +50,11 @@ TIPS = {
               "spans several chunks (+10% at 16K, +28% at 64K tokens on 4 GPUs).",
     "decode_tokens": "Tokens to generate greedily after the prompt, one step at a time through the split; "
                      "decode speed is not expected to change with the prefill settings.",
+    "warmup": "Before the first measured run of a new prompt shape, run its chunk shapes once unmeasured (not "
+              "drawn, not saved): the first pass pays one-off set-up such as kernels, memory and CUDA graph capture "
+              "(a demo C0 took ~250 ms cold, ~55 ms warm); off, that run is labelled cold.",
+    "repeats": "Measured runs of the same prompt per press of Run: the summary shows their median and spread, "
+               "every repeat is saved, and Compare uses the spread to tell a change from noise.",
 }
 
 
@@ -152,6 +159,15 @@ class SettingsPanel(QGroupBox):
         self.decode_tokens.setRange(0, MAX_DECODE_TOKENS)
         self._add(form, "Decode tokens", "decode_tokens", FieldBox(self.decode_tokens, tooltip=TIPS["decode_tokens"]))
 
+        self.warmup = QCheckBox("warm-up pass first")
+        self.repeats = QSpinBox()
+        self.repeats.setRange(1, MAX_REPEATS)
+        self.repeats.setPrefix("repeats ")
+        box = FieldBox(self.repeats, self.warmup, tooltip=TIPS["repeats"])
+        self.warmup.setToolTip(TIPS["warmup"])
+        box.flag_targets = [self.repeats]
+        self._add(form, "Measure", "repeats", box)
+
         self.general = QLabel()
         self.general.setProperty("role", "error")
         self.general.setWordWrap(True)
@@ -167,6 +183,8 @@ class SettingsPanel(QGroupBox):
             w.currentIndexChanged.connect(self.changed)
         self.prefill_main.toggled.connect(self.changed)
         self.cuda_graphs.toggled.connect(self.changed)
+        self.warmup.toggled.connect(self.changed)
+        self.repeats.valueChanged.connect(self.changed)
         self.prompt_tokens.valueChanged.connect(self.changed)
         self.decode_tokens.valueChanged.connect(self.changed)
         self.prompt_text.textChanged.connect(self.changed)
@@ -218,7 +236,7 @@ class SettingsPanel(QGroupBox):
     def load(self, s: RunSettings) -> None:
         widgets = (self.split_mode, self.split_counts, self.chunk_mode, self.chunk_size, self.chunk_schedule,
                    self.pf_depth, self.prefill_main, self.cuda_graphs, self.pin_limit, self.expert_cache, self.prompt_mode, self.prompt_tokens,
-                   self.prompt_text, self.decode_tokens)
+                   self.prompt_text, self.decode_tokens, self.warmup, self.repeats)
         for w in widgets:
             w.blockSignals(True)
         try:
@@ -237,6 +255,8 @@ class SettingsPanel(QGroupBox):
             self.prompt_tokens.setValue(s.prompt_tokens)
             self.prompt_text.setPlainText(s.prompt_text)
             self.decode_tokens.setValue(s.decode_tokens)
+            self.warmup.setChecked(s.warmup)
+            self.repeats.setValue(s.repeats)
         finally:
             for w in widgets:
                 w.blockSignals(False)
@@ -259,6 +279,8 @@ class SettingsPanel(QGroupBox):
             "prompt_tokens": self.prompt_tokens.value(),
             "prompt_text": self.prompt_text.toPlainText(),
             "decode_tokens": self.decode_tokens.value(),
+            "warmup": self.warmup.isChecked(),
+            "repeats": self.repeats.value(),
         }
 
     def set_errors(self, errors: dict[str, str]) -> None:
@@ -267,6 +289,12 @@ class SettingsPanel(QGroupBox):
         general = errors.get("general", "")
         self.general.setText(general)
         self.general.setVisible(bool(general))
+
+    def set_cuda_graphs_applicable(self, applicable: bool, why: str = "") -> None:
+        """CUDA graphs only apply to CUDA stages: the box is greyed out, saying why, for CPU runs."""
+        self.cuda_graphs.setEnabled(applicable)
+        self.cuda_graphs.setText("replay layers as CUDA graphs" if applicable else
+                                 f"not used: {why}")
 
     def set_editable(self, on: bool) -> None:
         """Settings are fixed while a run is in flight."""

@@ -8,11 +8,14 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QTableWidget,
-                               QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QGridLayout, QHeaderView, QLabel, QSizePolicy,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from typing import Sequence
 
 from engine.events import RunReport
 
+from .spread import Spread, format_spread
 from .table_height import fit_height
 from .theme import KIND_STYLES, MUTED_COLOR
 
@@ -46,7 +49,7 @@ class SummaryView(QWidget):
         self.figures.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.figures.setWordWrap(True)
         self.figures.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
-        self.figures.setMinimumWidth(330)
+        self.figures.setMinimumWidth(260)
 
         self.table = QTableWidget(0, len(STAGE_COLUMNS))
         self.table.setHorizontalHeaderLabels(STAGE_COLUMNS)
@@ -68,7 +71,10 @@ class SummaryView(QWidget):
         mid.addStretch(1)
 
         self.hist, hp = busy_plot("Busy histogram", "share of prefill wall time (%)")
-        self.hist.setMinimumWidth(250)
+        self.hist.setMinimumWidth(190)
+        # its height follows the figures beside it: a plot's own size hint (480 px) would make the
+        # summary scroll for nothing
+        self.hist.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Ignored)
         self.hist.setToolTip("Share of the prefill's wall time with exactly k stages computing, k = 0…N: "
                              "a full pipeline spends most of its time at k = N.")
         self.bars = pg.BarGraphItem(x=np.zeros(0), height=np.zeros(0), width=0.6,
@@ -76,10 +82,12 @@ class SummaryView(QWidget):
         hp.addItem(self.bars)
         self.bar_labels: list[pg.TextItem] = []
 
-        body = QHBoxLayout()
-        body.addWidget(self.figures, 5)
-        body.addLayout(mid, 8)
-        body.addWidget(self.hist, 4)
+        self._mid = QWidget()
+        mid.setContentsMargins(0, 0, 0, 0)
+        self._mid.setLayout(mid)
+        self.body = body = QGridLayout()
+        self.narrow: bool | None = None
+        self._arrange(narrow=False)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(title)
@@ -87,26 +95,75 @@ class SummaryView(QWidget):
         self.show_message("No run yet. Press Run to prefill the prompt through the split; "
                           "the engine's report appears here.")
 
+    NARROW_PX = 1000  # below this width: figures and histogram side by side, the stage table under them
+
+    def _arrange(self, narrow: bool) -> None:
+        """Three columns on a wide window; two rows on a narrow one (1280 px, 150% scale)."""
+        if narrow == self.narrow:
+            return
+        self.narrow = narrow
+        for w in (self.figures, self._mid, self.hist):
+            self.body.removeWidget(w)
+        for c in range(3):
+            self.body.setColumnStretch(c, 0)
+        if narrow:
+            self.body.addWidget(self.figures, 0, 0)
+            self.body.addWidget(self.hist, 0, 1)
+            self.body.addWidget(self._mid, 1, 0, 1, 2)
+            self.body.setColumnStretch(0, 3)
+            self.body.setColumnStretch(1, 2)
+            self.hist.setMinimumHeight(200)
+        else:
+            self.body.addWidget(self.figures, 0, 0)
+            self.body.addWidget(self._mid, 0, 1)
+            self.body.addWidget(self.hist, 0, 2)
+            for c, stretch in enumerate((5, 8, 4)):
+                self.body.setColumnStretch(c, stretch)
+            self.hist.setMinimumHeight(0)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        self._arrange(event.size().width() < self.NARROW_PX)
+        super().resizeEvent(event)
+
     # ------------------------------------------------------------------ states
     def show_message(self, text: str) -> None:
         self.report = None
+        self.repeats: list[RunReport] = []
         self.figures.setText(f"<p style='color:{MUTED_COLOR}'>{html.escape(text)}</p>")
         self.table.setRowCount(0)
         fit_height(self.table, min_rows=2)
         self.expert.setText("")
         self._set_hist([])
 
-    def show_report(self, r: RunReport) -> None:
+    def show_report(self, r: RunReport, repeats: Sequence[RunReport] = (), measure: str = "") -> None:
+        """The report `r` (the run the Gantt shows); with `repeats` (every measured repeat, `r`
+        among them) the prefill and decode figures are their median and spread.  `measure` says
+        how the runs were measured (warm-up, cold)."""
         self.report = r
+        self.repeats = list(repeats)
         plan = r.plan
         rows = []
-        rows.append(("Prefill", f"<b>{r.prefill_tok_s:,.0f} tok/s</b> · {plan.prompt_tokens:,} tokens in "
-                                f"{r.prefill_s * 1e3:,.1f} ms"))
+        many = len(self.repeats) >= 2
+        if r.cancelled:
+            rows.append(("Prefill", f"<b>—</b> (stopped: no prefill rate) · {plan.prompt_tokens:,} tokens planned"))
+        elif many:
+            pre = Spread.of(x.prefill_tok_s for x in self.repeats)
+            ms = Spread.of(x.prefill_s * 1e3 for x in self.repeats)
+            rows.append(("Prefill", f"<b>{html.escape(format_spread(pre, unit='tok/s'))}</b><br>"
+                                    f"{plan.prompt_tokens:,} tokens in {html.escape(format_spread(ms, '{:,.1f}', 'ms'))}"))
+        else:
+            rows.append(("Prefill", f"<b>{r.prefill_tok_s:,.0f} tok/s</b> · {plan.prompt_tokens:,} tokens in "
+                                    f"{r.prefill_s * 1e3:,.1f} ms"))
         steps = max(len(r.generated) - 1, 0)
-        if steps:
+        if steps and many:
+            dec = Spread.of(x.decode_tok_s for x in self.repeats if x.decode_tok_s)
+            rows.append(("Decode", f"<b>{html.escape(format_spread(dec, '{:,.1f}', 'tok/s'))}</b> · {steps} steps"))
+        elif steps:
             rows.append(("Decode", f"<b>{r.decode_tok_s:,.1f} tok/s</b> · {steps} steps in {r.decode_s * 1e3:,.1f} ms"))
         else:
             rows.append(("Decode", "no decode steps in this run"))
+        if measure:
+            rows.append(("Measured", html.escape(measure)))
         if plan.schedule == "balanced" and plan.bounds:
             sizes = [n for _, n in plan.bounds]
             what = f"{plan.n_chunks} balanced chunks, {sizes[0]:,} … {sizes[-1]:,} tokens"
@@ -121,7 +178,7 @@ class SummaryView(QWidget):
         hops = len(plan.stages) - 1 if not plan.prefill_main else 0
         moved = f" · {hops} hop(s) per chunk, {r.handoff_bytes / 2**20:,.1f} MiB handed off" if hops else ""
         groups = f" · interleave:{plan.interleave} ({len(plan.stages)} layer groups)" if plan.interleave > 1 else ""
-        rows.append(("Hand-off", html.escape(r.handoff) + moved + groups))
+        rows.append(("Hand-off", html.escape(handoff_text(r.handoff)) + moved + groups))
         if r.attention:
             rows.append(("Attention", html.escape(r.attention)))
         rows.append(("Order used", f"{html.escape(', '.join(r.device_order))}<br>"
@@ -197,6 +254,24 @@ def expert_text(stats: list[dict]) -> str:
                      + (f" at {st.get('gbs', 0.0):,.1f} GB/s" if moved else "")
                      + (f" ({_bytes(st.get('bytes_pageable', 0))} pageable)" if st.get("bytes_pageable") else ""))
     return "<b>Expert cache</b><br>" + "<br>".join(html.escape(x) for x in lines)
+
+
+HANDOFF_MEANING = {
+    "peer": "GPU to GPU directly (peer access)",
+    "host": "host-staged: device → pinned host buffer → device (no peer access between these devices, "
+            "as under WDDM)",
+    "same-device": "none needed (the stages share a device)",
+}
+
+
+def handoff_text(kind: str) -> str:
+    """The hand-off kind the engine chose, with what it means ("host,peer": per stage pair)."""
+    parts = [k.strip() for k in kind.split(",") if k.strip()]
+    if len(parts) == 1 and parts[0] in HANDOFF_MEANING:
+        return f"{parts[0]}: {HANDOFF_MEANING[parts[0]]}"
+    if parts and all(k in HANDOFF_MEANING for k in parts):
+        return f"{kind} (per stage pair; host = host-staged through pinned memory, peer = direct)"
+    return kind
 
 
 def _short(reason: str, limit: int = 110) -> str:

@@ -227,6 +227,16 @@ class SweepRow:
         return max(self.tok_s)
 
 
+def ratio_noise(row: SweepRow, base: SweepRow | None) -> tuple[bool | None, float | None]:
+    """(within noise, ±share) of a row's ratio to its size's first-arm row: within when the ratios
+    the repeats allow, [lowest / base's highest, highest / base's lowest], hold 1 (as Compare
+    judges); (None, None) with a single repeat on both sides."""
+    if base is None or row.ratio is None or (row.n < 2 and base.n < 2) or base.low <= 0:
+        return None, None
+    lo, hi = row.low / base.high, row.high / base.low
+    return lo <= 1.0 <= hi, (hi - lo) / 2 / row.ratio
+
+
 def _spread(values: Sequence[float], median: float) -> float:
     return (max(values) - min(values)) / 2 / median if len(values) > 1 and median else 0.0
 

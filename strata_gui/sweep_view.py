@@ -15,13 +15,14 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
-                               QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
-                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+                               QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QScrollArea, QSpinBox,
+                               QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from engine.config import ConfigError
 
 from . import run_files
-from .sweep import MAX_REPEATS, SweepArm, SweepPlan, SweepResults, SweepSample, format_tokens, parse_sizes
+from .sweep import (MAX_REPEATS, SweepArm, SweepPlan, SweepResults, SweepSample, format_tokens, parse_sizes,
+                    ratio_noise)
 from .sweep_worker import SweepProgress
 from .theme import ERROR_COLOR, GPU_COLORS, MUTED_COLOR
 
@@ -130,7 +131,7 @@ class SweepView(QWidget):
         self.progress = QProgressBar()
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
-        self.progress.setFormat("%v / %m runs")
+        self.progress.setFormat("not started")  # "%v / %m runs" once a sweep begins (not "0 / 1 runs")
         self.progress_label = QLabel("idle")
         self.progress_label.setWordWrap(True)
 
@@ -138,6 +139,13 @@ class SweepView(QWidget):
         self.past.setToolTip("Sweeps saved in the history; Open shows one's chart and table again.")
         open_past = QPushButton("Open")
         open_past.clicked.connect(self._open_past)
+        # a narrow combo box elides its text; the chosen sweep is spelled out in full under it
+        self.past.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.past.setMinimumContentsLength(16)
+        self.past_detail = QLabel()
+        self.past_detail.setWordWrap(True)
+        self.past_detail.setProperty("role", "hint")
+        self.past.currentIndexChanged.connect(self._show_past_detail)
         past_row = QHBoxLayout()
         past_row.addWidget(self.past, 1)
         past_row.addWidget(open_past)
@@ -164,6 +172,7 @@ class SweepView(QWidget):
         past_title.setStyleSheet("font-weight: 600")
         left_lay.addWidget(past_title)
         left_lay.addLayout(past_row)
+        left_lay.addWidget(self.past_detail)
         left_lay.addLayout(export_row)
         left_lay.addWidget(self.message)
         left_lay.addStretch(1)
@@ -184,7 +193,9 @@ class SweepView(QWidget):
         self.legend = cp.addLegend(offset=(10, 10), labelTextSize="9pt")
         self._curves: list[pg.GraphicsObject] = []
         self.chart_note = QLabel("Lines join the medians; bars span the lowest and highest repeat; dots are the "
-                                 "single runs.")
+                                 "single runs. Each repeat prefills a different synthetic prompt (a nonce in its "
+                                 "first tokens), so digests differ between repeats by design; the arms of one "
+                                 "repeat share it, so their digests must match.")
         self.chart_note.setProperty("role", "hint")
         self.chart_note.setWordWrap(True)
         chart_box = QWidget()
@@ -201,7 +212,8 @@ class SweepView(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.setToolTip("Per arm and prompt size: the median prefill tok/s of the repeats, ± half their range "
-                              "as a share of the median, and the ratio of the medians to the first arm's.")
+                              "as a share of the median, and the ratio of the medians to the first arm's: green or "
+                              "red only beyond the repeats' noise (hover a ratio).")
 
         self.command = QLabel()
         self.command.setWordWrap(True)
@@ -223,8 +235,16 @@ class SweepView(QWidget):
         right_lay.addWidget(self.title)
         right_lay.addWidget(results, 1)
 
+        # the plan column scrolls in a short window (1280x720, 150% scale) instead of setting its height
+        left_scroll = QScrollArea()
+        left_scroll.setWidget(left)
+        left_scroll.setWidgetResizable(True)
+        left_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        left_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        left_scroll.setMinimumWidth(400)
+        left_scroll.setMaximumWidth(490)
         lay = QHBoxLayout(self)
-        lay.addWidget(left)
+        lay.addWidget(left_scroll)
         lay.addWidget(right, 1)
 
     # ------------------------------------------------------------------ the plan
@@ -290,10 +310,18 @@ class SweepView(QWidget):
         current = self.past.currentData()
         self.past.clear()
         for s in sweeps:
-            self.past.addItem(f"#{s.id} · {s.when} · {s.label or 'sweep'} · {s.n_runs} runs · {s.status}", s.id)
+            text = f"#{s.id} · {s.when} · {s.label or 'sweep'} · {s.n_runs} runs · {s.status}"
+            self.past.addItem(text, s.id)
+            self.past.setItemData(self.past.count() - 1, text, Qt.ItemDataRole.ToolTipRole)
         if current is not None and self.past.findData(current) >= 0:
             self.past.setCurrentIndex(self.past.findData(current))
         self.open_past_button.setEnabled(self.past.count() > 0 and not self.running)
+        if self.past.count():
+            self.past.view().setMinimumWidth(self.past.view().sizeHintForColumn(0) + 24)  # the list: whole lines
+        self._show_past_detail()
+
+    def _show_past_detail(self, *args: object) -> None:
+        self.past_detail.setText(self.past.currentText() if self.past.count() else "no sweep saved yet")
 
     def _open_past(self) -> None:
         sid = self.past.currentData()
@@ -304,6 +332,7 @@ class SweepView(QWidget):
     def begin(self, plan: SweepPlan, sweep_id: int | None) -> None:
         self.sweep_id = sweep_id
         self.show_results(SweepResults(plan))
+        self.progress.setFormat("%v / %m runs")
         self.progress.setRange(0, plan.total)
         self.progress.setValue(0)
         self.progress_label.setText("starting …")
@@ -336,6 +365,7 @@ class SweepView(QWidget):
         if sweep_id is not None:
             self.sweep_id = sweep_id
         if results is not None:
+            self.progress.setFormat("%v / %m runs")
             self.progress.setRange(0, max(results.plan.total, 1))
             self.progress.setValue(len(results))
         self._draw()
@@ -394,6 +424,7 @@ class SweepView(QWidget):
 
     def _fill_table(self, res: SweepResults) -> None:
         rows = res.rows()
+        base = {r.prompt_tokens: r for r in rows if r.arm == 0}
         t = self.table
         t.setRowCount(len(rows))
         for i, r in enumerate(rows):
@@ -409,7 +440,12 @@ class SweepView(QWidget):
                     item.setForeground(QColor(_arm_color(r.arm)))
                     item.setToolTip(r.settings or "(base settings)")
                 if j == 5 and r.ratio is not None and r.arm > 0:
-                    item.setForeground(QColor("#1B7F3B" if r.ratio >= 1.0 else ERROR_COLOR))
+                    within, noise = ratio_noise(r, base.get(r.prompt_tokens))
+                    if within is False and abs(r.ratio - 1.0) >= 0.01:  # coloured only beyond the repeats' noise
+                        item.setForeground(QColor("#1B7F3B" if r.ratio >= 1.0 else ERROR_COLOR))
+                    item.setToolTip("noise unknown: one repeat" if within is None else
+                                    f"{'within' if within else 'beyond'} noise (±{noise * 100:.1f}%): the ratios "
+                                    "the repeats allow " + ("hold" if within else "exclude") + " 1")
                 if j == 7 and r.same_output is False:
                     item.setForeground(QColor(ERROR_COLOR))
                 t.setItem(i, j, item)

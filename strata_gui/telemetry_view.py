@@ -26,6 +26,7 @@ class TelemetryView(QWidget):
         self.store = TelemetryStore()
         title = QLabel("GPU telemetry: utilisation and PCIe throughput (same time axis as the timeline)")
         title.setProperty("role", "panel-title")
+        title.setWordWrap(True)  # a narrow window wraps it rather than growing
         self.message = QLabel()
         self.message.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.message.setWordWrap(True)

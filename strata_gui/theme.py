@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pyqtgraph as pg
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
@@ -93,11 +92,14 @@ QPushButton#stopButton:disabled {{
 
 
 def configure_pyqtgraph() -> None:
+    import pyqtgraph as pg  # here, not at the top: the splash screen shows before pyqtgraph loads (0.5 s)
+
     pg.setConfigOptions(antialias=False, background=PLOT_BG, foreground=PLOT_FG, useOpenGL=False)
 
 
-def apply(app: QApplication) -> None:
-    """Fusion style, a light palette and the style sheet."""
+def apply(app: QApplication, plots: bool = True) -> None:
+    """Fusion style, a light palette and the style sheet; `plots`: pyqtgraph's options too (the
+    app's start-up sets those after its splash screen shows)."""
     app.setStyle("Fusion")
     pal = QPalette()
     pal.setColor(QPalette.ColorRole.Window, QColor("#F3F4F6"))
@@ -113,4 +115,5 @@ def apply(app: QApplication) -> None:
     pal.setColor(QPalette.ColorRole.ToolTipText, QColor("#1A1A1A"))
     app.setPalette(pal)
     app.setStyleSheet(STYLE_SHEET)
-    configure_pyqtgraph()
+    if plots:
+        configure_pyqtgraph()

@@ -85,3 +85,75 @@ def test_depth_0_vs_1_compare_on_one_axis_with_ratio_and_config_diff(window, qtb
     finally:
         again.close()
 
+
+
+def _run(qtbot, win, repeats: int = 1, **form) -> list[int]:
+    """Click Run; wait until every repeat finished and is in the history; their ids, oldest first."""
+    from gui_support import set_form
+
+    set_form(win, repeats=repeats, **form)
+    before = win.history.count()
+    assert win.run_button.isEnabled(), win.validation.errors
+    qtbot.mouseClick(win.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: win.last_outcome != "" and not win.controller.is_running, timeout=120_000)
+    assert win.last_outcome == "finished", win.status_label.text()
+    qtbot.waitUntil(lambda: len(win.history_panel.rows) == before + repeats, timeout=5_000)
+    return sorted(r.id for r in win.history_panel.rows[:repeats])
+
+
+def _prefill_row(cv) -> int:
+    return next(i for i in range(cv.metrics.rowCount()) if cv.metrics.item(i, 0).text() == "prefill tok/s")
+
+
+def test_two_identical_settings_runs_compare_as_within_noise(window, qtbot):
+    """The issue's first complaint: two runs with the same settings must not read as a result."""
+    win = window
+    (first,) = _run(qtbot, win, **FORM)
+    assert "after a warm-up pass" in win.summary.figures.text()
+    (second,) = _run(qtbot, win, **FORM)
+    assert "warm (this shape ran before" in win.summary.figures.text()
+    assert win.compare_runs(first, second)
+    cv = win.compare_view
+    c = cv.comparison
+    assert c.diff == []
+    assert c.before_samples.source == c.after_samples.source == "same settings"
+    pre = c.metric("prefill tok/s")
+    assert pre.within_noise is True and pre.verdict == ""
+    assert pre.judgement.startswith("within noise (±") and pre.judgement.endswith("; no setting differs")
+    assert "noise" in cv.headline.text() and "color:#1B7F3B" not in cv.headline.text()
+    row = _prefill_row(cv)
+    assert cv.metrics.item(row, 3).foreground().color().name() not in ("#1b7f3b", "#c5221f")
+    assert "noise" in cv.metrics.item(row, 4).text()
+    # warm by default: neither run is labelled cold, and the summary said how it was measured
+    assert c.cold == (False, False) and "Cold run" not in cv.headline.text()
+
+
+def test_depth_change_with_repeats_colours_prefill_and_flags_decode_as_unaffected(window, qtbot):
+    """Depth 0 vs 1, three repeats each, on stages slowed to a steady 20 ms per layer (a stand-in for
+    slow GPUs: join takes ~2x as long as overlap, a gap that stands clear of a loaded 2-core machine's
+    noise)."""
+    import time
+
+    from engine.pipeline import PipelineHooks
+
+    win = window
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02) if c >= 0 else None)
+    join = _run(qtbot, win, repeats=3, pf_depth=0, **FORM)
+    assert len(win.summary.repeats) == 3 and "median of 3" in win.summary.figures.text()
+    overlap = _run(qtbot, win, repeats=3, pf_depth=1, **FORM)
+    win.controller.hooks = None
+    assert win.compare_runs(join[-1], overlap[-1])
+    cv = win.compare_view
+    c = cv.comparison
+    assert [d.setting for d in c.diff] == ["pf_depth"]
+    assert c.before_samples.source == c.after_samples.source == "repeats"
+    assert (c.before_samples.n, c.after_samples.n) == (3, 3)
+    pre = c.metric("prefill tok/s")
+    assert pre.within_noise is False and pre.verdict == "better", (pre.interval, pre.ratio, pre.before_spread,
+                                                                    pre.after_spread)
+    assert pre.judgement.startswith("beyond noise (±")
+    assert cv.metrics.item(_prefill_row(cv), 3).foreground().color().name() == "#1b7f3b"
+    dec = c.metric("decode tok/s")
+    assert dec.verdict == "" and dec.unaffected.startswith("not affected by pf_depth")
+    assert "not affected by pf_depth" in dec.judgement
+    assert "not affected by pf_depth" in cv.headline.text()

@@ -245,3 +245,85 @@ def test_an_interleaved_run_draws_a_row_per_device_with_groups_labelled(window, 
     ticks = win.gantt.plot.getPlotItem().getAxis("left")._tickLevels[0]
     assert [t for _, t in ticks] == ["cpu\ngroups g0, g2", "cpu\ngroups g1, g3"]
     assert "4 layer groups" in win.summary.figures.text() and "3 hop(s) per chunk" in win.summary.figures.text()
+
+
+def test_first_run_on_the_demo_shows_the_pipeline(themed_app, qtbot, tmp_path, demo_path):
+    """A first start (no stored settings) pressing Run: C0…C7 on two stages, with both stages
+    computing at once for part of the prefill; auto stays the engine's default elsewhere."""
+    from PySide6.QtCore import QSettings
+
+    from strata_gui.mainwindow import MainWindow
+    from strata_gui.run_settings import RunSettings
+
+    assert RunSettings().chunk_mode == "auto" and RunSettings.from_env({}).chunk_mode == "auto"
+    assert RunSettings.from_env({"STRATA_PREFILL": "auto"}, demo=True).chunk_mode == "auto"
+    fresh = QSettings(str(tmp_path / "first-start.ini"), QSettings.Format.IniFormat)
+    win = MainWindow(fresh, demo_path, history_path=tmp_path / "h.sqlite3", env={})
+    qtbot.addWidget(win)
+    win.show()
+    try:
+        qtbot.waitUntil(lambda: not win.jobs.busy, timeout=20_000)
+        s = win.current_settings()
+        assert (s.chunk_mode, s.chunk_size, s.prompt_tokens, s.warmup) == ("fixed", "256", 2048, True)
+        _click_run(qtbot, win)
+        _wait_done(qtbot, win, "finished")
+        plan = win.last_report.plan
+        assert (len(plan.stages), plan.n_chunks) == (2, 8)
+        ok, what = win.gantt.store.one_compute_per_stage_chunk(2, 8)
+        assert ok, what
+        assert win.last_report.busy_histogram[2] > 0.2  # the overlap is visible: both stages at once
+    finally:
+        win.close()
+
+
+def test_showing_a_saved_run_puts_its_settings_in_the_form(window, qtbot):
+    win = window
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_mode="tokens", prompt_tokens=256,
+             decode_tokens=2, pf_depth=0, repeats=1)
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+    qtbot.waitUntil(lambda: win.last_saved is not None, timeout=5_000)
+    saved = win.last_saved.run
+    set_form(win, chunk_mode="auto", prompt_tokens=999, decode_tokens=7, pf_depth=1, devices="cpu")
+    assert win.show_history_run(saved)
+    s = win.current_settings()
+    assert (s.devices, s.chunk_mode, s.chunk_size, s.prompt_tokens, s.decode_tokens, s.pf_depth) == \
+        ("cpu,cpu", "fixed", "32", 256, 2, 0)
+    assert win.validation.ok and "settings are that run's" in win.status_label.text()
+    _click_run(qtbot, win)  # Run now repeats the shown run: same plan, same output
+    _wait_done(qtbot, win, "finished")
+    assert win.last_report.digest == win.history.report(saved).digest
+
+
+def test_a_run_without_warm_up_is_labelled_cold(window, qtbot):
+    win = window
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=192, decode_tokens=0,
+             warmup=False)
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+    qtbot.waitUntil(lambda: win.last_saved is not None, timeout=5_000)
+    first_id = win.last_saved.run
+    first = win.history.get(first_id)
+    assert first.config["cold"] is True and first.config["warmup"] is False
+    assert "COLD" in win.summary.figures.text()
+    _click_run(qtbot, win)  # the same shape again: warm now
+    _wait_done(qtbot, win, "finished")
+    qtbot.waitUntil(lambda: win.last_saved is not None and win.last_saved.run != first_id, timeout=5_000)
+    assert win.history.get(win.last_saved.run).config["cold"] is False
+
+
+def test_a_stopped_run_shown_from_the_history_has_no_prefill_figure(window, qtbot):
+    win = window
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02))
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=512, decode_tokens=0,
+             warmup=False)
+    _click_run(qtbot, win)
+    qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 2,
+                    timeout=RUN_TIMEOUT_MS)
+    win.stop_button.click()
+    _wait_done(qtbot, win, "cancelled")
+    win.controller.hooks = None
+    qtbot.waitUntil(lambda: win.last_saved is not None, timeout=5_000)
+    assert win.show_history_run(win.last_saved.run)
+    text = win.summary.figures.text()
+    assert "<b>—</b> (stopped: no prefill rate)" in text and "0 tok/s" not in text

@@ -198,3 +198,60 @@ def test_model_quant_mix_and_memory_plan_are_shown_before_run(window, tmp_path):
     assert "expert cache" in plan and "slots" in plan and "host arena" in plan and "page-locked 0.00 GiB" in plan
     win.devices_panel.devices.setCurrentText("cpu,cpu,cpu,cpu,cpu")  # invalid: no plan
     assert not win.settings_panel.memory_plan.isVisible()
+
+
+def test_devices_panel_shows_driver_models_and_what_follows_from_a_fake_nvml(themed_app, qtbot, monkeypatch):
+    """Two WDDM GPUs without peer access (a Windows workstation), seen through a fake NVML."""
+    import pynvml
+    from test_topology import FakeCuda, FakeNvml, FakeNvmlDevice, cuda_props
+
+    from engine import topology
+
+    FakeNvml([FakeNvmlDevice(0, 6, 0, name="RTX A", driver_model=pynvml.NVML_DRIVER_WDDM),
+              FakeNvmlDevice(0, 7, 0, name="RTX B", driver_model=pynvml.NVML_DRIVER_WDDM)]).install(monkeypatch)
+    FakeCuda([cuda_props("RTX A", 0, 6, 0), cuda_props("RTX B", 0, 7, 0)], peer=set()).install(monkeypatch)
+    panel = DevicesPanel()
+    qtbot.addWidget(panel)
+    panel.set_topology(topology.discover())
+    col = [panel.table.horizontalHeaderItem(j).text() for j in range(panel.table.columnCount())].index("driver\nmodel")
+    assert [panel.table.item(r, col).text() for r in range(2)] == ["WDDM", "WDDM"]
+    assert not panel.facts.isHidden()
+    text = panel.facts.text()
+    assert "host-staged" in text and "capped at 22 GiB" in text and "WDDM" in text
+    panel.set_topology(_fake_topology())  # driver model unknown (Linux): n/a, nothing to explain but peer access
+    assert panel.table.item(0, col).text() == "n/a"
+    assert "WDDM" not in panel.facts.text() and "host-staged" in panel.facts.text()
+    panel.set_topology(Topology(reason="no CUDA devices"))  # CPU only: no driver-model column
+    assert panel.table.isColumnHidden(col) and panel.facts.isHidden()
+
+
+def test_errors_lead_with_the_fields_name_not_the_engines(window, tmp_path):
+    win = window
+    win.settings_panel.chunk_mode.setCurrentText("fixed")
+    win.settings_panel.chunk_size.setText("abc")
+    msg = _flagged(win, "prefill")
+    assert msg.startswith("Chunk size: 'abc' is invalid; allowed: auto or a chunk size in tokens")
+    assert msg.endswith("(setting prefill='abc')")  # the name the CLI and the environment use, last
+    win.settings_panel.chunk_size.setText("128")
+    bad = tmp_path / "hello.gguf"
+    bad.write_bytes(b"hello world" + bytes(64))
+    win.settings_panel.set_model_path(str(bad))
+    msg = _flagged(win, "model")
+    assert "not a GGUF file" in msg and "bad magic" not in msg and "b'hell'" not in msg
+    win.settings_panel.set_model_path("")
+
+
+def test_menu_shortcuts_and_cuda_graphs_greyed_for_cpu_runs(window, qtbot):
+    from PySide6.QtGui import QKeySequence
+
+    win = window
+    assert win.run_action.shortcut() == QKeySequence("Ctrl+R") and win.quit_action.shortcut() == QKeySequence("Ctrl+Q")
+    assert [a.text() for a in win.menuBar().actions()] == ["&File", "&Run", "&View"]
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_tokens=128, decode_tokens=0)
+    assert not win.settings_panel.cuda_graphs.isEnabled()
+    assert win.settings_panel.cuda_graphs.text() == "not used: no CUDA device"
+    win.tabs.setCurrentIndex(1)
+    win.run_action.trigger()  # Ctrl+R from any tab runs, and shows the Run tab
+    assert win.tabs.currentWidget() is win.run_tab
+    qtbot.waitUntil(lambda: win.last_outcome == "finished" and not win.controller.is_running, timeout=60_000)
+    assert win.run_action.isEnabled()

@@ -198,3 +198,29 @@ def test_sweep_worker_warms_up_every_size_like_the_bench(demo_path, monkeypatch)
     assert sizes == [64, 64, 64, 64, 96, 96, 96, 96]  # warm-up x 2 arms, then the 2 measured runs
     assert len(samples) == 4
     assert any("warming up arm join at 96 tokens" in s for s in statuses)
+
+
+def test_sweep_tab_before_any_sweep_says_not_started_and_explains_digests(window):
+    v = window.sweep_view
+    assert v.progress.text() == "not started"  # not "0 / 1 runs"
+    assert "digests differ between repeats by design" in v.chart_note.text()
+    assert v.past_detail.text() == "no sweep saved yet"
+
+
+def test_a_sweep_ratio_inside_the_repeats_noise_is_not_judged():
+    from strata_gui.sweep import SweepRow, ratio_noise
+
+    def row(arm: int, tok: tuple[float, ...]) -> SweepRow:
+        med = sorted(tok)[len(tok) // 2]
+        return SweepRow(arm, f"a{arm}", "", 1024, tok, med, 0.0, None, 0.0, 256, 4, 2, "same-device", (), (), None)
+
+    base = row(0, (90.0, 100.0, 110.0))
+    close = row(1, (95.0, 101.0, 112.0))
+    close = SweepRow(**{**close.__dict__, "ratio": close.median / base.median})
+    assert ratio_noise(close, base)[0] is True
+    far = row(1, (150.0, 155.0, 160.0))
+    far = SweepRow(**{**far.__dict__, "ratio": far.median / base.median})
+    within, noise = ratio_noise(far, base)
+    assert within is False and noise > 0
+    single = SweepRow(**{**row(1, (120.0,)).__dict__, "ratio": 1.2})
+    assert ratio_noise(single, row(0, (100.0,))) == (None, None)

@@ -15,3 +15,20 @@ def test_ci_runs_the_readme_test_command():
     assert "pytest" in install_and_test and "torch==2.13.0" in install_and_test
     assert install_and_test in (ROOT / ".ci" / "run").read_text()
     assert "torch==2.13.0" in install_and_launch and install_and_launch.endswith("strata-gui")
+
+
+def test_powershell_commands_install_the_same_and_need_no_activated_venv():
+    text = (ROOT / "README.md").read_text()
+    ps = [b.split("\n```")[0].strip() for b in text.split("```powershell\n")[1:3]]
+    assert len(ps) == 2
+    launch, test = ps
+    bash_launch, bash_test = commands()
+    for win, lin in ((launch, bash_launch), (test, bash_test)):
+        assert win.startswith("py -m venv .venv; ") and "&&" not in win  # Windows PowerShell 5.1 has no &&
+        pip = lin.split("-m pip install ")[1].split(" && ")[0]
+        assert f".venv\\Scripts\\python -m pip install {pip}" in win
+    assert launch.endswith(".venv\\Scripts\\strata-gui") and test.endswith(".venv\\Scripts\\python -m pytest -q")
+    assert "scripts/install.py" in text and (ROOT / "scripts" / "install.py").is_file()
+    # no bare console command in the examples: each is the venv's program, by path
+    for line in text.splitlines():
+        assert not line.lstrip().startswith(("strata-bench ", "strata-gui ")), line

@@ -49,6 +49,7 @@ class FakeNvmlDevice:
     temp: int = 60
     fail_throughput_every: int = 0  # raise RuntimeError on every n-th throughput call
     calls: int = 0
+    driver_model: int | None = None  # NVML_DRIVER_WDDM / _WDM (TCC) / _MCDM; None: NotSupported (Linux)
 
 
 class FakeNvml:
@@ -107,6 +108,11 @@ class FakeNvml:
         if h.gpu_gen_max is None:
             raise _not_supported()
         return h.gpu_gen_max
+
+    def nvmlDeviceGetDriverModel(self, h: FakeNvmlDevice) -> tuple[int, int]:
+        if h.driver_model is None:
+            raise _not_supported()
+        return h.driver_model, h.driver_model
 
     def nvmlDeviceGetMemoryInfo(self, h: FakeNvmlDevice) -> SimpleNamespace:
         self._live()
@@ -538,3 +544,49 @@ def test_a_run_keeps_exactly_the_samples_its_caller_showed(two_gpus_swapped, dem
     shown = [dataclasses.asdict(s) for s in sampler.samples()]
     assert len(shown) >= 4 and res.report.telemetry == shown and res.report.telemetry_status == "sampled"
     sess.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Windows driver models (WDDM / TCC / MCDM) and what follows from them
+
+
+def test_driver_model_per_gpu_from_nvml_and_na_off_windows(monkeypatch):
+    FakeNvml([
+        FakeNvmlDevice(0, 6, 0, name="A", driver_model=pynvml.NVML_DRIVER_WDDM),
+        FakeNvmlDevice(0, 7, 0, name="B", driver_model=pynvml.NVML_DRIVER_WDM),
+        FakeNvmlDevice(0, 8, 0, name="C", driver_model=pynvml.NVML_DRIVER_MCDM),
+        FakeNvmlDevice(0, 9, 0, name="D"),  # Linux: the query is not supported
+    ]).install(monkeypatch)
+    FakeCuda([cuda_props(n, 0, b, 0) for n, b in (("A", 6), ("B", 7), ("C", 8), ("D", 9))]).install(monkeypatch)
+    topo = topology.discover()
+    assert [g.driver_model for g in topo.devices] == ["WDDM", "TCC", "MCDM", "n/a"]
+
+
+def test_two_wddm_gpus_without_peer_access_are_host_staged_and_cap_the_auto_pin_limit(monkeypatch):
+    from engine import experts
+
+    FakeNvml([FakeNvmlDevice(0, 6, 0, name="A", driver_model=pynvml.NVML_DRIVER_WDDM),
+              FakeNvmlDevice(0, 7, 0, name="B", driver_model=pynvml.NVML_DRIVER_WDDM)]).install(monkeypatch)
+    FakeCuda([cuda_props("A", 0, 6, 0), cuda_props("B", 0, 7, 0)], peer=set()).install(monkeypatch)
+    topo = topology.discover()
+    facts = " ".join(topology.driver_facts(topo))
+    assert "cuda:0, cuda:1 under WDDM" in facts
+    assert "Peer access off (cuda:0↔cuda:1)" in facts and "host-staged" in facts
+    assert "capped at 22 GiB" in facts and "seed 004" in facts
+    monkeypatch.setattr(experts, "physical_ram", lambda: 128 * GIB)
+    limit, why = experts.resolve_pin_limit("auto", 60 * GIB, cuda=True)
+    assert limit == 22 * GIB and "2 GPUs under WDDM" in why
+    assert experts.resolve_pin_limit(30.0, 60 * GIB, cuda=True)[0] == 30 * GIB  # asked for: not capped
+
+
+def test_tcc_or_linux_gpus_with_peer_access_have_no_cap_and_no_host_staging(monkeypatch):
+    from engine import experts
+
+    FakeNvml([FakeNvmlDevice(0, 6, 0, name="A", driver_model=pynvml.NVML_DRIVER_WDM),
+              FakeNvmlDevice(0, 7, 0, name="B")]).install(monkeypatch)
+    FakeCuda([cuda_props("A", 0, 6, 0), cuda_props("B", 0, 7, 0)], peer={(0, 1), (1, 0)}).install(monkeypatch)
+    topo = topology.discover()
+    assert topology.driver_facts(topo) == []
+    assert topology.wddm_pin_cap(topo) == (None, "")
+    monkeypatch.setattr(experts, "physical_ram", lambda: 128 * GIB)
+    assert experts.resolve_pin_limit("auto", 60 * GIB, cuda=True)[0] == 60 * GIB

@@ -1,0 +1,34 @@
+"""Start-up: the splash screen is on screen before torch, the engine or pyqtgraph are imported."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_splash_shows_before_any_heavy_import():
+    code = ("import sys\n"
+            "from strata_gui import app\n"
+            "a = app.make_app(plots=False)\n"
+            "s = app.show_splash(a)\n"
+            "assert s.isVisible()\n"
+            "heavy = sorted(m for m in ('torch', 'pyqtgraph', 'engine.pipeline', 'numpy') if m in sys.modules)\n"
+            "print('heavy:', heavy)\n")
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "heavy: []" in out.stdout, out.stdout
+
+
+def test_startup_exit_window_opens_the_main_window_and_quits(tmp_path):
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT),
+           "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "STRATA_GUI_DATA_DIR": str(tmp_path / "data")}
+    out = subprocess.run([sys.executable, "-m", "strata_gui", "--startup-exit", "window"], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "cache").exists()  # the demo model was prepared behind the splash
