@@ -5,6 +5,12 @@
 # RSS of a Q4_K_M file written on the device's disk.
 . "$(dirname "$0")/device_env.sh"
 L=${LAYERS:-16}
+section "8K one GPU: default, then each Triton kernel off (is a fixed per-run cost in one of them?)"
+for env in "" "STRATA_QK_KERNEL=torch" "STRATA_MOE_KERNELS=torch"; do
+  echo "-- ${env:-default}"
+  env $env python3 -m engine.bench run --model "synthetic:qwen3-30b-a3b:n_layers=$L" --devices cuda:0 \
+    --prompt-tokens 8192 --repeat 3 --peak-tflops 794 2>&1 | grep -E "^\| dev|^model:|error|Error"
+done
 SIZES=${SIZES:-8192,32768}
 B="python3 -m engine.bench run --peak-tflops 794 --prompt-tokens $SIZES --repeat 2"
 for q in f16 q8_0 q4_k_m; do
