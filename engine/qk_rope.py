@@ -7,8 +7,8 @@ head_dim] — about 25 ms of a 32K prefill on H200 (16 layers).  `qk_norm_rope` 
 once, computes in fp32 and writes q already laid out heads-first ([H, n, hd] memory, returned
 as an [n, H, hd] view), which is the layout cuDNN attention takes without a copy.
 
-Where Triton is missing (CPU, a torch build without it, STRATA_QK_KERNEL=torch) the torch
-expressions run, as before.  The two differ by rounding only (one bf16 rounding instead of
+Where Triton is missing (CPU, a torch build without it) or the kernel is off (the default,
+STRATA_QK_KERNEL=triton turns it on) the torch expressions run, as before.  The two differ by rounding only (one bf16 rounding instead of
 several).
 """
 from __future__ import annotations
@@ -19,13 +19,20 @@ import os
 import torch
 import torch.nn.functional as F
 
-ENV = "STRATA_QK_KERNEL"  # "torch": never the Triton kernel
+ENV = "STRATA_QK_KERNEL"  # "triton" turns the kernel on (off by default: see below)
+
+
+def _kernel():
+    """The kernel where STRATA_QK_KERNEL=triton, else None.  Off by default: on one H200 it
+    added a fixed ~25-38 ms per run (8K: 91.6 vs 67.1 ms; docs/benchmarks.md), suspected to be
+    its CUDA-graph capture falling back to eager launches; until that is found it is opt-in."""
+    if os.environ.get(ENV, "").strip().lower() != "triton":
+        return None
+    return _compiled()
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel():
-    if os.environ.get(ENV, "").strip().lower() == "torch":
-        return None
+def _compiled():
     try:
         import triton
         import triton.language as tl

@@ -26,7 +26,7 @@ def test_qk_norm_rope_kernel(norm):
     w = torch.randn(H + KV, hd) if norm else None
     cos, sin = Rope(hd, 10000.0, "neox", torch.device("cpu")).lowp_tables(3, n, torch.float32)
     q, k = torch.empty(H, n, hd), torch.empty(n, KV, hd)
-    qk_rope._kernel()[(n, H + KV)](qk, qk.stride(0), w if norm else qk, cos, sin, q, k, n, H, KV, 1e-6,
+    qk_rope._compiled()[(n, H + KV)](qk, qk.stride(0), w if norm else qk, cos, sin, q, k, n, H, KV, 1e-6,
                                    HD=hd, HAS_NORM=norm)
     rq, rk = qk_rope._torch(qk, w, cos, sin, 1e-6, H)
     assert torch.allclose(q.transpose(0, 1), rq, atol=1e-5) and torch.allclose(k, rk, atol=1e-5)
