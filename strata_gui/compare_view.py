@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeade
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from .compare import Comparison, MetricRow, SampleSet, compare, format_ratio, gather_samples, unchanged
-from .gantt import GanttView
+from .gantt import stacked_pair
 from .history import RunHistory
 from .run_record import RunRecord, describe
 from .summary_view import busy_plot
@@ -87,18 +87,10 @@ class CompareView(QWidget):
         self.headline.setWordWrap(True)
         self.headline.setStyleSheet("font-size: 11pt; padding: 2px 0 4px 0;")
 
-        self.gantt_before = GanttView(title="Before", live=False)
-        self.gantt_after = GanttView(title="After", live=False)
-        self.gantt_after.legend.setVisible(False)
-        self.gantt_after.plot.setXLink(self.gantt_before.plot)  # one shared time axis
+        self.gantt_before, self.gantt_after, gantts = stacked_pair("Before", "After", self.fit)
         for g in (self.gantt_before, self.gantt_after):
-            g.fit_button.clicked.disconnect()
-            g.fit_button.clicked.connect(self.fit)
             g.fit_button.setToolTip("Show both runs whole, on the shared time axis.")
         self.gantt_before.plot.getPlotItem().setLabel("bottom", "")
-        gantts = QSplitter(Qt.Orientation.Vertical)
-        gantts.addWidget(self.gantt_before)
-        gantts.addWidget(self.gantt_after)
 
         self.metrics = QTableWidget(0, 5)
         self.metrics.setHorizontalHeaderLabels(["figure", "before", "after", "after / before", "noise"])

@@ -17,7 +17,7 @@ from engine.planner import PlanError
 from engine.topology import Topology
 
 from .compare_view import AFTER_COLOR, BEFORE_COLOR, _item
-from .gantt import GanttView
+from .gantt import stacked_pair
 from .history import RunHistory
 from .plan_model import PCIE_CHOICES, GpuRow, PlanModel, PlanResult, gpus_of_topology
 from .run_record import describe
@@ -130,16 +130,7 @@ class PlanView(QWidget):
         self.headline.setWordWrap(True)
         self.headline.setStyleSheet("font-size: 11pt; padding: 2px 0 4px 0;")
 
-        self.gantt_pred = GanttView(title="Predicted", live=False)
-        self.gantt_meas = GanttView(title="Measured", live=False)
-        self.gantt_meas.legend.setVisible(False)
-        self.gantt_meas.plot.setXLink(self.gantt_pred.plot)  # one shared time axis
-        for g in (self.gantt_pred, self.gantt_meas):
-            g.fit_button.clicked.disconnect()
-            g.fit_button.clicked.connect(self.fit)
-        gantts = QSplitter(Qt.Orientation.Vertical)
-        gantts.addWidget(self.gantt_pred)
-        gantts.addWidget(self.gantt_meas)
+        self.gantt_pred, self.gantt_meas, gantts = stacked_pair("Predicted", "Measured", self.fit)
 
         self.errors = QTableWidget(0, 6)
         self.errors.setHorizontalHeaderLabels(["profile from", "predicted run", "measured tok/s", "predicted tok/s",
