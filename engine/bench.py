@@ -52,7 +52,7 @@ SETTING_FLAGS = {  # CLI flag -> setting
     "prefill_main": "prefill_main", "pin_limit_gib": "pin_limit_gib", "gpu_order": "gpu_order",
     "expert_cache": "expert_cache", "handoff": "handoff", "dtype": "dtype", "timing": "timing",
     "check_nan": "check_nan", "cuda_graphs": "cuda_graphs",
-    "chunk_schedule": "chunk_schedule",
+    "chunk_schedule": "chunk_schedule", "executor": "executor",
 }
 
 
@@ -447,6 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--check-nan", dest="check_nan", nargs="?", const="1", metavar="0|1")
     r.add_argument("--chunk-schedule", dest="chunk_schedule",
                    help="fixed (default) or balanced (as many chunks, each of equal modelled cost)")
+    r.add_argument("--executor", help="threads (default: stages as threads of one process) or processes "
+                   "(a process per stage on torch.distributed)")
     r.add_argument("--cuda-graphs", dest="cuda_graphs", nargs="?", const="1", metavar="0|1",
                    help="replay layers as CUDA graphs (default 1; 0 runs every op eagerly)")
     r.add_argument("--arm", action="append", help='settings of one arm, e.g. "pf_depth=0" (repeatable)')

@@ -45,12 +45,14 @@ ENV_NAMES: dict[str, str] = {
     "check_nan": "STRATA_DBG_NAN",
     "cuda_graphs": "STRATA_CUDA_GRAPHS",
     "chunk_schedule": "STRATA_CHUNK_SCHEDULE",
+    "executor": "STRATA_EXECUTOR",
 }
 
 # every setting `parse_setting` knows, in the order of DESIGN.md's table
 SETTING_NAMES: tuple[str, ...] = (
     "pf_depth", "prefill_main", "pin_limit_gib", "prefill", "gpu_order", "layer_split", "expert_cache",
     "timing", "check_nan", "devices", "handoff", "dtype", "cuda_graphs", "chunk_schedule",
+    "executor",
 )
 BOOL_SETTINGS = ("prefill_main", "timing", "check_nan", "cuda_graphs")
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -58,6 +60,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "handoff": ("auto", "peer", "host"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "chunk_schedule": ("fixed", "balanced"),
+    "executor": ("threads", "processes"),
 }
 MAX_PREFILL = 1 << 20
 
@@ -99,6 +102,9 @@ class EngineConfig:
     # fixed: every chunk `prefill` tokens; balanced: as many chunks, each of equal modelled cost
     # (bigger early, smaller late).  Balanced was slower on H200 (docs/benchmarks.md): opt-in.
     chunk_schedule: str = "fixed"
+    # threads: every stage a thread of this process; processes: every stage a process of its
+    # own on torch.distributed (engine/executor.py), past the GIL and across hosts
+    executor: str = "threads"
 
     # ------------------------------------------------------------------ parsing
     @classmethod
