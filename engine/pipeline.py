@@ -495,6 +495,14 @@ class Stage:
 class Session:
     """A model split over devices, ready to prefill prompts and decode through the split."""
 
+    def __new__(cls, source: WeightSource, config: EngineConfig | None = None, *args, **kwargs):
+        """executor=processes: the stages run as processes (engine/executor.py), same API."""
+        if cls is Session and config is not None and getattr(config, "executor", "threads") == "processes":
+            from .executor import ProcessSession
+
+            cls = ProcessSession
+        return super().__new__(cls)
+
     def __init__(self, source: WeightSource, config: EngineConfig | None = None,
                  sink: EventSink | None = None, hooks: PipelineHooks | None = None,
                  events: bool = True,
@@ -665,7 +673,7 @@ class Session:
         if self._chunk_cost is None:
             st = self.stages[0]
             dev = torch.cuda.get_device_name(st.device) if st.device.type == "cuda" else "cpu"
-            key = (repr(self.spec), dev, str(self.dtypes[st.device]), st.layers[0].cache is not None,
+            key = (repr(self.spec), dev, str(self.dtypes[st.device]), self.expert_plan.streamed,
                    self.config.cuda_graphs)
             with _MEASURED_LOCK:
                 measured = _MEASURED.get(key)
