@@ -102,6 +102,8 @@ class _Member:
     measured_offset_ns: int = 0
     rtt_ns: int = 0
     last_chunk: int = -1
+    waiting_on: int = -1  # the peer stage it blocks on (-1: none: computing, or idle between runs)
+    state_t: float = 0.0  # when it last said so
     closed: bool = False  # its pipe reached EOF
 
     def where(self) -> str:
@@ -145,13 +147,12 @@ class _Job:
         from . import stage_process
 
         self.session = session
-        self.timeout_s = session.timeout_s
         self.host = socket.gethostname()
         world = len(session.stages)
         self.backend = session.backend
         # the controller hosts the rendezvous store: port 0 lets the OS pick a free port
         self.store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=self.timeout_s))
+                                   timeout=timedelta(seconds=session.timeout_s))
         ctx = mp.get_context("spawn")
         ref = source_ref(session.source)
         ranges = tuple((st.first, st.end) for st in session.stages)
@@ -162,7 +163,7 @@ class _Job:
                 spec = StageSpec(rank=st.index, world=world, device=st.name, first=st.first, end=st.end,
                                  source=ref, dtype=str(session.dtypes[st.device]).removeprefix("torch."),
                                  store_host="127.0.0.1", store_port=self.store.port, backend=self.backend,
-                                 threads=torch.get_num_threads(), timeout_s=self.timeout_s,
+                                 threads=torch.get_num_threads(), timeout_s=session.timeout_s,
                                  parent_pid=os.getpid(), ranges=ranges, hooks=session.child_hooks)
                 ours, theirs = ctx.Pipe(duplex=True)
                 proc = ctx.Process(target=stage_process.main, args=(spec, theirs), daemon=True,
@@ -179,6 +180,10 @@ class _Job:
         except BaseException:
             self.kill()
             raise
+
+    @property
+    def timeout_s(self) -> float:
+        return self.session.timeout_s
 
     # ----------------------------------------------------------------- messages
     def send(self, rank: int, msg: tuple) -> None:
@@ -240,7 +245,11 @@ class _Job:
         if kind == "ev":
             _, rank, run_id, name, chunk, ev_kind, t0, t1, tokens, nbytes, note = msg
             off = m.offset_ns
+            if ev_kind == "compute":
+                m.last_chunk = max(m.last_chunk, chunk)
             self.session._emit(StageEvent(run_id, rank, name, chunk, ev_kind, t0 - off, t1 - off, tokens, nbytes, note))
+        elif kind == "state":
+            m.waiting_on, m.state_t = msg[2], time.monotonic()
         elif kind == "computed":
             m.last_chunk = msg[2]
         elif kind == "returned":
@@ -291,8 +300,15 @@ class _Job:
         self.fail(m, f"{m.where()} {reason}")
 
     def hung(self, what: str) -> None:
-        alive = [m for m in self.members if m.proc.is_alive()]
-        m = min(alive or self.members, key=lambda x: (x.last_chunk, x.rank))
+        """No message for timeout_s: blame the stage at the end of the chain of waits from stage
+        0 (the one that blocks on nobody); in a cycle of waits (a stage stopped inside its
+        wait), the one whose state is oldest."""
+        m, seen = self.members[0], []
+        while m.waiting_on >= 0 and m not in seen and m.waiting_on < len(self.members):
+            seen.append(m)
+            m = self.members[m.waiting_on]
+        if m in seen:
+            m = min(seen, key=lambda x: x.state_t)
         self.fail(m, f"{m.where()} made no progress for {self.timeout_s:g} s while {what} ({TIMEOUT_ENV})")
 
     def fail(self, m: _Member, text: str) -> None:

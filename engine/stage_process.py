@@ -24,7 +24,7 @@ clock with the offset measured at start-up by a ping exchange.
 """
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import hashlib
 import logging
 import os
@@ -306,7 +306,8 @@ class StageProcess:
         with torch.inference_mode():
             while True:
                 self.send_ready()
-                dist.recv(header, prev, tag=TAG_HEADER)
+                with self.waiting_on(prev):
+                    dist.recv(header, prev, tag=TAG_HEADER)
                 kind, c, pos, n = (int(v) for v in header.tolist())
                 if kind == CHUNK:
                     x = self.input_buf[:n]
@@ -345,8 +346,18 @@ class StageProcess:
 
     def recv_token(self, src: int, tag: int) -> None:
         t = self.small()
-        self.dist.recv(t, src, tag=tag)
-        int(t[0])  # NCCL: the recv is on a stream; reading it waits for its arrival
+        with self.waiting_on(src):
+            self.dist.recv(t, src, tag=tag)
+            int(t[0])  # NCCL: the recv is on a stream; reading it waits for its arrival
+
+    @contextlib.contextmanager
+    def waiting_on(self, peer: int):
+        """Tell the controller whom this stage blocks on (so a hang is blamed on the right stage)."""
+        self.out.send(("state", self.rank, peer))
+        try:
+            yield
+        finally:
+            self.out.send(("state", self.rank, -1))
 
     def send_ready(self) -> None:
         self.wait_ready_sent()
@@ -387,7 +398,8 @@ class StageProcess:
         dist.send(torch.tensor([kind, c, pos, n], dtype=torch.long, device=self.ctl_device), self.rank + 1,
                   tag=TAG_HEADER)
         if data is not None:
-            self.send_t(data, self.rank + 1, TAG_DATA)
+            with self.waiting_on(self.rank + 1):
+                self.send_t(data, self.rank + 1, TAG_DATA)
         return t1
 
     def hand_off(self, x: torch.Tensor, c: int, pos: int, n: int) -> None:
