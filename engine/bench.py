@@ -242,6 +242,8 @@ def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 
         "tflops": tflops, "mfu": tflops / (peak_tflops * gpus) if peak_tflops else None,
         "row": "summary", "arm": p.arm, "prompt_tokens": p.prompt_tokens, "chunk": r.plan.chunk,
         "n_chunks": r.plan.n_chunks, "stages": len(r.plan.stages), "handoff": r.handoff,
+        "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
+        "handoff_share": r.handoff_share,
         "schedule": r.plan.schedule, "chunk_sizes": [n for _, n in r.plan.chunk_bounds()],
         "prefill_tok_s": p.median, "prefill_tok_s_all": p.tok_s, "spread": p.spread,
         "decode_tok_s": statistics.median([x.decode_tok_s for x in p.reports]),
@@ -249,6 +251,16 @@ def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 
         "busy_histogram": r.busy_histogram, "digest": r.digest, "experts": _experts(r),
         "per_stage": [vars(t) for t in r.per_stage],
     }
+
+
+def _handoff(r: dict[str, Any]) -> str:
+    """gloo · processes · 1.20 GB/s, 3% of wall (the executor named when it is not the default)."""
+    text = r["handoff"]
+    if r.get("executor", "threads") != "threads":
+        text += f" · {r['executor']}"
+    if r.get("handoff_s"):
+        text += f" · {r['handoff_gbps']:.2f} GB/s, {r['handoff_share'] * 100:.0f}% of wall"
+    return text
 
 
 def _chunks(r: dict[str, Any]) -> str:
@@ -269,7 +281,7 @@ def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflop
             "busy 0/1/..% ", "handoff", "digest"]
     table = [[r["arm"], r["prompt_tokens"], _chunks(r), r["stages"],
               f"{r['prefill_tok_s']:.1f}", f"{r['spread'] * 100:.1f}%", f"{r['decode_tok_s']:.1f}",
-              f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), r["handoff"], r["digest"][:12]] for r in rows]
+              f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), _handoff(r), r["digest"][:12]] for r in rows]
     if any(r["experts"] for r in rows):
         cols[-1:-1] = ["expert hits", "streamed GiB (pinned)", "H2D GB/s"]
         for row, r in zip(table, rows):
@@ -363,6 +375,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
                             "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
                             "digest": r.digest, "generated": r.generated, "busy_histogram": r.busy_histogram,
                             "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
+                            "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
+                            "handoff_share": r.handoff_share,
                             "device_order": r.device_order}), flush=True)
             points.extend(pts[name] for name, _ in sessions)
     finally:

@@ -37,7 +37,7 @@ from .attention import kernel_for
 from .chunk_cost import ChunkCostProbe
 from .config import ConfigError, EngineConfig
 from .events import (EventSink, RunPlan, RunReport, StageEvent, StagePlan, busy_histogram, by_device, format_timing,
-                     stage_totals)
+                     handoff_cost, stage_totals)
 from .gpu_timing import DeferredTimer, DeviceClock, GpuInterval, timing_event
 from .graphs import CAPTURE_LOCK, GraphedLayers
 from .experts import ExpertCache, ExpertStats, HostArena, physical_ram, plan_experts, resolve_pin_limit
@@ -970,6 +970,8 @@ class Session:
         steps = max(len(generated) - 1, 0)
         events = list(self.events)
         prefill_events = [e for e in events if e.kind != "decode"]
+        hops = 0 if self.config.prefill_main else len(self.stages) - 1
+        cost = handoff_cost(prefill_events, t1 - t0, hops)
         report = RunReport(
             run_id=self.run_id, plan=plan,
             prefill_tok_s=n / (t1 - t0) if not cancelled else 0.0,
@@ -980,7 +982,8 @@ class Session:
             handoff=self.handoff_kind, device_order=list(self.device_order),
             order_reason=self.order_reason, cancelled=cancelled, notes=list(self.notes),
             expert_stats=expert_stats, attention=self.attention_kernels(),
-            handoff_bytes=sum(e.nbytes for e in prefill_events if e.kind == "copy" and e.chunk >= 0),
+            handoff_bytes=cost.nbytes, executor=self.config.executor, handoff_s=cost.seconds,
+            handoff_gbps=cost.gbps, handoff_share=cost.share,
             telemetry=samples, telemetry_status=telemetry_status)
         if self.config.timing:
             log.info("prefill timing (run %s):\n%s", self.run_id, format_timing(report.per_stage))
