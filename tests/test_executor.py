@@ -231,3 +231,56 @@ def test_three_stages_and_interleaved_groups_match_threads(demo, ids, threads_di
     finally:
         sess.close()
     assert all(process_gone(p) for p in pids)
+
+
+CONTROLLER = """
+import os, sys
+sys.path[:0] = {paths!r}
+from engine import gguf_model
+from engine.config import EngineConfig
+from engine.pipeline import Session
+
+def main():
+    sess = Session(gguf_model.load({model!r}), EngineConfig(devices=["cpu", "cpu"], prefill=16, executor="processes"))
+    print(" ".join(str(p) for p in sess.stage_pids()), flush=True)
+    sys.stdin.read()  # until the test kills this controller
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_stage_processes_exit_when_their_controller_is_killed(demo_path, tmp_path):
+    """A controller killed with -9 cannot tear its stages down: they notice and exit."""
+    import subprocess
+    import sys
+
+    from engine.stage_process import PARENT_POLL_S
+
+    script = tmp_path / "controller.py"
+    script.write_text(CONTROLLER.format(paths=[str(p) for p in sys.path if p], model=str(demo_path)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # blocks until the stages are up (or the controller died)
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 2, line
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + PARENT_POLL_S + 10
+        while time.monotonic() < deadline and not all(process_gone(p) or _zombie(p) for p in pids):
+            time.sleep(0.1)
+        assert all(process_gone(p) or _zombie(p) for p in pids), "stage processes outlived their controller"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _zombie(pid: int) -> bool:
+    """Exited, waiting for init to reap it (the controller that would have is gone)."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
