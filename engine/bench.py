@@ -52,7 +52,7 @@ SETTING_FLAGS = {  # CLI flag -> setting
     "prefill_main": "prefill_main", "pin_limit_gib": "pin_limit_gib", "gpu_order": "gpu_order",
     "expert_cache": "expert_cache", "handoff": "handoff", "dtype": "dtype", "timing": "timing",
     "check_nan": "check_nan", "cuda_graphs": "cuda_graphs",
-    "chunk_schedule": "chunk_schedule", "executor": "executor",
+    "chunk_schedule": "chunk_schedule", "executor": "executor", "rendezvous": "rendezvous",
 }
 
 
@@ -428,6 +428,36 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stage(ns: argparse.Namespace) -> int:
+    """One stage process for a controller on another host (or this one): see docs/executor.md."""
+    from .stage_process import AttachError, attach
+
+    rank = ns.rank if ns.rank is not None else os.environ.get("RANK")
+    world = ns.world if ns.world is not None else os.environ.get("WORLD_SIZE")
+    if rank is None or world is None:
+        raise ConfigError("--rank/--world", f"{rank}/{world}", "integers, or RANK and WORLD_SIZE from torchrun")
+    rank, world = parse_int_arg("--rank", rank, 0), parse_int_arg("--world", world, 1)
+    if rank >= world:
+        raise ConfigError("--rank", rank, f"0..{world - 1} (--world {world})")
+    if not ns.timeout > 0:
+        raise ConfigError("--timeout", ns.timeout, "seconds > 0")
+    try:
+        return attach(ns.rendezvous, rank, world, ns.timeout)
+    except AttachError as exc:
+        print(f"strata-bench stage: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def parse_int_arg(flag: str, raw, low: int) -> int:
+    try:
+        v = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(flag, raw, f"an integer >= {low}") from None
+    if v < low:
+        raise ConfigError(flag, raw, f"an integer >= {low}")
+    return v
+
+
 def cmd_devices(ns: argparse.Namespace) -> int:
     from . import topology
 
@@ -463,6 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fixed (default) or balanced (as many chunks, each of equal modelled cost)")
     r.add_argument("--executor", help="threads (default: stages as threads of one process) or processes "
                    "(a process per stage on torch.distributed)")
+    r.add_argument("--rendezvous", help="executor processes: HOST:PORT where stages started with "
+                   "`strata-bench stage --rendezvous HOST:PORT` attach (default: spawn them here)")
     r.add_argument("--cuda-graphs", dest="cuda_graphs", nargs="?", const="1", metavar="0|1",
                    help="replay layers as CUDA graphs (default 1; 0 runs every op eagerly)")
     r.add_argument("--arm", action="append", help='settings of one arm, e.g. "pf_depth=0" (repeatable)')
@@ -494,6 +526,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int)
     m.add_argument("--quant", choices=("q8_0", "f16", "f32"))
     m.set_defaults(func=cmd_make_model)
+
+    g = sub.add_parser("stage", help="serve one pipeline stage for a controller elsewhere (run it under "
+                       "torchrun on each workstation, or once per rank)")
+    g.add_argument("--rendezvous", required=True, help="HOST:PORT of the controller (its --rendezvous)")
+    g.add_argument("--rank", type=int, help="this stage's index (default: $RANK, as torchrun sets it)")
+    g.add_argument("--world", type=int, help="the number of stages (default: $WORLD_SIZE)")
+    g.add_argument("--timeout", type=float, default=60.0, help="seconds to reach the controller")
+    g.set_defaults(func=cmd_stage)
 
     d = sub.add_parser("devices", help="GPU topology: PCIe links, link class, peer access")
     d.add_argument("--probe", action="store_true", help="measure pinned host<->device GB/s")

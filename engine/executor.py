@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, rendezvous_address
 from .events import StageEvent
 from .pipeline import Cancelled, NonFiniteError, Session, StageError
 from .stage_process import RunOrder, SourceRef, StageSpec
@@ -124,6 +124,31 @@ class _Inbox:
     loaded: int = 0
 
 
+class _Attached:
+    """Stands for the Process of a stage started elsewhere: its connection is its life (closing
+    it ends the stage, which exits when its controller's connection does)."""
+
+    sentinel = None
+    exitcode = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.gone = False
+
+    def is_alive(self) -> bool:
+        return not self.gone
+
+    def kill(self) -> None:
+        self.gone = True
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+def _versions(v: dict[str, str]) -> str:
+    return ", ".join(f"{k} {x}" for k, x in sorted(v.items()))
+
+
 def _kill_all(members: list[_Member]) -> None:
     """Kill and join every stage process (also run by the session's finalizer)."""
     for m in members:
@@ -150,28 +175,36 @@ class _Job:
         self.host = socket.gethostname()
         world = len(session.stages)
         self.backend = session.backend
-        # the controller hosts the rendezvous store: port 0 lets the OS pick a free port
-        self.store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False,
+        rendezvous = session.config.rendezvous
+        bind = (rendezvous_address(rendezvous) or ("", 0))[0] if rendezvous else "127.0.0.1"
+        # the controller hosts the process group's store: port 0 lets the OS pick a free port
+        self.store = dist.TCPStore(bind or "0.0.0.0", 0, world_size=None, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=session.timeout_s))
-        ctx = mp.get_context("spawn")
         ref = source_ref(session.source)
         ranges = tuple((st.first, st.end) for st in session.stages)
         self.members: list[_Member] = []
         self.inbox = _Inbox()
+        self._finalizer = weakref.finalize(self, _kill_all, self.members)
+
+        def spec_of(st, parent_pid: int) -> StageSpec:
+            return StageSpec(rank=st.index, world=world, device=st.name, first=st.first, end=st.end,
+                             source=ref, dtype=str(session.dtypes[st.device]).removeprefix("torch."),
+                             store_host=bind, store_port=self.store.port, backend=self.backend,
+                             threads=torch.get_num_threads(), timeout_s=session.timeout_s,
+                             parent_pid=parent_pid, ranges=ranges, hooks=session.child_hooks)
+
         try:
-            for st in session.stages:
-                spec = StageSpec(rank=st.index, world=world, device=st.name, first=st.first, end=st.end,
-                                 source=ref, dtype=str(session.dtypes[st.device]).removeprefix("torch."),
-                                 store_host="127.0.0.1", store_port=self.store.port, backend=self.backend,
-                                 threads=torch.get_num_threads(), timeout_s=session.timeout_s,
-                                 parent_pid=os.getpid(), ranges=ranges, hooks=session.child_hooks)
-                ours, theirs = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=stage_process.main, args=(spec, theirs), daemon=True,
-                                   name=f"strata-stage{st.index}")
-                proc.start()
-                theirs.close()  # ours reaches EOF when the stage process is gone
-                self.members.append(_Member(st.index, st.name, proc, ours, host=self.host))  # spawned here
-            self._finalizer = weakref.finalize(self, _kill_all, self.members)
+            if rendezvous:
+                self.attach(rendezvous, spec_of)
+            else:
+                ctx = mp.get_context("spawn")
+                for st in session.stages:
+                    ours, theirs = ctx.Pipe(duplex=True)
+                    proc = ctx.Process(target=stage_process.main, args=(spec_of(st, os.getpid()), theirs),
+                                       daemon=True, name=f"strata-stage{st.index}")
+                    proc.start()
+                    theirs.close()  # ours reaches EOF when the stage process is gone
+                    self.members.append(_Member(st.index, st.name, proc, ours, host=self.host))  # spawned here
             n_layers = session.spec.n_layers
             self.pump(lambda: len(self.inbox.ready) == world, "starting the stage processes",
                       progress=lambda: session._progress("loading layers in the stage processes",
@@ -180,6 +213,70 @@ class _Job:
         except BaseException:
             self.kill()
             raise
+
+    def attach(self, rendezvous: str, spec_of: Callable) -> None:
+        """Wait for the stages started elsewhere (`strata-bench stage --rendezvous HOST:PORT`, one
+        per rank) to connect, check what they say about themselves, and hand each its spec."""
+        import queue
+        import threading
+        from multiprocessing.connection import Listener
+
+        from .stage_process import authkey, versions
+
+        host, port = rendezvous_address(rendezvous)
+        try:
+            listener = Listener((host or "0.0.0.0", port), authkey=authkey())
+        except OSError as exc:
+            raise ConfigError("rendezvous", rendezvous, "a HOST:PORT this machine can listen on",
+                              f"cannot listen: {exc.strerror or exc}") from None
+        world = len(self.session.stages)
+        arrived: queue.SimpleQueue = queue.SimpleQueue()
+
+        def accept() -> None:
+            while True:
+                try:
+                    arrived.put(listener.accept())
+                except OSError:  # the listener was closed: every stage is in, or the wait ended
+                    return
+                except Exception as exc:  # a wrong key or a stray client: refuse it, keep listening
+                    log.warning("refused a connection to %s: %s", rendezvous, exc)
+
+        threading.Thread(target=accept, daemon=True, name="strata-rendezvous").start()
+        mine = versions()
+        deadline = time.monotonic() + self.timeout_s
+        by_rank: dict[int, _Member] = {}
+        try:
+            while len(by_rank) < world:
+                left = deadline - time.monotonic()
+                try:
+                    conn = arrived.get(timeout=max(left, 0.01))
+                except queue.Empty:
+                    raise ConfigError("rendezvous", rendezvous, f"{world} stages attached",
+                                      f"only ranks {sorted(by_rank) or 'none'} attached within {self.timeout_s:g} s; "
+                                      f"start `strata-bench stage --rendezvous HOST:{port}` for each") from None
+                if not conn.poll(max(left, 0.01)):
+                    conn.close()
+                    continue
+                _, rank, their_world, pid, host_name, theirs = conn.recv()
+                why = ""
+                if theirs != mine:
+                    why = (f"version mismatch between hosts: stage {rank} on host {host_name} runs "
+                           f"{_versions(theirs)}, the controller on {self.host} {_versions(mine)}")
+                elif their_world != world:
+                    why = f"stage {rank} on host {host_name} expects {their_world} stages, this split has {world}"
+                elif not 0 <= rank < world or rank in by_rank:
+                    why = f"rank {rank} from host {host_name} is out of range or taken (ranks 0..{world - 1})"
+                if why:
+                    conn.send(("refused", why))
+                    conn.close()
+                    raise ConfigError("rendezvous", rendezvous, "stages of the same versions, one per rank", why)
+                st = self.session.stages[rank]
+                conn.send(("spec", spec_of(st, 0)))
+                m = _Member(rank, st.name, _Attached(pid), conn, pid=pid, host=host_name)
+                by_rank[rank] = m
+        finally:
+            listener.close()
+        self.members.extend(by_rank[r] for r in range(world))
 
     @property
     def timeout_s(self) -> float:
@@ -197,7 +294,7 @@ class _Job:
         """Handle messages until `done()`; a dead stage or `timeout_s` without any message ends it."""
         deadline = time.monotonic() + self.timeout_s
         by_conn = {m.conn: m for m in self.members}
-        by_sentinel = {m.proc.sentinel: m for m in self.members}
+        by_sentinel = {m.proc.sentinel: m for m in self.members if m.proc.sentinel is not None}
         while not done():
             conns = [m.conn for m in self.members if not m.closed]
             ready = wait_any(conns + list(by_sentinel), timeout=POLL_S)
@@ -296,7 +393,8 @@ class _Job:
 
     def lost(self, m: _Member) -> None:
         m.proc.join(1.0)
-        reason = _exit_reason(m.proc.exitcode)
+        reason = ("closed its connection (its process ended or its host went away)" if isinstance(m.proc, _Attached)
+                  else _exit_reason(m.proc.exitcode))
         self.fail(m, f"{m.where()} {reason}")
 
     def hung(self, what: str) -> None:

@@ -25,6 +25,7 @@ clock with the offset measured at start-up by a ping exchange.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -44,6 +45,26 @@ log = logging.getLogger(__name__)
 CHUNK, DECODE, KV, END_PREFILL, END_RUN = 0, 1, 2, 3, 4
 TAG_READY, TAG_HEADER, TAG_DATA, TAG_DONE, TAG_KV = 1, 2, 3, 4, 5
 PARENT_POLL_S = 1.0  # a stage whose controller vanished exits within this
+AUTHKEY_ENV = "STRATA_RENDEZVOUS_KEY"  # the shared secret of a controller and its attached stages
+DEFAULT_AUTHKEY = "strata-gui"
+CONNECT_RETRY_S = 0.5
+
+
+def authkey() -> bytes:
+    return os.environ.get(AUTHKEY_ENV, DEFAULT_AUTHKEY).encode()
+
+
+def versions() -> dict[str, str]:
+    """What must match between the controller and every stage (hosts run the same code)."""
+    import sys
+    from importlib import metadata
+
+    try:
+        strata = metadata.version("strata-gui")
+    except metadata.PackageNotFoundError:
+        strata = "source"
+    return {"strata": strata, "torch": torch.__version__.split("+")[0],
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
 
 
 @dataclass(frozen=True)
@@ -123,8 +144,9 @@ def main(spec: StageSpec, conn) -> None:
     end of a duplex pipe to the controller: commands in, messages out."""
     ctl = out = conn
     logging.basicConfig(level=logging.WARNING)
-    threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True,
-                     name="strata-parent-watch").start()
+    if spec.parent_pid:  # a spawned stage; an attached one ends when its connection does
+        threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True,
+                         name="strata-parent-watch").start()
     try:
         torch.set_num_threads(spec.threads)
         stage = StageProcess(spec, out)
@@ -138,6 +160,44 @@ def main(spec: StageSpec, conn) -> None:
                      traceback.format_exc()))
         finally:
             os._exit(1)
+
+
+class AttachError(RuntimeError):
+    """A stage could not attach to its controller (unreachable, refused, version mismatch)."""
+
+
+def attach(rendezvous: str, rank: int, world: int, timeout_s: float) -> int:
+    """`strata-bench stage`: connect to the controller at HOST:PORT (retrying until timeout_s),
+    introduce this stage (rank, world, pid, host, versions), take its StageSpec and serve.
+    Returns when the controller stops the job; raises AttachError with the reason otherwise."""
+    from multiprocessing.connection import Client
+
+    from .config import ConfigError, rendezvous_address
+
+    addr = rendezvous_address(rendezvous)
+    if addr is None or not addr[0]:
+        raise ConfigError("--rendezvous", rendezvous, "HOST:PORT of the controller")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn = Client(addr, authkey=authkey())
+            break
+        except (ConnectionRefusedError, socket.gaierror, socket.timeout, OSError) as exc:
+            if time.monotonic() > deadline:
+                raise AttachError(f"cannot reach the controller at {rendezvous} within {timeout_s:g} s: "
+                                  f"{exc}") from None
+            time.sleep(CONNECT_RETRY_S)
+    conn.send(("hello", rank, world, os.getpid(), socket.gethostname(), versions()))
+    if not conn.poll(timeout_s):
+        raise AttachError(f"the controller at {rendezvous} did not answer within {timeout_s:g} s")
+    reply = conn.recv()
+    if reply[0] == "refused":
+        raise AttachError(f"the controller at {rendezvous} refused stage {rank}: {reply[1]}")
+    spec: StageSpec = reply[1]
+    if not spec.store_host:  # the controller listens on every interface: its store is where we reached it
+        spec = dataclasses.replace(spec, store_host=addr[0])
+    main(spec, conn)
+    return 0
 
 
 class StageProcess:
