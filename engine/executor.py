@@ -176,10 +176,19 @@ class _Job:
         world = len(session.stages)
         self.backend = session.backend
         rendezvous = session.config.rendezvous
-        bind = (rendezvous_address(rendezvous) or ("", 0))[0] if rendezvous else "127.0.0.1"
-        # the controller hosts the process group's store: port 0 lets the OS pick a free port
-        self.store = dist.TCPStore(bind or "0.0.0.0", 0, world_size=None, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=session.timeout_s))
+        # the controller hosts the process group's store: on this machine at a port the OS picks;
+        # for attached stages at the rendezvous port + 1 (one known pair of ports for a firewall)
+        if rendezvous:
+            bind, port = rendezvous_address(rendezvous)
+            bind, store_port = ("" if bind in ("0.0.0.0", "::") else bind), port + 1
+        else:
+            bind, store_port = "127.0.0.1", 0
+        try:
+            self.store = dist.TCPStore(bind or "0.0.0.0", store_port, world_size=None, is_master=True,
+                                       wait_for_workers=False, timeout=timedelta(seconds=session.timeout_s))
+        except Exception as exc:  # torch raises DistNetworkError (a RuntimeError) for a port in use
+            raise ConfigError("rendezvous", rendezvous or "", "a HOST:PORT whose PORT+1 is free too",
+                              f"cannot start the process group's store on port {store_port}: {exc}") from None
         ref = source_ref(session.source)
         ranges = tuple((st.first, st.end) for st in session.stages)
         self.members: list[_Member] = []
@@ -189,7 +198,7 @@ class _Job:
         def spec_of(st, parent_pid: int) -> StageSpec:
             return StageSpec(rank=st.index, world=world, device=st.name, first=st.first, end=st.end,
                              source=ref, dtype=str(session.dtypes[st.device]).removeprefix("torch."),
-                             store_host=bind, store_port=self.store.port, backend=self.backend,
+                             store_host=bind, store_port=self.store.port, backend=session.backend,
                              threads=torch.get_num_threads(), timeout_s=session.timeout_s,
                              parent_pid=parent_pid, ranges=ranges, hooks=session.child_hooks)
 
@@ -206,9 +215,13 @@ class _Job:
                     theirs.close()  # ours reaches EOF when the stage process is gone
                     self.members.append(_Member(st.index, st.name, proc, ours, host=self.host))  # spawned here
             n_layers = session.spec.n_layers
-            self.pump(lambda: len(self.inbox.ready) == world, "starting the stage processes",
-                      progress=lambda: session._progress("loading layers in the stage processes",
-                                                         min(self.inbox.loaded / max(n_layers, 1), 1.0)))
+
+            def progress() -> None:
+                if session._load_cancel is not None and session._load_cancel.is_set():
+                    raise Cancelled("loading cancelled while the stage processes started")
+                session._progress("loading layers in the stage processes", min(self.inbox.loaded / max(n_layers, 1), 1.0))
+
+            self.pump(lambda: len(self.inbox.ready) == world, "starting the stage processes", progress=progress)
             self.measure_clocks()
         except BaseException:
             self.kill()
@@ -271,12 +284,18 @@ class _Job:
                     conn.close()
                     raise ConfigError("rendezvous", rendezvous, "stages of the same versions, one per rank", why)
                 st = self.session.stages[rank]
-                conn.send(("spec", spec_of(st, 0)))
-                m = _Member(rank, st.name, _Attached(pid), conn, pid=pid, host=host_name)
-                by_rank[rank] = m
+                by_rank[rank] = _Member(rank, st.name, _Attached(pid), conn, pid=pid, host=host_name)
         finally:
             listener.close()
         self.members.extend(by_rank[r] for r in range(world))
+        # NCCL when every stage owns a GPU of its own (the same cuda:N on two hosts are two GPUs)
+        owners = [(m.host, m.device) for m in self.members]
+        cuda = all(d.startswith("cuda") for _, d in owners)
+        self.session.backend = self.backend = ("nccl" if cuda and len(set(owners)) == len(owners)
+                                               and torch.distributed.is_nccl_available() else "gloo")
+        self.session._choose_handoffs()
+        for m, st in zip(self.members, self.session.stages):
+            m.conn.send(("spec", spec_of(st, 0)))
 
     @property
     def timeout_s(self) -> float:
