@@ -45,7 +45,16 @@ STOP_GRACE_S = 5.0  # a stopped stage process that has not exited by then is kil
 
 
 class StageLost(RuntimeError):
-    """A stage process died or stopped responding (the run ended; the job was torn down)."""
+    """A stage process died or stopped responding (the run ended; the job was torn down).
+    What the machine did (a kill, the OOM killer, a hang), not a bug: its message says it all."""
+
+
+class RemoteStageError(RuntimeError):
+    """An unexpected exception inside a stage process; `remote_traceback` is its traceback."""
+
+    def __init__(self, text: str, remote_traceback: str) -> None:
+        super().__init__(text)
+        self.remote_traceback = remote_traceback
 
 
 def stage_timeout(env: dict | None = None) -> float:
@@ -406,7 +415,8 @@ class _Job:
         elif type_name in ("OutOfMemoryError", "MemoryError"):
             cause = MemoryError(f"{text} (on host {m.host})")
         else:
-            cause = StageLost(f"{type_name}: {text} (in the stage process on host {m.host}, pid {m.pid})")
+            cause = RemoteStageError(f"{type_name}: {text} (in the stage process on host {m.host}, pid {m.pid})", tb)
+            log.error("stage %d (pid %d on %s) failed:\n%s", rank, m.pid, m.host, tb)
         self.kill()
         raise StageError(rank, m.device, chunk if chunk is not None else m.last_chunk, layer, cause)
 

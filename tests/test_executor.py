@@ -16,7 +16,7 @@ import time
 import pytest
 from executor_support import Sleep, process_gone
 
-from engine import gguf_model
+from engine import failure, gguf_model
 from engine.config import ConfigError, EngineConfig
 from engine.executor import ProcessSession, StageLost, stage_timeout
 from engine.pipeline import Cancelled, PipelineHooks, Session, StageError
@@ -173,6 +173,7 @@ def test_killed_stage_process_ends_the_run_names_it_and_leaves_nothing(two, ids,
     took = time.monotonic() - t0
     msg = str(info.value)
     assert isinstance(info.value.__cause__, StageLost)
+    assert failure.is_user_error(info.value)  # a killed process is what the machine did, not a bug
     assert "stage 1" in msg and "host" in msg and f"pid {victim}" in msg and "signal 9" in msg, msg
     assert "last chunk computed: C" in msg, msg
     assert took < 10, f"the kill took {took:.1f} s to surface"
@@ -227,6 +228,12 @@ def test_three_stages_and_interleaved_groups_match_threads(demo, ids, threads_di
             if depth == 0:
                 first, last = compute(sess.events, 0), compute(sess.events, n - 1)
                 assert all(first[c + 1].start_ns >= last[c].end_ns for c in range(len(first) - 1))
+        if split == "auto":  # prefill-main hands KV to two stages down the chain
+            configure(sess, pf_depth=1, prefill_main=True)
+            res = sess.run(ids, decode_tokens=3)
+            assert (res.report.digest, res.report.generated) == want, "prefill-main"
+            kv = [e for e in sess.events if e.kind == "copy" and e.chunk == -1]
+            assert sorted(e.stage for e in kv) == [1, 2]
         pids = sess.stage_pids()
     finally:
         sess.close()
