@@ -111,3 +111,49 @@ def test_a_version_mismatch_between_hosts_is_refused_with_both_versions(demo, mo
         Session(demo, EngineConfig(devices=["cpu", "cpu"], executor="processes", rendezvous=f"127.0.0.1:{port}"))
     t.join(10)
     assert answer and answer[0][0] == "refused" and "version mismatch" in answer[0][1]
+
+
+def test_an_attached_stage_killed_mid_run_is_named_and_the_other_one_ends(demo):
+    import signal
+    import time
+
+    from engine.executor import StageLost
+    from engine.pipeline import StageError
+
+    ids = synthetic(128, demo.spec.vocab, nonce=3)
+    port = free_port()
+    procs = [subprocess.Popen(stage_command(port, "--rank", str(r), "--world", "2", "--timeout", "120"), cwd=ROOT,
+                              env=env(), stderr=subprocess.DEVNULL) for r in range(2)]
+    try:
+        sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=16, executor="processes",
+                                          rendezvous=f"127.0.0.1:{port}"))
+        victim = procs[1]
+
+        def sink(ev):
+            if ev.kind == "compute" and ev.stage == 0 and ev.chunk == 2:
+                os.kill(victim.pid, signal.SIGKILL)
+
+        sess.sink = sink
+        t0 = time.monotonic()
+        with pytest.raises(StageError) as info:
+            sess.run(ids)
+        assert time.monotonic() - t0 < 30
+        msg = str(info.value)
+        assert isinstance(info.value.__cause__, StageLost)
+        assert f"stage 1 (cpu on host {socket.gethostname()}, pid {victim.pid}) closed its connection" in msg, msg
+        procs[0].wait(timeout=60)  # the survivor ends once its controller hung up (TimeoutExpired otherwise)
+        sess.close()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+
+
+def test_the_app_form_attaches_through_the_environment():
+    from strata_gui.run_settings import RunSettings, validate
+
+    v = validate(RunSettings(executor="processes"), 4, env={"STRATA_RENDEZVOUS": "127.0.0.1:29600"})
+    assert v.ok and v.config.executor == "processes" and v.config.rendezvous == "127.0.0.1:29600"
+    bad = validate(RunSettings(executor="processes"), 4, env={"STRATA_RENDEZVOUS": "ws-a:99999"})
+    assert "STRATA_RENDEZVOUS='ws-a:99999'" in bad.errors["general"]
