@@ -4,6 +4,7 @@
 #   1. tests/test_cuda.py
 #   2. the default `strata-bench run` (chunk auto, CUDA graphs on) as a new user types it
 #   3. the app's run path (strata_gui.run_job, what the Run button drives) without Qt
+#   4. the process executor on CUDA (tests/test_executor_cuda.py; GPU_CHECK_EXECUTOR=0 skips it)
 # and ends with one verdict line: `GPU CHECK PASSED` or `GPU CHECK FAILED: <what>`.
 # Usage on the device machine (carry .whl with gguf and platformdirs wheels):
 #   CHECK_COMMIT=<sha> bash benchmarks/gpu_check.sh     # log: $OUT/gpu-check.log
@@ -35,6 +36,9 @@ for d in "${DEV_LISTS[@]}"; do
   step "default strata-bench run on $d" python3 -m engine.bench run --model "${CHECK_MODEL:-synthetic:qwen3-30b-a3b:n_layers=16}" \
     --prompt-tokens 8192,32768 --arm "devices=$d" --peak-tflops 794
 done
+if [ "${GPU_CHECK_EXECUTOR:-1}" = 1 ]; then  # stage processes on CUDA (gloo on one GPU, NCCL on two)
+  step "process executor on CUDA" python3 -m pytest -q -p no:cacheprovider tests/test_executor_cuda.py
+fi
 APP_ARGS=(); for d in "${DEV_LISTS[@]}"; do APP_ARGS+=(--devices "$d"); done
 step "app run path on ${DEV_LISTS[*]}" python3 benchmarks/app_run_check.py "${APP_ARGS[@]}"
 

@@ -54,7 +54,7 @@ SETTING_FLAGS = {  # CLI flag -> setting
     "prefill_main": "prefill_main", "pin_limit_gib": "pin_limit_gib", "gpu_order": "gpu_order",
     "expert_cache": "expert_cache", "handoff": "handoff", "dtype": "dtype", "timing": "timing",
     "check_nan": "check_nan", "cuda_graphs": "cuda_graphs",
-    "chunk_schedule": "chunk_schedule",
+    "chunk_schedule": "chunk_schedule", "executor": "executor", "rendezvous": "rendezvous",
 }
 
 
@@ -244,6 +244,8 @@ def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 
         "tflops": tflops, "mfu": tflops / (peak_tflops * gpus) if peak_tflops else None,
         "row": "summary", "arm": p.arm, "prompt_tokens": p.prompt_tokens, "chunk": r.plan.chunk,
         "n_chunks": r.plan.n_chunks, "stages": len(r.plan.stages), "handoff": r.handoff,
+        "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
+        "handoff_share": r.handoff_share,
         "schedule": r.plan.schedule, "chunk_sizes": [n for _, n in r.plan.chunk_bounds()],
         "prefill_tok_s": p.median, "prefill_tok_s_all": p.tok_s, "spread": p.spread,
         "decode_tok_s": statistics.median([x.decode_tok_s for x in p.reports]),
@@ -251,6 +253,16 @@ def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 
         "busy_histogram": r.busy_histogram, "digest": r.digest, "experts": _experts(r),
         "per_stage": [vars(t) for t in r.per_stage],
     }
+
+
+def _handoff(r: dict[str, Any]) -> str:
+    """gloo · processes · 1.20 GB/s, 3% of wall (the executor named when it is not the default)."""
+    text = r["handoff"]
+    if r.get("executor", "threads") != "threads":
+        text += f" · {r['executor']}"
+    if r.get("handoff_s"):
+        text += f" · {r['handoff_gbps']:.2f} GB/s, {r['handoff_share'] * 100:.0f}% of wall"
+    return text
 
 
 def _chunks(r: dict[str, Any]) -> str:
@@ -271,7 +283,7 @@ def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflop
             "busy 0/1/..% ", "handoff", "digest"]
     table = [[r["arm"], r["prompt_tokens"], _chunks(r), r["stages"],
               f"{r['prefill_tok_s']:.1f}", f"{r['spread'] * 100:.1f}%", f"{r['decode_tok_s']:.1f}",
-              f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), r["handoff"], r["digest"][:12]] for r in rows]
+              f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), _handoff(r), r["digest"][:12]] for r in rows]
     if any(r["experts"] for r in rows):
         cols[-1:-1] = ["expert hits", "streamed GiB (pinned)", "H2D GB/s"]
         for row, r in zip(table, rows):
@@ -367,6 +379,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
                             "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
                             "digest": r.digest, "generated": r.generated, "busy_histogram": r.busy_histogram,
                             "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
+                            "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
+                            "handoff_share": r.handoff_share,
                             "device_order": r.device_order}), flush=True)
             points.extend(pts[name] for name, _ in sessions)
     finally:
@@ -443,6 +457,36 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stage(ns: argparse.Namespace) -> int:
+    """One stage process for a controller on another host (or this one): see docs/executor.md."""
+    from .stage_process import AttachError, attach
+
+    rank = ns.rank if ns.rank is not None else os.environ.get("RANK")
+    world = ns.world if ns.world is not None else os.environ.get("WORLD_SIZE")
+    if rank is None or world is None:
+        raise ConfigError("--rank/--world", f"{rank}/{world}", "integers, or RANK and WORLD_SIZE from torchrun")
+    rank, world = parse_int_arg("--rank", rank, 0), parse_int_arg("--world", world, 1)
+    if rank >= world:
+        raise ConfigError("--rank", rank, f"0..{world - 1} (--world {world})")
+    if not ns.timeout > 0:
+        raise ConfigError("--timeout", ns.timeout, "seconds > 0")
+    try:
+        return attach(ns.rendezvous, rank, world, ns.timeout)
+    except AttachError as exc:
+        print(f"strata-bench stage: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def parse_int_arg(flag: str, raw, low: int) -> int:
+    try:
+        v = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(flag, raw, f"an integer >= {low}") from None
+    if v < low:
+        raise ConfigError(flag, raw, f"an integer >= {low}")
+    return v
+
+
 def cmd_devices(ns: argparse.Namespace) -> int:
     from . import topology
 
@@ -476,6 +520,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--check-nan", dest="check_nan", nargs="?", const="1", metavar="0|1")
     r.add_argument("--chunk-schedule", dest="chunk_schedule",
                    help="fixed (default) or balanced (as many chunks, each of equal modelled cost)")
+    r.add_argument("--executor", help="threads (default: stages as threads of one process) or processes "
+                   "(a process per stage on torch.distributed)")
+    r.add_argument("--rendezvous", help="executor processes: HOST:PORT where stages started with "
+                   "`strata-bench stage --rendezvous HOST:PORT` attach (default: spawn them here)")
     r.add_argument("--cuda-graphs", dest="cuda_graphs", nargs="?", const="1", metavar="0|1",
                    help="replay layers as CUDA graphs (default 1; 0 runs every op eagerly)")
     r.add_argument("--arm", action="append", help='settings of one arm, e.g. "pf_depth=0" (repeatable)')
@@ -517,6 +565,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--quant", choices=QUANT_NAMES,
                    help="llama.cpp's tensor-type mix (q4_k_m, q6_k, q8_0, iq4_xs) or plain f16/f32")
     m.set_defaults(func=cmd_make_model)
+
+    g = sub.add_parser("stage", help="serve one pipeline stage for a controller elsewhere (run it under "
+                       "torchrun on each workstation, or once per rank)")
+    g.add_argument("--rendezvous", required=True, help="HOST:PORT of the controller (its --rendezvous)")
+    g.add_argument("--rank", type=int, help="this stage's index (default: $RANK, as torchrun sets it)")
+    g.add_argument("--world", type=int, help="the number of stages (default: $WORLD_SIZE)")
+    g.add_argument("--timeout", type=float, default=60.0, help="seconds to reach the controller")
+    g.set_defaults(func=cmd_stage)
 
     d = sub.add_parser("devices", help="GPU topology: PCIe links, link class, peer access")
     d.add_argument("--probe", action="store_true", help="measure pinned host<->device GB/s")

@@ -45,12 +45,15 @@ ENV_NAMES: dict[str, str] = {
     "check_nan": "STRATA_DBG_NAN",
     "cuda_graphs": "STRATA_CUDA_GRAPHS",
     "chunk_schedule": "STRATA_CHUNK_SCHEDULE",
+    "executor": "STRATA_EXECUTOR",
+    "rendezvous": "STRATA_RENDEZVOUS",
 }
 
 # every setting `parse_setting` knows, in the order of DESIGN.md's table
 SETTING_NAMES: tuple[str, ...] = (
     "pf_depth", "prefill_main", "pin_limit_gib", "prefill", "gpu_order", "layer_split", "expert_cache",
     "timing", "check_nan", "devices", "handoff", "dtype", "cuda_graphs", "chunk_schedule",
+    "executor", "rendezvous",
 )
 BOOL_SETTINGS = ("prefill_main", "timing", "check_nan", "cuda_graphs")
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -58,6 +61,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "handoff": ("auto", "peer", "host"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "chunk_schedule": ("fixed", "balanced", "auto"),
+    "executor": ("threads", "processes"),
 }
 MAX_PREFILL = 1 << 20
 
@@ -65,6 +69,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _INT_RE = re.compile(r"[+-]?0*[0-9]{1,19}")  # ASCII digits only (int() also takes "١٦", "1_6")
 _DEVICE_RE = re.compile(r"cpu|cuda(:[0-9]{1,4})?")
+_RENDEZVOUS_RE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9.-]{0,252}))?:([0-9]{1,5})")
 
 ALLOWED = {
     "devices": "cpu, cuda or cuda:N",
@@ -75,6 +80,8 @@ ALLOWED = {
     "bool": "1/0, true/false, on/off",
     "pin_limit_gib": "auto or a number of GiB >= 0",
     "expert_cache": "auto, all or a number of GiB >= 0",
+    "rendezvous": "empty (stage processes on this machine) or HOST:PORT (stages started with "
+                  "`strata-bench stage --rendezvous HOST:PORT` attach to this controller), port 1..65535",
 }
 _DEPTH_WHY = "a stage owns ONE set of chunk buffers, so two of its chunks may never be in flight"
 
@@ -99,6 +106,12 @@ class EngineConfig:
     # fixed: every chunk `prefill` tokens; balanced: as many chunks, each of equal modelled cost
     # (bigger early, smaller late).  Balanced was slower on H200 (docs/benchmarks.md): opt-in.
     chunk_schedule: str = "fixed"
+    # threads: every stage a thread of this process; processes: every stage a process of its
+    # own on torch.distributed (engine/executor.py), past the GIL and across hosts
+    executor: str = "threads"
+    # processes only: "" spawns the stage processes here; HOST:PORT waits for stages started
+    # elsewhere (torchrun ... strata-bench stage --rendezvous HOST:PORT) to attach
+    rendezvous: str = ""
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -166,6 +179,8 @@ class EngineConfig:
         for name, choices in CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ConfigError(name, getattr(self, name), _or(choices))
+        if not (isinstance(self.rendezvous, str) and (self.rendezvous == "" or rendezvous_address(self.rendezvous))):
+            raise ConfigError("rendezvous", self.rendezvous, ALLOWED["rendezvous"])
 
     def check_layers(self, n_layers: int) -> None:
         """Checks that depend on the model."""
@@ -295,7 +310,7 @@ def format_setting(name: str, value: Any) -> str:
         return value if isinstance(value, str) else repr(float(value))
     if name in ("prefill", "pf_depth"):
         return str(value)
-    if name in CHOICES:
+    if name in CHOICES or name == "rendezvous":
         return str(value)
     raise ConfigError(name, value, "a known setting name", f"unknown setting {name!r}")
 
@@ -358,6 +373,13 @@ def _parse(name: str, raw: Any, label: str) -> Any:
         return _parse_auto_number(label, raw, ALLOWED["pin_limit_gib"])
     if name == "expert_cache":
         return _parse_auto_number(label, raw, ALLOWED["expert_cache"], extra=("all",))
+    if name == "rendezvous":
+        if not isinstance(raw, str):
+            raise ConfigError(label, raw, ALLOWED["rendezvous"])
+        text = raw.strip()
+        if text and rendezvous_address(text) is None:
+            raise ConfigError(label, raw, ALLOWED["rendezvous"])
+        return text
     if name in CHOICES:
         allowed = CHOICES[name]
         s = raw.strip().lower() if isinstance(raw, str) else None
@@ -376,3 +398,12 @@ def interleave_groups(split: object) -> int | None:
         return None
     v = int(tail)
     return v if 1 <= v <= 64 else None
+
+
+def rendezvous_address(text: str) -> tuple[str, int] | None:
+    """(host, port) of HOST:PORT (host "" means every interface), else None."""
+    m = _RENDEZVOUS_RE.fullmatch(text)
+    if m is None:
+        return None
+    port = int(m.group(3))
+    return (m.group(1) or "", port) if 1 <= port <= 65535 else None

@@ -131,6 +131,10 @@ class RunReport:
     # the chunk-cost probe's figures (engine.planner.probe_dict) when the run measured them: what the
     # planner prices chunk sizes the run did not execute from
     cost_profile: dict = field(default_factory=dict)
+    executor: str = "threads"  # threads | processes (engine/executor.py)
+    handoff_s: float = 0.0  # seconds the prefill's hand-offs took, summed over hops
+    handoff_gbps: float = 0.0  # handoff_bytes / handoff_s
+    handoff_share: float = 0.0  # the mean hop's busy share of the prefill wall (handoff_s / hops / prefill_s)
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -221,3 +225,23 @@ def format_timing(totals: Sequence[StageTotals]) -> str:
             f"  {t.wait_ns / 1e6:>7.1f}  {t.copy_ns / 1e6:>7.1f}  {t.chunks:>6}"
         )
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class HandoffCost:
+    """What a run's activation hand-offs cost (copy events of prompt chunks, all hops)."""
+
+    seconds: float
+    nbytes: int
+    gbps: float
+    share: float  # the mean hop's busy share of the wall
+
+
+def handoff_cost(events: Iterable[StageEvent], wall_s: float, hops: int) -> HandoffCost:
+    """Hand-off time and bytes from the copy events of prompt chunks (not prefill-main's KV copy)."""
+    copies = [e for e in events if e.kind == "copy" and e.chunk >= 0]
+    seconds = sum(e.dur_ns for e in copies) / 1e9
+    nbytes = sum(e.nbytes for e in copies)
+    gbps = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    share = seconds / hops / wall_s if hops > 0 and wall_s > 0 else 0.0
+    return HandoffCost(seconds, nbytes, gbps, share)

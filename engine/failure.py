@@ -45,7 +45,8 @@ def is_user_error(exc: BaseException) -> bool:
     expected: list[type[BaseException]] = [ConfigError, MemoryError, OSError]
     for module, names in (("engine.gguf_model", ("GGUFError",)), ("engine.synth", ("RecipeError",)),
                           ("engine.trace", ("TraceError",)),
-                          ("engine.pipeline", ("Cancelled", "DeviceMemoryError", "NonFiniteError"))):
+                          ("engine.pipeline", ("Cancelled", "DeviceMemoryError", "NonFiniteError")),
+                          ("engine.executor", ("StageLost",))):
         mod = sys.modules.get(module)
         if mod is not None:
             expected += [getattr(mod, n) for n in names]

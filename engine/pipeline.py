@@ -37,7 +37,7 @@ from .attention import kernel_for
 from .chunk_cost import ChunkCostProbe
 from .config import ConfigError, EngineConfig
 from .events import (EventSink, RunPlan, RunReport, StageEvent, StagePlan, busy_histogram, by_device, format_timing,
-                     stage_totals)
+                     handoff_cost, stage_totals)
 from .gpu_timing import DeferredTimer, DeviceClock, GpuInterval, timing_event
 from .graphs import CAPTURE_LOCK, GraphedLayers
 from .experts import (ExpertCache, ExpertLayout, ExpertStats, HostArena, arena_bytes, physical_ram, plan_experts,
@@ -496,6 +496,14 @@ class Stage:
 class Session:
     """A model split over devices, ready to prefill prompts and decode through the split."""
 
+    def __new__(cls, source: WeightSource, config: EngineConfig | None = None, *args, **kwargs):
+        """executor=processes: the stages run as processes (engine/executor.py), same API."""
+        if cls is Session and config is not None and getattr(config, "executor", "threads") == "processes":
+            from .executor import ProcessSession
+
+            cls = ProcessSession
+        return super().__new__(cls)
+
     def __init__(self, source: WeightSource, config: EngineConfig | None = None,
                  sink: EventSink | None = None, hooks: PipelineHooks | None = None,
                  events: bool = True,
@@ -668,7 +676,7 @@ class Session:
         if self._chunk_cost is None:
             st = self.stages[0]
             dev = torch.cuda.get_device_name(st.device) if st.device.type == "cuda" else "cpu"
-            key = (repr(self.spec), dev, str(self.dtypes[st.device]), st.layers[0].cache is not None,
+            key = (repr(self.spec), dev, str(self.dtypes[st.device]), self.expert_plan.streamed,
                    self.config.cuda_graphs)
             with _MEASURED_LOCK:
                 measured = _MEASURED.get(key)
@@ -976,6 +984,8 @@ class Session:
         steps = max(len(generated) - 1, 0)
         events = list(self.events)
         prefill_events = [e for e in events if e.kind != "decode"]
+        hops = 0 if self.config.prefill_main else len(self.stages) - 1
+        cost = handoff_cost(prefill_events, t1 - t0, hops)
         report = RunReport(
             run_id=self.run_id, plan=plan,
             prefill_tok_s=n / (t1 - t0) if not cancelled else 0.0,
@@ -986,8 +996,8 @@ class Session:
             handoff=self.handoff_kind, device_order=list(self.device_order),
             order_reason=self.order_reason, cancelled=cancelled, notes=list(self.notes),
             expert_stats=expert_stats, attention=self.attention_kernels(),
-            handoff_bytes=sum(e.nbytes for e in prefill_events if e.kind == "copy" and e.chunk >= 0),
-            cost_profile=planner.probe_dict(self._chunk_cost),
+            handoff_bytes=cost.nbytes, executor=self.config.executor, handoff_s=cost.seconds,
+            handoff_gbps=cost.gbps, handoff_share=cost.share, cost_profile=planner.probe_dict(self._chunk_cost),
             telemetry=samples, telemetry_status=telemetry_status)
         if self.config.timing:
             log.info("prefill timing (run %s):\n%s", self.run_id, format_timing(report.per_stage))

@@ -26,7 +26,7 @@ STATUSES = ("finished", "cancelled")
 
 # the order a config diff lists settings in (anything else follows, sorted)
 CONFIG_ORDER = ("model", "devices", "gpu_order", "layer_split", "prefill", "chunk_schedule", "pf_depth", "prefill_main",
-                "cuda_graphs",
+                "cuda_graphs", "executor",
                 "pin_limit_gib", "expert_cache", "handoff", "dtype", "timing", "check_nan", "prompt",
                 "prompt_tokens", "decode_tokens")
 # how a run was measured, not what it ran: recorded with its settings, never listed as a difference
@@ -94,7 +94,8 @@ def config_from_report(report: RunReport) -> dict[str, Any]:
     plan = report.plan
     return {"devices": ",".join(report.device_order or [s.device for s in plan.stages]),
             "prefill": plan.chunk, "pf_depth": plan.pf_depth, "prefill_main": plan.prefill_main,
-            "handoff": report.handoff, "prompt_tokens": plan.prompt_tokens, "decode_tokens": plan.decode_tokens}
+            "handoff": report.handoff, "executor": report.executor, "prompt_tokens": plan.prompt_tokens,
+            "decode_tokens": plan.decode_tokens}
 
 
 def ordered_keys(keys: Iterable[str]) -> list[str]:

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 # field names of the form (one error slot each); "general" takes what no field owns
 FIELDS = ("model", "devices", "gpu_order", "layer_split", "prefill", "chunk_schedule", "pf_depth", "prefill_main",
-          "cuda_graphs",
+          "cuda_graphs", "executor",
           "pin_limit_gib", "expert_cache", "prompt", "decode_tokens", "repeats", "general")
 
 MAX_PROMPT_TOKENS = 1 << 20
@@ -53,6 +53,7 @@ class RunSettings:
     cuda_graphs: bool = True
     warmup: bool = True  # an unmeasured pass before the first measured run of each new shape
     repeats: int = 1  # measured runs per press of Run; the summary shows their median and spread
+    executor: str = "threads"  # threads | processes
 
     def overrides(self) -> dict[str, Any]:
         """The engine settings as raw values for `EngineConfig.from_sources` (GUI > env > default)."""
@@ -65,6 +66,7 @@ class RunSettings:
             "prefill": self.chunk_size if self.chunk_mode == "fixed" else "auto",
             "chunk_schedule": self.chunk_schedule,
             "cuda_graphs": self.cuda_graphs,
+            "executor": self.executor,
             "pf_depth": self.pf_depth,
             "prefill_main": self.prefill_main,
             "pin_limit_gib": self.pin_limit_gib,
@@ -125,6 +127,8 @@ class RunSettings:
                 s.chunk_schedule = value
             elif name == "cuda_graphs":
                 s.cuda_graphs = value
+            elif name == "executor":
+                s.executor = value
             elif name == "gpu_order":
                 s.gpu_order = value
             elif name == "pin_limit_gib":

@@ -35,6 +35,10 @@ TIPS = {
                       "measured costs model faster.",
     "cuda_graphs": "Replay each layer's kernels as CUDA graphs (one launch instead of ~50): decode went from "
                    "12 to 159 tok/s on an H200; costs some VRAM per chunk size. Off runs every op eagerly.",
+    "executor": "threads: every stage a thread of this process (the default); processes: every stage a "
+                "process of its own on torch.distributed (NCCL between GPUs, gloo on CPU) owning its device, "
+                "layers and KV, so stages stop sharing one interpreter (the GIL) — starting them costs "
+                "seconds, then they stay up between runs of the same settings.",
     "pf_depth": "1 (overlap) lets a stage take the next chunk while the stages below still work (2.04x on a "
                 "4-GPU split); 0 (join) restores the old wait for the whole chain below, for an A/B one setting apart.",
     "prefill_main": "Prefill the whole prompt on the main (first) device, then copy the later layers' KV to "
@@ -128,6 +132,10 @@ class SettingsPanel(QGroupBox):
         self._add(form, "Prefill-main", "prefill_main", FieldBox(self.prefill_main, tooltip=TIPS["prefill_main"]))
         self.cuda_graphs = QCheckBox("replay layers as CUDA graphs")
         self._add(form, "CUDA graphs", "cuda_graphs", FieldBox(self.cuda_graphs, tooltip=TIPS["cuda_graphs"]))
+        self.executor = QComboBox()
+        self.executor.addItem("threads · one process", "threads")
+        self.executor.addItem("processes · one per stage", "processes")
+        self._add(form, "Executor", "executor", FieldBox(self.executor, tooltip=TIPS["executor"]))
 
         self.pin_limit = QLineEdit()
         self.pin_limit.setPlaceholderText("auto or GiB")
@@ -178,7 +186,7 @@ class SettingsPanel(QGroupBox):
 
         for w in (self.split_counts, self.chunk_size, self.pin_limit, self.expert_cache):
             w.textChanged.connect(self.changed)
-        for w in (self.split_mode, self.chunk_mode, self.chunk_schedule, self.pf_depth, self.prompt_mode):
+        for w in (self.split_mode, self.chunk_mode, self.chunk_schedule, self.pf_depth, self.executor, self.prompt_mode):
             w.currentIndexChanged.connect(self._sync_enabled)
             w.currentIndexChanged.connect(self.changed)
         self.prefill_main.toggled.connect(self.changed)
@@ -235,8 +243,8 @@ class SettingsPanel(QGroupBox):
     # ------------------------------------------------------------------- values
     def load(self, s: RunSettings) -> None:
         widgets = (self.split_mode, self.split_counts, self.chunk_mode, self.chunk_size, self.chunk_schedule,
-                   self.pf_depth, self.prefill_main, self.cuda_graphs, self.pin_limit, self.expert_cache, self.prompt_mode, self.prompt_tokens,
-                   self.prompt_text, self.decode_tokens, self.warmup, self.repeats)
+                   self.pf_depth, self.prefill_main, self.cuda_graphs, self.executor, self.pin_limit, self.expert_cache,
+                   self.prompt_mode, self.prompt_tokens, self.prompt_text, self.decode_tokens, self.warmup, self.repeats)
         for w in widgets:
             w.blockSignals(True)
         try:
@@ -249,6 +257,7 @@ class SettingsPanel(QGroupBox):
             self.prefill_main.setChecked(s.prefill_main)
             self.chunk_schedule.setCurrentText(s.chunk_schedule if s.chunk_schedule in ("fixed", "balanced") else "fixed")
             self.cuda_graphs.setChecked(s.cuda_graphs)
+            self.executor.setCurrentIndex(max(self.executor.findData(s.executor), 0))
             self.pin_limit.setText(s.pin_limit_gib)
             self.expert_cache.setText(s.expert_cache)
             self.prompt_mode.setCurrentIndex(max(self.prompt_mode.findData(s.prompt_mode), 0))
@@ -273,6 +282,7 @@ class SettingsPanel(QGroupBox):
             "prefill_main": self.prefill_main.isChecked(),
             "chunk_schedule": self.chunk_schedule.currentText(),
             "cuda_graphs": self.cuda_graphs.isChecked(),
+            "executor": self.executor.currentData(),
             "pin_limit_gib": self.pin_limit.text(),
             "expert_cache": self.expert_cache.text(),
             "prompt_mode": self.prompt_mode.currentData(),

@@ -178,7 +178,12 @@ class SummaryView(QWidget):
         hops = len(plan.stages) - 1 if not plan.prefill_main else 0
         moved = f" · {hops} hop(s) per chunk, {r.handoff_bytes / 2**20:,.1f} MiB handed off" if hops else ""
         groups = f" · interleave:{plan.interleave} ({len(plan.stages)} layer groups)" if plan.interleave > 1 else ""
-        rows.append(("Hand-off", html.escape(handoff_text(r.handoff)) + moved + groups))
+        cost = (f" · {r.handoff_s * 1e3:,.1f} ms, {r.handoff_gbps:,.2f} GB/s, "
+                f"{r.handoff_share * 100:.1f}% of the wall per hop") if hops and r.handoff_s > 0 else ""
+        rows.append(("Hand-off", html.escape(handoff_text(r.handoff)) + moved + cost + groups))
+        executor = getattr(r, "executor", "threads")
+        rows.append(("Executor", "stages as processes (torch.distributed)" if executor == "processes"
+                     else "stages as threads of one process"))
         if r.attention:
             rows.append(("Attention", html.escape(r.attention)))
         rows.append(("Order used", f"{html.escape(', '.join(r.device_order))}<br>"

@@ -96,7 +96,16 @@ def expected(name: str, s: str) -> Any:
     if name == "devices":
         items = [x.strip() for x in s.split(",")]
         return items if all(_device_ok(x) for x in items) else None
+    if name == "rendezvous":
+        return s.strip() if s.strip() == "" or _rendezvous_ok(s.strip()) else None
     raise AssertionError(name)
+
+
+def _rendezvous_ok(text: str) -> bool:
+    host, sep, port = text.rpartition(":")
+    return (bool(sep) and port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535
+            and (host == "" or (host.isascii() and host[0].isalnum() and len(host) <= 253
+                                and all(c.isalnum() or c in ".-" for c in host))))
 
 
 def in_domain(name: str, v: Any) -> bool:
@@ -117,6 +126,8 @@ def in_domain(name: str, v: Any) -> bool:
         return v == "auto" or (isinstance(v, list) and v and all(type(c) is int and c > 0 for c in v))
     if name == "devices":
         return isinstance(v, list) and v and all(isinstance(d, str) and _device_ok(d) for d in v)
+    if name == "rendezvous":
+        return isinstance(v, str) and (v == "" or _rendezvous_ok(v))
     raise AssertionError(name)
 
 
@@ -132,6 +143,8 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
                         min_size=1, max_size=8),
     **{n: st.booleans() for n in BOOL_SETTINGS},
     **{n: st.sampled_from(c) for n, c in CHOICES.items()},
+    "rendezvous": st.one_of(st.just(""), st.builds("{}:{}".format, st.sampled_from(["", "127.0.0.1", "ws-a", "h.lan"]),
+                                                   st.integers(1, 65535))),
 }
 # near misses of valid spellings: what a user mistypes, what a parser gets wrong
 NEAR = ["auto", "AUTO", " auto ", "all", "0", "1", "2", "-1", "+1", "01", "1.0", "1.5", "1e3", "-0", "1_0", "١",

@@ -1,0 +1,661 @@
+"""Stages as processes (`executor=processes`): the controller side.
+
+`ProcessSession` keeps the `Session` API and its report: `Session(source, config)` with
+`config.executor == "processes"` builds one (see `Session.__new__`).  Instead of loading layers
+into this process it starts one process per stage (engine/stage_process.py: the stage reopens
+the model source and owns its device, layers and KV), joined in a torch.distributed group
+whose rendezvous store this process hosts.  The controller drives the root prefill loop (one
+chunk command to stage 0 at a time, cancel at a chunk boundary, "end" as the finish guard),
+receives every stage's events through its pipe and re-times them onto its own clock, so the
+sink, the report and the GUI see what the threaded executor gives them.
+
+Faults: every wait is bounded.  A stage process that dies ends the run at once; one that makes
+no progress for `timeout_s` (STRATA_STAGE_TIMEOUT_S, default 60) ends it after that long.  The
+message names the stage, its host, its pid and the last chunk it computed.  Every stage process
+is then killed and joined (none is left behind) and the next run starts them again.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import socket
+import time
+import weakref
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import wait as wait_any
+from typing import Any, Callable
+
+import torch
+
+from .config import ConfigError, rendezvous_address
+from .events import StageEvent
+from .pipeline import Cancelled, NonFiniteError, Session, StageError
+from .stage_process import RunOrder, SourceRef, StageSpec
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_ENV = "STRATA_STAGE_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 60.0
+POLL_S = 0.2  # how often a wait looks at the stage processes' liveness and its deadline
+PINGS = 7  # clock-offset exchanges per stage at start-up (the one of least round trip counts)
+STOP_GRACE_S = 5.0  # a stopped stage process that has not exited by then is killed
+
+
+class StageLost(RuntimeError):
+    """A stage process died or stopped responding (the run ended; the job was torn down).
+    What the machine did (a kill, the OOM killer, a hang), not a bug: its message says it all."""
+
+
+class RemoteStageError(RuntimeError):
+    """An unexpected exception inside a stage process; `remote_traceback` is its traceback."""
+
+    def __init__(self, text: str, remote_traceback: str) -> None:
+        super().__init__(text)
+        self.remote_traceback = remote_traceback
+
+
+def stage_timeout(env: dict | None = None) -> float:
+    """Seconds without progress after which a stage counts as hung (validated like a setting)."""
+    raw = (os.environ if env is None else env).get(TIMEOUT_ENV, "")
+    if raw.strip() == "":
+        return DEFAULT_TIMEOUT_S
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and v < float("inf")):
+        raise ConfigError(TIMEOUT_ENV, raw, "a number of seconds > 0")
+    return v
+
+
+def source_ref(source: Any) -> SourceRef:
+    """How a stage process reopens the model source (never by pickling its tensors)."""
+    from .gguf_model import LoadedModel
+    from .synth import SyntheticSource
+
+    if isinstance(source, LoadedModel):
+        return SourceRef("gguf", path=str(source.path))
+    if isinstance(source, SyntheticSource):
+        return SourceRef("synthetic", recipe=source.recipe, device=str(source.device))
+    raise ConfigError("executor", "processes", "threads for this model source",
+                      f"a stage process reopens its model from a GGUF file or a synthetic recipe, "
+                      f"not from a {type(source).__name__}")
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "stopped responding"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"died: killed by signal {-code} ({name})"
+    return f"died: exit code {code}"
+
+
+@dataclass
+class _Member:
+    """One stage process as the controller sees it."""
+
+    rank: int
+    device: str
+    proc: Any
+    conn: Any
+    pid: int = 0
+    host: str = ""
+    offset_ns: int = 0  # its perf_counter minus ours (0 on this host: one monotonic clock)
+    measured_offset_ns: int = 0
+    rtt_ns: int = 0
+    last_chunk: int = -1
+    waiting_on: int = -1  # the peer stage it blocks on (-1: none: computing, or idle between runs)
+    state_t: float = 0.0  # when it last said so
+    closed: bool = False  # its pipe reached EOF
+
+    def where(self) -> str:
+        return f"stage {self.rank} ({self.device} on host {self.host or '?'}, pid {self.pid or self.proc.pid})"
+
+
+@dataclass
+class _Inbox:
+    """What the stages reported during one wait."""
+
+    ready: set = field(default_factory=set)
+    returned: int = -1
+    prefill_done: dict = field(default_factory=dict)
+    tokens: dict = field(default_factory=dict)
+    run_closed: set = field(default_factory=set)
+    pongs: dict = field(default_factory=dict)
+    measured: Any = None
+    loaded: int = 0
+
+
+class _Attached:
+    """Stands for the Process of a stage started elsewhere: its connection is its life (closing
+    it ends the stage, which exits when its controller's connection does)."""
+
+    sentinel = None
+    exitcode = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.gone = False
+
+    def is_alive(self) -> bool:
+        return not self.gone
+
+    def kill(self) -> None:
+        self.gone = True
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+def _versions(v: dict[str, str]) -> str:
+    return ", ".join(f"{k} {x}" for k, x in sorted(v.items()))
+
+
+def _kill_all(members: list[_Member]) -> None:
+    """Kill and join every stage process (also run by the session's finalizer)."""
+    for m in members:
+        if m.proc.is_alive():
+            m.proc.kill()
+    for m in members:
+        m.proc.join(STOP_GRACE_S)
+        try:
+            m.conn.close()
+        except OSError:
+            pass
+
+
+class _Job:
+    """The stage processes of one session, their pipes and the rendezvous store."""
+
+    def __init__(self, session: "ProcessSession") -> None:
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+
+        from . import stage_process
+
+        self.session = session
+        self.host = socket.gethostname()
+        world = len(session.stages)
+        self.backend = session.backend
+        rendezvous = session.config.rendezvous
+        # the controller hosts the process group's store: on this machine at a port the OS picks;
+        # for attached stages at the rendezvous port + 1 (one known pair of ports for a firewall)
+        if rendezvous:
+            bind, port = rendezvous_address(rendezvous)
+            bind, store_port = ("" if bind in ("0.0.0.0", "::") else bind), port + 1
+        else:
+            bind, store_port = "127.0.0.1", 0
+        try:
+            self.store = dist.TCPStore(bind or "0.0.0.0", store_port, world_size=None, is_master=True,
+                                       wait_for_workers=False, timeout=timedelta(seconds=session.timeout_s))
+        except Exception as exc:  # torch raises DistNetworkError (a RuntimeError) for a port in use
+            raise ConfigError("rendezvous", rendezvous or "", "a HOST:PORT whose PORT+1 is free too",
+                              f"cannot start the process group's store on port {store_port}: {exc}") from None
+        ref = source_ref(session.source)
+        ranges = tuple((st.first, st.end) for st in session.stages)
+        self.members: list[_Member] = []
+        self.inbox = _Inbox()
+        self._finalizer = weakref.finalize(self, _kill_all, self.members)
+
+        def spec_of(st, parent_pid: int) -> StageSpec:
+            return StageSpec(rank=st.index, world=world, device=st.name, first=st.first, end=st.end,
+                             source=ref, dtype=str(session.dtypes[st.device]).removeprefix("torch."),
+                             store_host=bind, store_port=self.store.port, backend=session.backend,
+                             threads=torch.get_num_threads(), timeout_s=session.timeout_s,
+                             parent_pid=parent_pid, ranges=ranges, hooks=session.child_hooks)
+
+        try:
+            if rendezvous:
+                self.attach(rendezvous, spec_of)
+            else:
+                ctx = mp.get_context("spawn")
+                for st in session.stages:
+                    ours, theirs = ctx.Pipe(duplex=True)
+                    proc = ctx.Process(target=stage_process.main, args=(spec_of(st, os.getpid()), theirs),
+                                       daemon=True, name=f"strata-stage{st.index}")
+                    proc.start()
+                    theirs.close()  # ours reaches EOF when the stage process is gone
+                    self.members.append(_Member(st.index, st.name, proc, ours, host=self.host))  # spawned here
+            n_layers = session.spec.n_layers
+
+            def progress() -> None:
+                if session._load_cancel is not None and session._load_cancel.is_set():
+                    raise Cancelled("loading cancelled while the stage processes started")
+                session._progress("loading layers in the stage processes", min(self.inbox.loaded / max(n_layers, 1), 1.0))
+
+            self.pump(lambda: len(self.inbox.ready) == world, "starting the stage processes", progress=progress)
+            self.measure_clocks()
+        except BaseException:
+            self.kill()
+            raise
+
+    def attach(self, rendezvous: str, spec_of: Callable) -> None:
+        """Wait for the stages started elsewhere (`strata-bench stage --rendezvous HOST:PORT`, one
+        per rank) to connect, check what they say about themselves, and hand each its spec."""
+        import queue
+        import threading
+        from multiprocessing.connection import Listener
+
+        from .stage_process import authkey, versions
+
+        host, port = rendezvous_address(rendezvous)
+        try:
+            listener = Listener((host or "0.0.0.0", port), authkey=authkey())
+        except OSError as exc:
+            raise ConfigError("rendezvous", rendezvous, "a HOST:PORT this machine can listen on",
+                              f"cannot listen: {exc.strerror or exc}") from None
+        world = len(self.session.stages)
+        arrived: queue.SimpleQueue = queue.SimpleQueue()
+
+        def accept() -> None:
+            while True:
+                try:
+                    arrived.put(listener.accept())
+                except OSError:  # the listener was closed: every stage is in, or the wait ended
+                    return
+                except Exception as exc:  # a wrong key or a stray client: refuse it, keep listening
+                    log.warning("refused a connection to %s: %s", rendezvous, exc)
+
+        threading.Thread(target=accept, daemon=True, name="strata-rendezvous").start()
+        mine = versions()
+        deadline = time.monotonic() + self.timeout_s
+        by_rank: dict[int, _Member] = {}
+        try:
+            while len(by_rank) < world:
+                left = deadline - time.monotonic()
+                try:
+                    conn = arrived.get(timeout=max(left, 0.01))
+                except queue.Empty:
+                    raise ConfigError("rendezvous", rendezvous, f"{world} stages attached",
+                                      f"only ranks {sorted(by_rank) or 'none'} attached within {self.timeout_s:g} s; "
+                                      f"start `strata-bench stage --rendezvous HOST:{port}` for each") from None
+                if not conn.poll(max(left, 0.01)):
+                    conn.close()
+                    continue
+                _, rank, their_world, pid, host_name, theirs = conn.recv()
+                why = ""
+                if theirs != mine:
+                    why = (f"version mismatch between hosts: stage {rank} on host {host_name} runs "
+                           f"{_versions(theirs)}, the controller on {self.host} {_versions(mine)}")
+                elif their_world != world:
+                    why = f"stage {rank} on host {host_name} expects {their_world} stages, this split has {world}"
+                elif not 0 <= rank < world or rank in by_rank:
+                    why = f"rank {rank} from host {host_name} is out of range or taken (ranks 0..{world - 1})"
+                if why:
+                    conn.send(("refused", why))
+                    conn.close()
+                    raise ConfigError("rendezvous", rendezvous, "stages of the same versions, one per rank", why)
+                st = self.session.stages[rank]
+                by_rank[rank] = _Member(rank, st.name, _Attached(pid), conn, pid=pid, host=host_name)
+        finally:
+            listener.close()
+        self.members.extend(by_rank[r] for r in range(world))
+        # NCCL when every stage owns a GPU of its own (the same cuda:N on two hosts are two GPUs)
+        owners = [(m.host, m.device) for m in self.members]
+        cuda = all(d.startswith("cuda") for _, d in owners)
+        self.session.backend = self.backend = ("nccl" if cuda and len(set(owners)) == len(owners)
+                                               and torch.distributed.is_nccl_available() else "gloo")
+        self.session._choose_handoffs()
+        for m, st in zip(self.members, self.session.stages):
+            m.conn.send(("spec", spec_of(st, 0)))
+
+    @property
+    def timeout_s(self) -> float:
+        return self.session.timeout_s
+
+    # ----------------------------------------------------------------- messages
+    def send(self, rank: int, msg: tuple) -> None:
+        m = self.members[rank]
+        try:
+            m.conn.send(msg)
+        except (OSError, EOFError):
+            self.lost(m)
+
+    def pump(self, done: Callable[[], bool], what: str, progress: Callable[[], None] | None = None) -> None:
+        """Handle messages until `done()`; a dead stage or `timeout_s` without any message ends it."""
+        deadline = time.monotonic() + self.timeout_s
+        by_conn = {m.conn: m for m in self.members}
+        by_sentinel = {m.proc.sentinel: m for m in self.members if m.proc.sentinel is not None}
+        while not done():
+            conns = [m.conn for m in self.members if not m.closed]
+            ready = wait_any(conns + list(by_sentinel), timeout=POLL_S)
+            got = False
+            for obj in ready:
+                m = by_conn.get(obj)
+                if m is None:
+                    continue
+                try:
+                    msg = m.conn.recv()
+                except (EOFError, OSError):
+                    m.closed = True
+                    self.lost(m)
+                got = True
+                self.handle(m, msg)
+                if done():
+                    return
+            for obj in ready:
+                m = by_sentinel.get(obj)
+                if m is not None:
+                    self.drain(m)
+                    self.lost(m)
+            if got:
+                deadline = time.monotonic() + self.timeout_s
+                if progress is not None:
+                    progress()
+            elif time.monotonic() > deadline:
+                self.hung(what)
+
+    def drain(self, m: _Member) -> None:
+        """The messages a dead stage sent before it died (its error, its last events)."""
+        while not m.closed:
+            try:
+                if not m.conn.poll():
+                    return
+                msg = m.conn.recv()
+            except (EOFError, OSError):
+                m.closed = True
+                return
+            self.handle(m, msg)
+
+    def handle(self, m: _Member, msg: tuple) -> None:
+        kind = msg[0]
+        box = self.inbox
+        if kind == "ev":
+            _, rank, run_id, name, chunk, ev_kind, t0, t1, tokens, nbytes, note = msg
+            off = m.offset_ns
+            if ev_kind == "compute":
+                m.last_chunk = max(m.last_chunk, chunk)
+            self.session._emit(StageEvent(run_id, rank, name, chunk, ev_kind, t0 - off, t1 - off, tokens, nbytes, note))
+        elif kind == "state":
+            m.waiting_on, m.state_t = msg[2], time.monotonic()
+        elif kind == "computed":
+            m.last_chunk = msg[2]
+        elif kind == "returned":
+            box.returned = msg[2]
+        elif kind == "prefill_done":
+            box.prefill_done[m.rank] = msg[2:]
+        elif kind == "token":
+            box.tokens[msg[2]] = msg[3]
+        elif kind == "run_closed":
+            box.run_closed.add(m.rank)
+        elif kind == "pong":
+            box.pongs[m.rank] = msg[2]
+        elif kind == "measured":
+            box.measured = msg[2]
+        elif kind == "loaded":
+            box.loaded += 1
+        elif kind == "ready":
+            _, rank, m.pid, m.host, _device = msg
+            box.ready.add(rank)
+        elif kind == "error":
+            self.remote_error(m, msg)
+
+    # ------------------------------------------------------------------- faults
+    def remote_error(self, m: _Member, msg: tuple) -> None:
+        """An exception in a stage.  When another stage died just before (its peers' send/recv
+        then fail), the dead one is the cause and is named instead."""
+        _, rank, chunk, layer, type_name, text, tb = msg
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            dead = [o for o in self.members if o is not m and o.proc.exitcode is not None and o.proc.exitcode < 0]
+            if dead:
+                self.lost(dead[0])
+            time.sleep(0.05)
+        log.debug("stage %d failed:\n%s", rank, tb)
+        cause: BaseException
+        if type_name == "NonFiniteError":
+            cause = NonFiniteError(text)
+        elif type_name in ("OutOfMemoryError", "MemoryError"):
+            cause = MemoryError(f"{text} (on host {m.host})")
+        else:
+            cause = RemoteStageError(f"{type_name}: {text} (in the stage process on host {m.host}, pid {m.pid})", tb)
+            log.error("stage %d (pid %d on %s) failed:\n%s", rank, m.pid, m.host, tb)
+        self.kill()
+        raise StageError(rank, m.device, chunk if chunk is not None else m.last_chunk, layer, cause)
+
+    def lost(self, m: _Member) -> None:
+        m.proc.join(1.0)
+        reason = ("closed its connection (its process ended or its host went away)" if isinstance(m.proc, _Attached)
+                  else _exit_reason(m.proc.exitcode))
+        self.fail(m, f"{m.where()} {reason}")
+
+    def hung(self, what: str) -> None:
+        """No message for timeout_s: blame the stage at the end of the chain of waits from stage
+        0 (the one that blocks on nobody); in a cycle of waits (a stage stopped inside its
+        wait), the one whose state is oldest."""
+        m, seen = self.members[0], []
+        while m.waiting_on >= 0 and m not in seen and m.waiting_on < len(self.members):
+            seen.append(m)
+            m = self.members[m.waiting_on]
+        if m in seen:
+            m = min(seen, key=lambda x: x.state_t)
+        self.fail(m, f"{m.where()} made no progress for {self.timeout_s:g} s while {what} ({TIMEOUT_ENV})")
+
+    def fail(self, m: _Member, text: str) -> None:
+        last = f"C{m.last_chunk}" if m.last_chunk >= 0 else "none"
+        self.kill()
+        raise StageError(m.rank, f"{m.device} on {m.host or '?'}", m.last_chunk, None, StageLost(
+            f"{text}; its last chunk computed: {last}. Every stage process was stopped; the next run "
+            f"starts them again"))
+
+    def kill(self) -> None:
+        self.session._job = None if self.session._job is self else self.session._job
+        fin = getattr(self, "_finalizer", None)
+        if fin is not None:
+            fin()
+        else:
+            _kill_all(self.members)
+        try:
+            del self.store
+        except AttributeError:
+            pass
+
+    # ------------------------------------------------------------------ clocks
+    def measure_clocks(self) -> None:
+        """Each stage's perf_counter offset from ours: the ping of least round trip.  On this host
+        the clock is one (CLOCK_MONOTONIC / QueryPerformanceCounter), so the offset applied is 0
+        and the measured one is a check; on another host the measured offset is applied."""
+        for m in self.members:
+            best: tuple[int, int] | None = None
+            for _ in range(PINGS):
+                self.inbox.pongs.pop(m.rank, None)
+                t0 = time.perf_counter_ns()
+                self.send(m.rank, ("ping",))
+                self.pump(lambda: m.rank in self.inbox.pongs, f"measuring the clock of stage {m.rank}")
+                t1 = time.perf_counter_ns()
+                cand = (t1 - t0, self.inbox.pongs[m.rank] - (t0 + t1) // 2)
+                best = cand if best is None or cand[0] < best[0] else best
+            m.rtt_ns, m.measured_offset_ns = best
+            m.offset_ns = 0 if m.host == self.host else m.measured_offset_ns
+
+    def notes(self) -> list[str]:
+        return [f"executor processes ({self.backend}): " + "; ".join(
+            f"stage {m.rank} pid {m.pid} on {m.host}: clock offset {m.measured_offset_ns / 1e3:+.1f} us measured "
+            f"(round trip {m.rtt_ns / 1e3:.0f} us), {m.offset_ns / 1e3:+.1f} us applied" for m in self.members)]
+
+    # -------------------------------------------------------------------- runs
+    def measure(self, sizes, prefix: int, probe: int, reps: int) -> tuple:
+        self.inbox.measured = None
+        self.send(0, ("measure", tuple(sizes), prefix, probe, reps))
+        self.pump(lambda: self.inbox.measured is not None, "measuring the chunk cost on stage 0")
+        return self.inbox.measured
+
+    def stop(self) -> None:
+        """A clean exit: each stage leaves its group; any that does not in time is killed."""
+        for m in self.members:
+            try:
+                m.conn.send(("stop",))
+            except (OSError, EOFError):
+                pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        for m in self.members:
+            m.proc.join(max(deadline - time.monotonic(), 0.0))
+        self.kill()
+
+
+class ProcessSession(Session):
+    """A `Session` whose stages run as processes (see the module doc)."""
+
+    _job: _Job | None = None
+
+    # ------------------------------------------------------------------- set-up
+    def _load_weights(self) -> None:
+        self.timeout_s = stage_timeout()
+        source_ref(self.source)  # refused before any process starts
+        if self.expert_plan.streamed:
+            raise ConfigError("executor", "processes", "threads, or --expert-cache all",
+                              "streamed experts are not yet supported in stage processes")
+        hooks = self.hooks
+        self.child_hooks = hooks if (hooks.after_layer or hooks.before_alloc) else None
+        if self.child_hooks is not None:
+            try:
+                pickle.dumps(self.child_hooks)
+            except Exception as exc:
+                raise ConfigError("executor", "processes", "threads for these hooks",
+                                  f"pipeline hooks must be picklable to reach a stage process: {exc}") from None
+        cuda = [st.device for st in self.stages if st.device.type == "cuda"]
+        distinct = len(set(cuda)) == len(cuda) == len(self.stages)
+        self.backend = "nccl" if distinct and torch.distributed.is_nccl_available() else "gloo"
+        self._run_open = False
+        self._in_flight = 0
+        self._start_job()
+
+    def _start_job(self) -> _Job:
+        if self._load_cancel is not None and self._load_cancel.is_set():
+            raise Cancelled("loading cancelled before the stage processes started")
+        self._job = _Job(self)
+        self.setup_notes = [n for n in self.setup_notes if not n.startswith("executor processes")]
+        self.setup_notes += self._job.notes()
+        self.notes = list(self.setup_notes)
+        self._run_open = False
+        return self._job
+
+    def _job_or_start(self) -> _Job:
+        return self._job if self._job is not None else self._start_job()
+
+    def _choose_handoffs(self) -> None:
+        for a in self.stages[:-1]:
+            a.handoff = self.backend
+
+    def _prepare(self, capacity: int, chunk: int) -> None:
+        self._capacity, self._chunk = capacity, chunk  # the stage processes allocate at the run's start
+
+    def _measure_layer(self) -> tuple[dict[int, float], float, float]:
+        from . import chunking
+
+        cuda = self.stages[0].device.type == "cuda"
+        sizes = chunking.GPU_CANDIDATES if cuda else chunking.CPU_CANDIDATES[2:6]
+        sizes_cost, per_key, launch = self._job_or_start().measure(
+            sizes, 8192 if cuda else 256, 2048 if cuda else 64, 2 if cuda else 4)
+        return dict(sizes_cost), per_key, launch
+
+    def stage_pids(self) -> list[int]:
+        """The stage processes' pids (empty while none runs)."""
+        return [m.pid for m in self._job.members] if self._job is not None else []
+
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def worker_threads(self) -> list:
+        return []
+
+    # ------------------------------------------------------------------ running
+    def _close_run(self, job: _Job) -> None:
+        if not self._run_open:
+            return
+        job.inbox.run_closed = set()
+        job.send(0, ("end_run",))
+        job.pump(lambda: len(job.inbox.run_closed) == len(job.members), "closing the previous run")
+        self._run_open = False
+
+    def prefill(self, ids: torch.Tensor, bounds: list[tuple[int, int]], cancel, logits_all: bool):
+        job = self._job_or_start()
+        try:
+            self._close_run(job)
+            if not hasattr(self, "_capacity"):
+                self._prepare(int(ids.numel()) + 1, max(n for _, n in bounds))
+            order = RunOrder(run_id=self.run_id, ids=[int(t) for t in ids.tolist()], bounds=list(bounds),
+                             capacity=max(self._capacity, int(ids.numel()) + 1), chunk=max(n for _, n in bounds),
+                             depth=self.config.pf_depth, logits_all=logits_all, events=self.events_on,
+                             check_nan=self.config.check_nan, prefill_main=self.config.prefill_main)
+            box = job.inbox
+            box.prefill_done, box.returned, box.tokens = {}, -1, {}
+            for m in job.members:
+                m.last_chunk = -1
+                job.send(m.rank, ("run", order))
+            self._run_open = True
+            try:
+                for c in range(len(bounds)):
+                    if cancel is not None and cancel.is_set():
+                        raise Cancelled()
+                    self._in_flight += 1
+                    job.send(0, ("chunk", c))
+                    job.pump(lambda: box.returned >= c, f"waiting for chunk {c} to return from stage 0")
+            finally:  # the finish guard: drain the split (unless the job was torn down)
+                if self._job is job:
+                    job.send(0, ("end",))
+                    job.pump(lambda: len(box.prefill_done) == len(job.members), "draining the split")
+                self._in_flight = 0
+        except StageError:
+            raise
+        except Cancelled:
+            raise
+        except BaseException:
+            job.kill()
+            raise
+        digest, last, logits = next(v for v in box.prefill_done.values() if v[0] is not None)
+        self._digest = _Done(digest)
+        last_logits = torch.from_numpy(last) if last is not None else None
+        return last_logits, (torch.from_numpy(logits) if logits is not None else None), self._digest
+
+    def decode(self, first_token: int, steps: int, pos: int, cancel) -> list[int]:
+        job = self._job_or_start()
+        out, tok = [first_token], first_token
+        try:
+            for i in range(1, steps):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled()
+                job.send(0, ("decode", i, tok, pos))
+                job.pump(lambda: i in job.inbox.tokens, f"waiting for decode step {i}")
+                tok = job.inbox.tokens.pop(i)
+                out.append(tok)
+                pos += 1
+        except (StageError, Cancelled):
+            raise
+        except BaseException:
+            job.kill()
+            raise
+        return out
+
+    def close(self) -> None:
+        job, self._job = self._job, None
+        if job is not None:
+            try:
+                self._job = job
+                self._close_run(job)
+            except BaseException as exc:  # closing: what matters is that no process is left
+                log.debug("closing the stage processes: %s", exc)
+            finally:
+                self._job = None
+                job.stop()
+        super().close()
+
+
+@dataclass
+class _Done:
+    """The digest a stage process computed (the `_Digest` interface of the threaded executor)."""
+
+    hex: str
+
+    def hexdigest(self) -> str:
+        return self.hex
+
+    def close(self) -> None:
+        pass

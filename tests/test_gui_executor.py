@@ -1,0 +1,43 @@
+"""The app with executor=processes: events of every stage process reach one Gantt, the summary
+says which executor ran and what the hand-offs cost, and the digest is the threaded one."""
+from __future__ import annotations
+
+from executor_support import process_gone
+from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, window  # noqa: F401
+from PySide6.QtCore import Qt
+
+from engine.executor import ProcessSession
+
+RUN_TIMEOUT_MS = 120_000  # spawning two stage processes takes seconds on 2 cores
+
+
+def _run(qtbot, win) -> None:
+    assert win.run_button.isEnabled(), win.validation.errors
+    qtbot.mouseClick(win.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: win.last_outcome != "" and not win.controller.is_running, timeout=RUN_TIMEOUT_MS)
+    assert win.last_outcome == "finished", f"{win.last_outcome}: {win.status_label.text()}"
+
+
+def test_stage_processes_draw_one_gantt_and_the_summary_names_the_executor(window, qtbot):
+    win = window
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_mode="tokens",
+             prompt_tokens=128, decode_tokens=3, pf_depth=1, executor="processes")
+    assert win.current_settings().executor == "processes"
+    _run(qtbot, win)
+    session = win.controller.sessions.session
+    assert isinstance(session, ProcessSession)
+    pids = session.stage_pids()
+    report = win.last_report
+    assert report.executor == "processes" and report.handoff == "gloo"
+    ok, what = win.gantt.store.one_compute_per_stage_chunk(2, 4)
+    assert ok, what
+    assert win.gantt.store.count() == len(session.events)  # every rank's events, one store
+    assert win.gantt.store.count("decode") == 2 * 2
+    text = win.summary.figures.text()
+    assert "stages as processes" in text and "GB/s" in text and "clock offset" in text
+    assert report.handoff_bytes > 0 and report.handoff_s > 0 and 0 < report.handoff_share < 1
+    # the same run on threads: same bytes; the stage processes were stopped with their session
+    set_form(win, executor="threads")
+    _run(qtbot, win)
+    assert win.last_report.executor == "threads" and win.last_report.digest == report.digest
+    assert pids and all(process_gone(p) for p in pids)
