@@ -282,7 +282,8 @@ def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflop
     cols = ["arm", "prompt", "chunk", "stages", "prefill tok/s", "±", "decode tok/s", "ratio",
             "busy 0/1/..% ", "handoff", "digest"]
     table = [[r["arm"], r["prompt_tokens"], _chunks(r), r["stages"],
-              f"{r['prefill_tok_s']:.1f}", f"{r['spread'] * 100:.1f}%", f"{r['decode_tok_s']:.1f}",
+              f"{r['prefill_tok_s']:.1f}", f"{r['spread'] * 100:.1f}%",
+              f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "—",  # — : no decode steps
               f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), _handoff(r), r["digest"][:12]] for r in rows]
     if any(r["experts"] for r in rows):
         cols[-1:-1] = ["expert hits", "streamed GiB (pinned)", "H2D GB/s"]
@@ -398,7 +399,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
                       f"measured {r.prefill_s * 1e3:.1f} ms ({(r.prefill_s / r.plan.modelled_s - 1) * 100:+.1f}%)")
     if ns.format != "json" and last is not None and len(points) == 1:
         r = last[1].report
-        print(f"\ngenerated: {r.generated}\ndigest: {r.digest}")
+        print((f"\ngenerated: {r.generated}" if r.generated else "") + f"\ndigest: {r.digest}")
     ok = True
     if logits_out is not None and last is not None:
         logits = last[1].logits.numpy().astype(np.float32)

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 from engine.events import RunReport, StageEvent
 
 from .record_check import check_record, check_report
-from .run_record import RunRecord, report_from_dict, report_to_dict
+from .run_record import META_KEYS, RunRecord, report_from_dict, report_to_dict
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +203,31 @@ class SweepMember:
     arm: int
     prompt_tokens: int
     repeat: int
+
+
+# what the History table's columns and the form call a setting -> the key a run records it under
+FILTER_ALIASES = {"chunk": "prefill", "chunk_size": "prefill", "depth": "pf_depth", "pipeline_depth": "pf_depth",
+                  "schedule": "chunk_schedule", "graphs": "cuda_graphs", "split": "layer_split",
+                  "tokens": "prompt_tokens", "decode": "decode_tokens", "order": "gpu_order"}
+
+
+def filter_key(key: str) -> str:
+    """The recorded setting a filter's `key=` means (column names and form names accepted)."""
+    k = key.strip().lower().replace(" ", "_").replace("-", "_")
+    return FILTER_ALIASES.get(k, k)
+
+
+def unknown_filter_keys(text: str) -> list[str]:
+    """The `key=` words of a filter that name no recorded setting (they would match nothing)."""
+    from engine.config import EngineConfig
+
+    known = set(EngineConfig().as_dict()) | {"model", "prompt", "prompt_tokens", "decode_tokens"} | set(META_KEYS)
+    out = []
+    for word in text.split():
+        key, eq, _ = word.partition("=")
+        if eq and key and filter_key(key) not in known:
+            out.append(key)
+    return out
 
 
 class RunHistory:
@@ -391,7 +416,7 @@ class RunHistory:
                 value = {"true": "1", "on": "1", "yes": "1", "false": "0", "off": "0", "no": "0"}.get(
                     value.lower(), value)
                 where.append("lower(CAST(json_extract(config_json, '$.\"' || ? || '\"') AS TEXT)) = lower(?)")
-                args += [key.strip(), value]
+                args += [filter_key(key), value]
                 continue
             like = f"%{word.lower()}%"
             where.append("(lower(label) LIKE ? OR lower(model) LIKE ? OR lower(devices) LIKE ? OR lower(digest) "

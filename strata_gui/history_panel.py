@@ -22,7 +22,7 @@ from engine.trace import TraceError
 from . import run_files
 from .background import BackgroundJobs
 from .gantt_image import gantt_png
-from .history import MOVE_ASIDE, HistoryError, RunHistory, RunRow
+from .history import MOVE_ASIDE, HistoryError, RunHistory, RunRow, unknown_filter_keys
 from .theme import ERROR_COLOR, MUTED_COLOR
 
 log = logging.getLogger(__name__)
@@ -203,6 +203,9 @@ class HistoryPanel(QWidget):
         shown = f"{len(self.rows):,} of {total:,} runs" if len(self.rows) != total else f"{total:,} runs"
         if len(self.rows) == LIST_LIMIT:
             shown += f" (the newest {LIST_LIMIT:,} that match)"
+        unknown = unknown_filter_keys(self.filter.text())
+        if unknown:
+            shown += f" · no setting is called {', '.join(repr(k) for k in unknown)} (try chunk=, depth=, devices=)"
         self.count.setText(shown)
         self._update_buttons()
 

@@ -52,6 +52,13 @@ def test_list_filter_relabel_and_delete(tmp_path, demo_runs):
         assert [r.id for r in h.list_runs("pf_depth=1 colleague")] == [i]  # every word must match
         assert len(h.list_runs("devices=cpu,cpu")) == 3
         assert [r.id for r in h.list_runs(f"#{a}")] == [a]
+        # the table's column names work as filter keys; keys that name no setting are reported
+        from history_support import CHUNK
+        from strata_gui.history import unknown_filter_keys
+
+        assert len(h.list_runs(f"chunk={CHUNK}")) == 3 and [r.id for r in h.list_runs("depth=0")] == [a]
+        assert unknown_filter_keys(f"chunk={CHUNK} depth=0 devices=cpu") == []
+        assert unknown_filter_keys("chunks=2048 colleague") == ["chunks"]
         assert h.list_runs("no-such-word") == []
         h.set_label(a, "join baseline")
         assert h.row(a).label == "join baseline" and [r.id for r in h.list_runs("baseline")] == [a]
