@@ -506,17 +506,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-tokens", default="512", help="synthetic prompt size(s), comma-separated")
     g.add_argument("--prompt-ids", help="file of token ids (whitespace or commas)")
     g.add_argument("--prompt", help="text, tokenised with the file's own vocabulary")
-    r.add_argument("--decode-tokens", type=int, default=0)
-    r.add_argument("--devices")
-    r.add_argument("--layer-split", dest="layer_split")
+    r.add_argument("--decode-tokens", type=int, default=0, help="tokens to generate greedily after the prompt (0: none)")
+    r.add_argument("--devices", help="comma-separated stage devices, e.g. cuda:0,cuda:1 or cpu,cpu (default: every GPU)")
+    r.add_argument("--layer-split", dest="layer_split",
+                   help="auto (balanced), counts per device such as 12,12,24, or interleave:V (V groups per device)")
     r.add_argument("--prefill", help="chunk size: auto or N")
     r.add_argument("--pf-depth", dest="pf_depth", help="1 overlap (default), 0 join")
-    r.add_argument("--prefill-main", dest="prefill_main", nargs="?", const="1", metavar="0|1")
-    r.add_argument("--pin-limit-gib", dest="pin_limit_gib")
-    r.add_argument("--gpu-order", dest="gpu_order")
-    r.add_argument("--expert-cache", dest="expert_cache")
+    r.add_argument("--prefill-main", dest="prefill_main", nargs="?", const="1", metavar="0|1",
+                   help="prefill the whole prompt on the main device, then hand the KV to the stages")
+    r.add_argument("--pin-limit-gib", dest="pin_limit_gib", help="GiB of the expert arena to page-lock: auto or N")
+    r.add_argument("--gpu-order", dest="gpu_order", help="pcie (widest link first, default) or configured")
+    r.add_argument("--expert-cache", dest="expert_cache",
+                   help="GiB of VRAM per stage for experts: auto, all, or N (fewer: streamed from host RAM)")
     r.add_argument("--handoff", help="auto, peer or host")
-    r.add_argument("--dtype")
+    r.add_argument("--dtype", help="compute dtype: auto (bf16 on CUDA, fp32 on CPU), bfloat16, float16 or float32")
     r.add_argument("--timing", nargs="?", const="1", metavar="0|1", help="per-stage wall/compute/wait (stderr)")
     r.add_argument("--check-nan", dest="check_nan", nargs="?", const="1", metavar="0|1")
     r.add_argument("--chunk-schedule", dest="chunk_schedule",
@@ -528,9 +531,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cuda-graphs", dest="cuda_graphs", nargs="?", const="1", metavar="0|1",
                    help="replay layers as CUDA graphs (default 1; 0 runs every op eagerly)")
     r.add_argument("--arm", action="append", help='settings of one arm, e.g. "pf_depth=0" (repeatable)')
-    r.add_argument("--repeat", type=int, default=1)
+    r.add_argument("--repeat", type=int, default=1, help="measured runs per arm and prompt size (median and spread)")
     r.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per arm and prompt size")
-    r.add_argument("--format", choices=("md", "csv", "json"), default="md")
+    r.add_argument("--format", choices=("md", "csv", "json"), default="md",
+                   help="md or csv table; json: JSON Lines, one object per run, then one per point")
     r.add_argument("--logits-out", help="save logits of every prompt position (float32 [tokens, vocab])")
     r.add_argument("--trace", help="write the last run's Chrome trace (.json or .json.gz)")
     r.add_argument("--peak-tflops", type=float, default=0.0,
