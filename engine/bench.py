@@ -8,8 +8,6 @@ import io
 import json
 import logging
 import os
-import shlex
-import statistics
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from . import failure
 from .config import ConfigError, EngineConfig, parse_setting
 from .events import RunReport, format_timing
 from .load_progress import LoadProgress
+from .sweep import median_spread, parse_arm, steps
 
 log = logging.getLogger("strata.bench")
 
@@ -183,22 +182,6 @@ def prompt_sizes(text: str) -> list[int]:
     return sizes
 
 
-def parse_arm(text: str) -> dict[str, Any]:
-    """`"pf_depth=0 prefill=2048"` -> {"pf_depth": 0, "prefill": 2048} (validated)."""
-    out: dict[str, Any] = {}
-    try:
-        items = shlex.split(text.replace(";", " "))
-    except ValueError as exc:  # an unclosed quote
-        raise ConfigError("arm", text, "space-separated setting=value pairs such as pf_depth=0", str(exc)) from None
-    for item in items:
-        k, sep, v = item.partition("=")
-        k = k.strip().replace("-", "_")
-        if not sep:
-            raise ConfigError("arm", text, "space-separated setting=value pairs such as pf_depth=0")
-        out[k] = parse_setting(k, v)
-    return out
-
-
 @dataclass
 class Point:
     arm: str
@@ -211,13 +194,12 @@ class Point:
 
     @property
     def median(self) -> float:
-        return statistics.median(self.tok_s) if self.reports else 0.0
+        return median_spread(self.tok_s)[0]
 
     @property
     def spread(self) -> float:
         """Half the range, as a share of the median."""
-        v = self.tok_s
-        return (max(v) - min(v)) / 2 / self.median if len(v) > 1 and self.median else 0.0
+        return median_spread(self.tok_s)[1]
 
 
 def _hist(h: Sequence[float]) -> str:
@@ -248,7 +230,7 @@ def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 
         "handoff_share": r.handoff_share,
         "schedule": r.plan.schedule, "chunk_sizes": [n for _, n in r.plan.chunk_bounds()],
         "prefill_tok_s": p.median, "prefill_tok_s_all": p.tok_s, "spread": p.spread,
-        "decode_tok_s": statistics.median([x.decode_tok_s for x in p.reports]),
+        "decode_tok_s": median_spread([x.decode_tok_s for x in p.reports])[0],
         "ratio": p.median / base.median if base and base.median else 1.0,
         "busy_histogram": r.busy_histogram, "digest": r.digest, "experts": _experts(r),
         "per_stage": [vars(t) for t in r.per_stage],
@@ -354,36 +336,40 @@ def cmd_run(ns: argparse.Namespace) -> int:
     points: list[Point] = []
     last = None
     try:
-        for n in sizes:
-            pts = {name: Point(name, n) for name, _ in sessions}
-            # unmeasured runs at this size: the first sight of its chunk shapes plans kernels and
-            # captures CUDA graphs, which a measured run must not pay for
-            if ns.warmup:
+        pts: dict[str, Point] = {}
+        ids: list[int] | None = None
+        for step in steps(sizes, ns.repeat, len(sessions)):  # engine/sweep.py: the app's Sweep walks the same
+            n, rep = step.prompt_tokens, step.repeat
+            name, sess = sessions[step.arm]
+            if step.first_of_size:
+                if pts:
+                    points.extend(pts.values())
+                pts = {a: Point(a, n) for a, _ in sessions}
+                # unmeasured runs at this size: the first sight of its chunk shapes plans kernels and
+                # captures CUDA graphs, which a measured run must not pay for
                 warm = fixed_ids if fixed_ids is not None else prompts.warmup_ids(n, model.spec.vocab)
                 for _ in range(ns.warmup):
-                    for name, sess in sessions:
-                        sess.run(warm, 0)
-            for rep in range(ns.repeat):
-                ids = fixed_ids if fixed_ids is not None else prompts.synthetic(
-                    n, model.spec.vocab, prompts.sweep_nonce(n, rep))
-                for name, sess in sessions:
-                    res = sess.run(ids, ns.decode_tokens, logits_all=bool(ns.logits_out))
-                    pts[name].reports.append(res.report)
-                    last = (sess, res)
-                    if sess.config.timing:
-                        print(f"# timing: arm {name}, {n} tokens, repeat {rep}\n{format_timing(res.report.per_stage)}",
-                              file=sys.stderr)
-                    if ns.format == "json":
-                        r = res.report
-                        print(json.dumps({
-                            "row": "run", "arm": name, "prompt_tokens": n, "repeat": rep, "chunk": r.plan.chunk,
-                            "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
-                            "digest": r.digest, "generated": r.generated, "busy_histogram": r.busy_histogram,
-                            "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
-                            "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
-                            "handoff_share": r.handoff_share,
-                            "device_order": r.device_order}), flush=True)
-            points.extend(pts[name] for name, _ in sessions)
+                    for _, s in sessions:
+                        s.run(warm, 0)
+            if step.arm == 0:  # every arm of this (size, repeat) on the same prompt
+                ids = fixed_ids if fixed_ids is not None else prompts.synthetic(n, model.spec.vocab, step.nonce)
+            res = sess.run(ids, ns.decode_tokens, logits_all=bool(ns.logits_out))
+            pts[name].reports.append(res.report)
+            last = (sess, res)
+            if sess.config.timing:
+                print(f"# timing: arm {name}, {n} tokens, repeat {rep}\n{format_timing(res.report.per_stage)}",
+                      file=sys.stderr)
+            if ns.format == "json":
+                r = res.report
+                print(json.dumps({
+                    "row": "run", "arm": name, "prompt_tokens": n, "repeat": rep, "chunk": r.plan.chunk,
+                    "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
+                    "digest": r.digest, "generated": r.generated, "busy_histogram": r.busy_histogram,
+                    "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
+                    "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
+                    "handoff_share": r.handoff_share,
+                    "device_order": r.device_order}), flush=True)
+        points.extend(pts.values())
     finally:
         for _, sess in sessions:
             sess.close()

@@ -10,6 +10,7 @@ import numpy as np
 
 from .config import ConfigError
 from .gguf_model import GGUFError, LoadedModel
+from .sweep import sweep_nonce  # noqa: F401  (the sweep's nonce; prompts are made here)
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +36,6 @@ WARMUP_NONCE = -1  # the warm-up prompt of a sweep (never one of the measured pr
 def warmup_ids(prompt_tokens: int, vocab: int) -> list[int]:
     """A sweep's unmeasured warm-up prompt for one size (strata-bench and the app's Sweep)."""
     return synthetic(prompt_tokens, vocab, nonce=WARMUP_NONCE)
-
-
-def sweep_nonce(prompt_tokens: int, repeat: int) -> int:
-    """Nonce for one point of a sweep: the same for every arm, different per repeat."""
-    return prompt_tokens * 1000 + repeat
 
 
 def read_ids(path: Path | str) -> list[int]:

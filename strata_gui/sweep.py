@@ -15,12 +15,10 @@ import io
 import logging
 import re
 import shlex
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from engine import prompt as prompts
-from engine.bench import parse_arm
+from engine.sweep import SweepStep, median_spread, parse_arm, steps
 from engine.config import ConfigError, EngineConfig
 from engine.events import RunReport
 
@@ -77,18 +75,6 @@ class SweepArm:
 
 
 @dataclass(frozen=True)
-class SweepStep:
-    index: int
-    prompt_tokens: int
-    repeat: int
-    arm: int
-
-    @property
-    def nonce(self) -> int:
-        return prompts.sweep_nonce(self.prompt_tokens, self.repeat)
-
-
-@dataclass(frozen=True)
 class SweepPlan:
     sizes: tuple[int, ...]
     arms: tuple[SweepArm, ...]
@@ -118,13 +104,8 @@ class SweepPlan:
             raise ConfigError("decode_tokens", self.decode_tokens, "an integer >= 0")
 
     def steps(self) -> list[SweepStep]:
-        """Size by size, repeat by repeat, every arm on the same prompt (strata-bench's order)."""
-        out: list[SweepStep] = []
-        for n in self.sizes:
-            for rep in range(self.repeats):
-                for arm in range(len(self.arms)):
-                    out.append(SweepStep(len(out), n, rep, arm))
-        return out
+        """Size by size, repeat by repeat, every arm on the same prompt (engine.sweep: strata-bench's order)."""
+        return steps(self.sizes, self.repeats, len(self.arms))
 
     @property
     def total(self) -> int:
@@ -237,10 +218,6 @@ def ratio_noise(row: SweepRow, base: SweepRow | None) -> tuple[bool | None, floa
     return lo <= 1.0 <= hi, (hi - lo) / 2 / row.ratio
 
 
-def _spread(values: Sequence[float], median: float) -> float:
-    return (max(values) - min(values)) / 2 / median if len(values) > 1 and median else 0.0
-
-
 class SweepResults:
     """The samples of one sweep as they arrive, and the table they make."""
 
@@ -272,20 +249,20 @@ class SweepResults:
         out = []
         for n in self.plan.sizes:
             base = groups.get((0, n))
-            base_median = statistics.median(s.prefill_tok_s for s in base) if base else None
+            base_median = median_spread([s.prefill_tok_s for s in base])[0] if base else None
             base_digest = {s.repeat: s.digest for s in base} if base else {}
             for a, arm in enumerate(self.plan.arms):
                 g = groups.get((a, n))
                 if not g:
                     continue
                 tok = tuple(s.prefill_tok_s for s in g)
-                median = statistics.median(tok)
+                median, spread = median_spread(tok)
                 ratio = median / base_median if base_median else None
                 pairs = [(s.digest, base_digest.get(s.repeat)) for s in g if s.digest and base_digest.get(s.repeat)]
                 same = all(x == y for x, y in pairs) if pairs and a > 0 else None
                 last = g[-1]
-                out.append(SweepRow(a, arm.name, arm.settings, n, tok, median, _spread(tok, median), ratio,
-                                    statistics.median(s.decode_tok_s for s in g), last.chunk, last.n_chunks,
+                out.append(SweepRow(a, arm.name, arm.settings, n, tok, median, spread, ratio,
+                                    median_spread([s.decode_tok_s for s in g])[0], last.chunk, last.n_chunks,
                                     last.n_stages, last.handoff, last.busy_histogram,
                                     tuple(s.digest for s in g), same))
         return out

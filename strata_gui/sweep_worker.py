@@ -160,12 +160,10 @@ class SweepWorker(QObject):
         req = self.request
         ids_for: dict[tuple[int, int], list[int]] = {}
         total = plan.total
-        warmed: set[int] = set()
-        for step in plan.steps():
+        for step in plan.steps():  # engine.sweep's order, as strata-bench walks it
             if self.cancel.is_set():
                 return False
-            if plan.warmup and step.prompt_tokens not in warmed:
-                warmed.add(step.prompt_tokens)
+            if plan.warmup and step.first_of_size:
                 if not self._warm_up(sessions, plan, step.prompt_tokens, vocab):
                     return False
             key = (step.prompt_tokens, step.repeat)

@@ -224,3 +224,16 @@ def test_a_sweep_ratio_inside_the_repeats_noise_is_not_judged():
     assert within is False and noise > 0
     single = SweepRow(**{**row(1, (120.0,)).__dict__, "ratio": 1.2})
     assert ratio_noise(single, row(0, (100.0,))) == (None, None)
+
+
+def test_the_cli_and_the_app_walk_one_sweep():
+    """engine.sweep is the one order and statistic: strata-bench's and the Sweep tab's."""
+    from engine import sweep as engine_sweep
+    from strata_gui.sweep import SweepArm, SweepPlan
+
+    plan = SweepPlan(sizes=(64, 128), arms=(SweepArm("a", ""), SweepArm("b", "pf_depth=0")), repeats=2)
+    assert plan.steps() == engine_sweep.steps((64, 128), 2, 2)
+    firsts = [s for s in plan.steps() if s.first_of_size]
+    assert [(s.prompt_tokens, s.repeat, s.arm) for s in firsts] == [(64, 0, 0), (128, 0, 0)]
+    assert engine_sweep.median_spread([90.0, 100.0, 110.0]) == (100.0, 0.1)
+    assert engine_sweep.median_spread([5.0]) == (5.0, 0.0)
