@@ -731,7 +731,7 @@ class Session:
             known = self._chunk_cost
             est = chunking.bounds_makespan(chunking.chunk_bounds(n_tokens, c), n_dev, known, v, hop) if known else 0.0
             return chunking.Choice(c, "fixed", est, f"fixed {c}", v)
-        cands = chunking.GPU_CANDIDATES if cuda else chunking.CPU_CANDIDATES
+        cands = self.chunk_cost().sizes if cuda else chunking.CPU_CANDIDATES  # the sizes that fit
         alts: tuple[int, ...] = ()
         if n_dev > 1 and (self.config.layer_split == "auto" or v > 1):
             alts = tuple(k for k in (1, 2, 3, 4) if n_dev * k <= self.spec.n_layers)
