@@ -76,3 +76,24 @@ def test_a_split_the_user_set_is_kept(demo, settings):
         assert split_choice.choose_split(sess, user, 256) is None
     finally:
         sess.close()
+
+
+@pytest.mark.parametrize("n", [64, 256, 1024])
+def test_auto_split_is_the_brute_force_best_over_splits_and_chunk_sizes(demo, n):
+    """The sleep-hook model of test_auto_model (fixed + per-token + prefix cost per layer): the
+    split and chunk auto picks model within 5% of the best any (V, chunk size) models."""
+    from engine.chunking import bounds_makespan, chunk_bounds
+
+    user = EngineConfig.from_sources({"devices": "cpu,cpu"})
+    sess = Session(demo, user, events=False)
+    try:
+        real = sess.chunk_cost()
+        sess._chunk_cost = cost = ChunkCost({c: 0.04 + 0.8e-3 * c for c in real.layer_s}, 0.4e-6, 0.0,
+                                            real.layers_per_stage)
+        choice = split_choice.choose_split(sess, user, n)
+        hop = sess.hop_s_per_token()
+        brute = min(bounds_makespan(chunk_bounds(n, c), 2, cost, v, hop) for v in (1, 2) for c in range(16, n + 1, 16))
+        assert choice is not None
+        assert choice.modelled_s[choice.interleave] <= brute * 1.05, (choice.reason, brute)
+    finally:
+        sess.close()
