@@ -70,8 +70,21 @@ if triton is not None:
         return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
     @triton.jit
+    def _bf16(v):
+        """float32 -> bfloat16, round to nearest even (torch's cast), NaN -> a quiet NaN, in
+        integer arithmetic: the same bits compiled or interpreted (the interpreter's own cast
+        truncates)."""
+        b = v.to(tl.uint32, bitcast=True)
+        r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+        r = tl.where(v != v, 0x7FC0, r)
+        return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+    @triton.jit
     def _store(out, blk, j, v, mask, QK: tl.constexpr):
-        tl.store(out + blk * QK + j, v.to(out.dtype.element_ty), mask=mask)
+        if out.dtype.element_ty == tl.bfloat16:
+            tl.store(out + blk * QK + j, _bf16(v), mask=mask)
+        else:
+            tl.store(out + blk * QK + j, v.to(out.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _iq4(idx):
