@@ -262,7 +262,7 @@ else:
 TYPES: frozenset[T] = frozenset(_TABLE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernels() -> dict[T, tuple[Any, int]] | None:
     """The kernels by type, or None where the torch path must serve (logged once)."""
     if os.environ.get(ENV, "").strip().lower() == "torch":

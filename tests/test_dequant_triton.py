@@ -5,7 +5,6 @@ machine, where FMA contraction and the conversions are the real risks).  The dis
 run everywhere."""
 from __future__ import annotations
 
-import functools
 import os
 
 import numpy as np
@@ -34,19 +33,16 @@ KERNEL_TYPES = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, 
                 T.IQ4_NL, T.IQ4_XS]
 
 
-@functools.cache
-def _cast_kernel():
-    """A kernel applying the dequantiser's bf16 cast (module level: jit resolves globals)."""
-    global _bf16
-    import triton
+if HAVE_TRITON:
     import triton.language as tl
+
     from engine.dequant_triton import _bf16
 
     @triton.jit
-    def cast_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    def _cast_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        """The dequantiser's bf16 cast alone (defined here: jit resolves module globals)."""
         i = tl.arange(0, BLOCK)
         tl.store(y_ptr + i, _bf16(tl.load(x_ptr + i, mask=i < n, other=0.0)), mask=i < n)
-    return cast_kernel
 
 
 @pytest.fixture
@@ -151,7 +147,7 @@ def test_bf16_rounding_is_torchs(fresh_choice):
     rand = torch.from_numpy(np.random.default_rng(8).integers(0, 2**32, 1000, dtype=np.uint32).view(np.float32).copy())
     x = torch.cat((edges, rand))
     y = torch.empty(x.numel(), dtype=torch.bfloat16)
-    _cast_kernel()[(1,)](x, y, x.numel(), BLOCK=1024)
+    _cast_kernel[(1,)](x, y, x.numel(), BLOCK=1024)
     want = x.to(torch.bfloat16)
     same = (y.view(torch.int16) == want.view(torch.int16)) | (y.isnan() & want.isnan())
     assert bool(same.all()), x[~same][:5]
