@@ -136,6 +136,7 @@ def test_cuda_graphs_replay_the_eager_kernels_bit_for_bit(make_arch, arch):
     assert not sess.stages[0].graph_sets
 
 
+@cuda
 def test_a_one_chunk_prompt_captures_in_its_first_run(make_arch):
     """A benchmark's warm-up is one run: when the prompt is a single chunk, that run must capture
     the graphs (after its eager pass), or the first measured run pays the capture (seen on H200:
