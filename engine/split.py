@@ -43,9 +43,9 @@ class Split:
                 self.stages[0].run(ctx, c, pos, n)
             self.finish(ctx)
         except BaseException:
-            self.guard()  # the finish guard: never return with chunks in flight
+            self.guard(ctx)  # the finish guard: never return with chunks in flight
             raise
-        self.guard()
+        self.guard(ctx)
 
     def prefill_main(self, ctx: StageContext, bounds: Sequence[tuple[int, int]], cancel: threading.Event | None,
                      layers: list[Layer], kvs: list[LayerKV], head: Head) -> None:
@@ -74,7 +74,7 @@ class Split:
                              note=f"kv layers {st.first}-{st.end - 1} from {main.name}")
             del extra
         except BaseException:
-            self.guard()
+            self.guard(ctx)
             raise
         self.drain_devices()
 
@@ -127,11 +127,11 @@ class Split:
             if d.type == "cuda":
                 torch.cuda.synchronize(d)
 
-    def guard(self) -> None:
+    def guard(self, ctx: StageContext | None = None) -> None:
         """Drain every in-flight chunk whatever happened; the idle workers stay for the next run."""
         for st in self.stages:
             try:
-                st.finish()
+                st.finish(ctx)
             except BaseException as exc:  # already surfacing (or secondary): never leave chunks running
                 log.debug("drained stage %d after error: %s", st.index, exc)
         try:
