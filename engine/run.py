@@ -136,7 +136,7 @@ class Run:
         self.run_id = uuid.uuid4().hex[:12]
         self.events: list[StageEvent] = []
         self._events_lock = threading.Lock()
-        self.notes: list[str] = list(session.setup_notes)
+        self.notes: list[str] = []  # this run's own (graph captures); the report leads with the session's
         self.plan: RunPlan | None = None
         self.graph_sizes: frozenset[int] = frozenset()  # chunk sizes this run replays as CUDA graphs
         self.hasher: Hasher | None = None
@@ -320,7 +320,7 @@ class Run:
             per_stage=stage_totals(prefill_events, len(s.stages)),
             busy_histogram=busy_histogram(by_device(prefill_events, s.stage_lanes()), len(s.devices)),
             handoff=s.handoff_kind, device_order=list(s.device_order),
-            order_reason=s.order_reason, cancelled=cancelled, notes=list(self.notes),
+            order_reason=s.order_reason, cancelled=cancelled, notes=list(s.setup_notes) + self.notes,
             expert_stats=expert_stats, attention=s.attention_kernels(),
             handoff_bytes=cost.nbytes, executor=s.config.executor, handoff_s=cost.seconds,
             handoff_gbps=cost.gbps, handoff_share=cost.share,
