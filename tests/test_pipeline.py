@@ -238,3 +238,31 @@ def test_balanced_schedule_runs_its_planned_chunks_and_keeps_digests(demo):
     assert len(set(seen.values())) == 1, seen
     fixed = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=64, chunk_schedule="fixed")).run(ids)
     assert fixed.report.plan.bounds == () and fixed.report.plan.n_chunks == 8
+
+
+def test_a_run_owns_its_sink_hooks_and_events_and_leaves_the_session_as_it_was(demo):
+    """session.run(sink=, hooks=) applies to that run only: the session's defaults stay, each
+    Run carries its own events (what its sink saw), and a cancel carries its report and events."""
+    sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=16))
+    seen: list = []
+    layers: list = []
+    ids = synthetic(64, demo.spec.vocab, nonce=3)
+    first = sess.run(ids, 2, sink=seen.append, hooks=PipelineHooks(after_layer=lambda s, l, c: layers.append(c)))
+    assert sess.sink is None and sess.hooks.after_layer is None  # nothing rewired on the session
+    assert first.events == seen and first.report.run_id == first.plan.run_id == first.events[0].run_id
+    assert layers and first.digest == first.report.digest and first.last_logits is not None
+    second = sess.run(ids, 2)
+    assert len(seen) == len(first.events) and not {e.run_id for e in second.events} & {first.run_id}
+    assert second.report.digest == first.report.digest and sess.events is second.events
+    stop = threading.Event()
+
+    def cancel_at(stage, layer, chunk):
+        if chunk == 1:
+            stop.set()
+    with pytest.raises(Cancelled) as ei:
+        sess.run(ids, cancel=stop, hooks=PipelineHooks(after_layer=cancel_at))
+    cancelled = ei.value
+    assert cancelled.report is not None and cancelled.report.cancelled
+    assert cancelled.events and {e.run_id for e in cancelled.events} == {cancelled.report.run_id}
+    assert sess.in_flight() == 0
+    sess.close()
