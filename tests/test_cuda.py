@@ -226,7 +226,7 @@ def test_two_gpu_events_follow_the_pipeline_order(demo_path, handoff):
 def test_chunk_cost_is_measured_as_runs_execute_and_frees_its_graphs(demo_path):
     """With CUDA graphs on, auto's per-size costs come from graph replays (what a fixed chunk
     runs), and measuring leaves no graph memory behind."""
-    from engine import pipeline
+    from engine import chunk_cost
 
     model = gguf_model.load(demo_path)
     costs = {}
@@ -234,7 +234,7 @@ def test_chunk_cost_is_measured_as_runs_execute_and_frees_its_graphs(demo_path):
         sess = Session(model, EngineConfig(devices=["cuda:0"], cuda_graphs=graphs))
         sizes = []
         for _ in range(2):  # the first measurement also grows lasting caches (RoPE tables)
-            pipeline._MEASURED.clear()
+            chunk_cost._MEASURED.clear()
             sess._chunk_cost = None
             before = torch.cuda.memory_allocated()
             cost = sess.chunk_cost()
@@ -353,10 +353,11 @@ def test_balanced_chunks_are_graphed_and_match_eager(demo_path):
         sess = Session(model, EngineConfig(devices=["cuda:0", "cuda:0"], prefill=256, chunk_schedule="balanced",
                                            cuda_graphs=graphs))
         sess.run(ids, 0)  # warm-up: captures every size of the plan
-        runs[graphs] = sess.run(ids, 0).report
+        run = sess.run(ids, 0)
+        runs[graphs] = run.report
         if graphs:
             sizes = {n for _, n in runs[graphs].plan.chunk_bounds()}
-            assert sizes <= sess.graph_sizes and any(st.graph_sets for st in sess.stages)
+            assert sizes <= run.graph_sizes and any(st.graph_sets for st in sess.stages)
         sess.close()
     assert runs[True].plan.bounds == runs[False].plan.bounds and runs[True].digest == runs[False].digest
 
