@@ -16,6 +16,7 @@ is then killed and joined (none is left behind) and the next run starts them aga
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -34,6 +35,7 @@ from .config import ConfigError, rendezvous_address
 from .chunk_cost import Measured, probe_shape
 from .errors import Cancelled, NonFiniteError, StageError
 from .events import StageEvent
+from .experts import ExpertStats, arena_bytes, resolve_pin_limit
 from .pipeline import Session
 from .stage import StageContext
 from .stage_process import RunOrder, SourceRef, StageSpec
@@ -88,6 +90,62 @@ def source_ref(source: Any) -> SourceRef:
                       f"not from a {type(source).__name__}")
 
 
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def split_pin_limit(limit: int, arena_sizes: list[int], pins: list[bool]) -> list[int]:
+    """Each stage process's share of the pin limit: the stages that pin (CUDA devices) share it
+    in proportion to their arenas' bytes, rounded down, so the page-locked total never exceeds
+    `limit` whatever each arena makes of its share."""
+    total = sum(b for b, p in zip(arena_sizes, pins) if p)
+    if limit <= 0 or total <= 0:
+        return [0] * len(arena_sizes)
+    return [min(limit * b // total, b) if p else 0 for b, p in zip(arena_sizes, pins)]
+
+
+@dataclass(frozen=True)
+class StageExperts:
+    """What the controller's expert plan gives one stage process (streamed experts)."""
+
+    slots: int
+    pin_bytes: int
+    pin_note: str
+
+
+class _RemoteCache:
+    """The controller's stand-in for a stage process's ExpertCache: the stats that stage last
+    reported for the current run (the report reads `stats`, `synchronize()` first)."""
+
+    chunk = -1
+
+    def __init__(self, session: ProcessSession, stats: ExpertStats) -> None:
+        self._session = weakref.ref(session)
+        self.stats = stats
+
+    def update(self, values: dict) -> None:
+        for f in dataclasses.fields(ExpertStats):
+            if f.name in values:
+                setattr(self.stats, f.name, values[f.name])
+
+    def reset_stats(self) -> None:
+        s = self.stats
+        s.hits = s.misses = s.bytes_pinned = s.bytes_pageable = s.stream_ns = 0
+
+    def synchronize(self) -> None:
+        """Take in what the stage processes have sent (their stats precede the message the
+        controller last waited for, so they are in the pipes by now)."""
+        session = self._session()
+        if session is not None:
+            session._collect()
+
+    def drain_timings(self, clock) -> list:
+        return []  # stream events come from the stage process as events
+
+    def expand(self, *args, **kwargs):  # pragma: no cover - the controller holds no layers
+        raise RuntimeError("the controller holds no experts (they stream in the stage processes)")
+
+
 def _exit_reason(code: int | None) -> str:
     if code is None:
         return "stopped responding"
@@ -117,6 +175,7 @@ class _Member:
     waiting_on: int = -1  # the peer stage it blocks on (-1: none: computing, or idle between runs)
     state_t: float = 0.0  # when it last said so
     closed: bool = False  # its pipe reached EOF
+    arena: tuple[int, int, str] | None = None  # streamed experts: (bytes, page-locked bytes, pin note)
 
     def where(self) -> str:
         return f"stage {self.rank} ({self.device} on host {self.host or '?'}, pid {self.pid or self.proc.pid})"
@@ -206,14 +265,20 @@ class _Job:
         self.members: list[_Member] = []
         self.inbox = _Inbox()
         self.emit: Callable[[StageEvent], None] = lambda ev: None  # the current run's (set by its prefill)
+        self.note: Callable[[str], None] = lambda text: None  # the current run's report notes
+        self.run_id = ""  # the current run (stage stats and notes of another are dropped)
         self._finalizer = weakref.finalize(self, _kill_all, self.members)
 
+        experts = session.stage_experts
+
         def spec_of(st, parent_pid: int) -> StageSpec:
+            ex = experts[st.index] if experts else StageExperts(0, 0, "")
             return StageSpec(rank=st.index, world=world, device=st.name, first=st.first, end=st.end,
                              source=ref, dtype=str(session.dtypes[st.device]).removeprefix("torch."),
                              store_host=bind, store_port=self.store.port, backend=session.backend,
                              threads=torch.get_num_threads(), timeout_s=session.timeout_s,
-                             parent_pid=parent_pid, ranges=ranges, hooks=session.child_hooks)
+                             parent_pid=parent_pid, ranges=ranges, hooks=session.child_hooks,
+                             expert_slots=ex.slots, pin_bytes=ex.pin_bytes, pin_note=ex.pin_note)
 
         try:
             if rendezvous:
@@ -395,6 +460,17 @@ class _Job:
             box.measured = msg[2]
         elif kind == "loaded":
             box.loaded += 1
+        elif kind == "experts":  # a stage's expert stats of the run so far
+            _, rank, run_id, values = msg
+            cache = self.session.stages[rank].cache
+            if run_id == self.run_id and isinstance(cache, _RemoteCache):
+                cache.update(values)
+        elif kind == "note":  # for the run report (graph captures, fallbacks)
+            _, rank, run_id, text = msg
+            if run_id == self.run_id:
+                self.note(text)
+        elif kind == "arena":
+            m.arena = msg[2:]
         elif kind == "ready":
             _, rank, m.pid, m.host, _device = msg
             box.ready.add(rank)
@@ -480,14 +556,26 @@ class _Job:
             m.offset_ns = 0 if m.host == self.host else m.measured_offset_ns
 
     def notes(self) -> list[str]:
-        return [f"executor processes ({self.backend}): " + "; ".join(
+        out = [f"executor processes ({self.backend}): " + "; ".join(
             f"stage {m.rank} pid {m.pid} on {m.host}: clock offset {m.measured_offset_ns / 1e3:+.1f} us measured "
             f"(round trip {m.rtt_ns / 1e3:.0f} us), {m.offset_ns / 1e3:+.1f} us applied" for m in self.members)]
+        arenas = [m for m in self.members if m.arena is not None]
+        if arenas:
+            plan = self.session.expert_plan
+            out.append(f"executor processes: experts {plan.reason}; a host arena per stage process: " + "; ".join(
+                f"stage {m.rank} {_size(m.arena[0])}, {_size(m.arena[1])} page-locked ({m.arena[2]})"
+                for m in arenas) + f"; {_size(sum(m.arena[1] for m in arenas))} page-locked in all")
+        return out
+
+    def collect(self) -> None:
+        """Handle what every stage has already sent, without waiting."""
+        for m in self.members:
+            self.drain(m)
 
     # -------------------------------------------------------------------- runs
-    def measure(self, sizes, prefix: int, probe: int, reps: int) -> tuple:
+    def measure(self, sizes, prefix: int, probe: int, reps: int, graphs: bool = False) -> tuple:
         self.inbox.measured = None
-        self.send(0, ("measure", tuple(sizes), prefix, probe, reps))
+        self.send(0, ("measure", tuple(sizes), prefix, probe, reps, graphs))
         self.pump(lambda: self.inbox.measured is not None, "measuring the chunk cost on stage 0")
         return self.inbox.measured
 
@@ -513,9 +601,7 @@ class ProcessSession(Session):
     def _load_weights(self) -> None:
         self.timeout_s = stage_timeout()
         source_ref(self.source)  # refused before any process starts
-        if self.expert_plan.streamed:
-            raise ConfigError("executor", "processes", "threads, or --expert-cache all",
-                              "streamed experts are not yet supported in stage processes")
+        self.stage_experts = self._plan_stage_experts()  # refuses a pin limit the machine cannot honour
         hooks = self.hooks
         self.child_hooks = hooks if (hooks.after_layer or hooks.before_alloc) else None
         if self.child_hooks is not None:
@@ -530,6 +616,29 @@ class ProcessSession(Session):
         self._run_open = False
         self._in_flight = 0
         self._start_job()
+
+    def _plan_stage_experts(self) -> list[StageExperts]:
+        """Streamed experts: each stage process gets the slots the plan gives its stage and a
+        share of the pin limit (resolved here as the threaded executor resolves it for its one
+        arena); the controller shows each stage's stats through a `_RemoteCache`."""
+        plan = self.expert_plan
+        if not plan.streamed:
+            return []
+        cudas = [st.device.type == "cuda" for st in self.stages]
+        sizes = [arena_bytes(self.expert_layouts[st.first:st.end], self.spec.n_experts) for st in self.stages]
+        limit, note = resolve_pin_limit(self.config.pin_limit_gib, sum(sizes), any(cudas))
+        shares = split_pin_limit(limit, sizes, cudas)
+        out = []
+        for st, slots, share, cuda in zip(self.stages, plan.slots_per_stage, shares, cudas):
+            why = (f"{note}; its share {_size(share)} of {_size(limit)}, split by arena size" if cuda
+                   else "pinning skipped: no CUDA device (host memory stays pageable)")
+            out.append(StageExperts(slots, share, why))
+            st.cache = _RemoteCache(self, ExpertStats(st.index, st.name, slots=slots))
+        return out
+
+    def _collect(self) -> None:
+        if self._job is not None:
+            self._job.collect()
 
     def _start_job(self) -> _Job:
         if self._load_cancel is not None and self._load_cancel.is_set():
@@ -551,7 +660,9 @@ class ProcessSession(Session):
         self._capacity, self._chunk = capacity, chunk  # the stage processes allocate at the run's start
 
     def _measure_layer(self) -> Measured:
-        sizes_cost, per_key, launch = self._job_or_start().measure(*probe_shape(self.stages[0].device))
+        cuda = self.stages[0].device.type == "cuda"
+        sizes_cost, per_key, launch = self._job_or_start().measure(*probe_shape(self.stages[0].device),
+                                                                   graphs=cuda and self.config.cuda_graphs)
         return dict(sizes_cost), per_key, launch
 
     def stage_pids(self) -> list[int]:
@@ -578,7 +689,7 @@ class ProcessSession(Session):
         the digest and logits they computed become the run's."""
         ids, bounds, cancel = run.ids, run.plan.chunk_bounds(), run.cancel
         job = self._job_or_start()
-        job.emit = ctx.emit
+        job.emit, job.note, job.run_id = ctx.emit, ctx.note, ctx.run_id
         try:
             self._close_run(job)
             if not hasattr(self, "_capacity"):
@@ -586,7 +697,8 @@ class ProcessSession(Session):
             order = RunOrder(run_id=ctx.run_id, ids=[int(t) for t in ids.tolist()], bounds=list(bounds),
                              capacity=max(self._capacity, int(ids.numel()) + 1), chunk=max(n for _, n in bounds),
                              depth=ctx.pf_depth, logits_all=run.logits_all, events=ctx.events_on,
-                             check_nan=ctx.check_nan, prefill_main=self.config.prefill_main)
+                             check_nan=ctx.check_nan, prefill_main=self.config.prefill_main,
+                             graph_sizes=tuple(sorted(ctx.graph_sizes)))
             box = job.inbox
             box.prefill_done, box.returned, box.tokens = {}, -1, {}
             for m in job.members:
@@ -619,7 +731,7 @@ class ProcessSession(Session):
 
     def decode(self, ctx: StageContext, first_token: int, steps: int, pos: int, cancel) -> list[int]:
         job = self._job_or_start()
-        job.emit = ctx.emit
+        job.emit, job.note, job.run_id = ctx.emit, ctx.note, ctx.run_id
         out, tok = [first_token], first_token
         try:
             for i in range(1, steps):
@@ -630,6 +742,7 @@ class ProcessSession(Session):
                 tok = job.inbox.tokens.pop(i)
                 out.append(tok)
                 pos += 1
+            job.collect()  # the stages' last stats and events of the run
         except (StageError, Cancelled):
             raise
         except BaseException:

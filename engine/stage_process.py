@@ -105,6 +105,12 @@ class StageSpec:
     parent_pid: int
     ranges: tuple[tuple[int, int], ...] = ()  # every stage's layer range (prefill-main's KV hand-off)
     hooks: Any = None  # a picklable PipelineHooks (test and fault seams), or None
+    # streamed experts: this stage's ExpertCache slots from the controller's plan (0: every
+    # expert resident), and the bytes of its own host arena to page-lock (its share of the
+    # user's pin limit: the shares of all stages never add up to more than the limit)
+    expert_slots: int = 0
+    pin_bytes: int = 0
+    pin_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,7 @@ class RunOrder:
     events: bool
     check_nan: bool
     prefill_main: bool
+    graph_sizes: tuple[int, ...] = ()  # chunk sizes to replay as CUDA graphs (engine/stage_graphs.py)
 
 
 class StageFailure(RuntimeError):
@@ -206,8 +213,10 @@ class StageProcess:
     def __init__(self, spec: StageSpec, out) -> None:
         import torch.distributed as dist
 
+        from .gpu_timing import DeviceClock
         from .kv import LayerKV  # noqa: F401  (imported here: the child's import cost is paid once)
         from .model import Layer, Rope, load_head, load_layer_weights
+        from .stage_graphs import StageGraphs
 
         self.spec, self.out, self.dist = spec, out, dist
         self.rank, self.world = spec.rank, spec.world
@@ -222,10 +231,19 @@ class StageProcess:
         self.hooks = spec.hooks
         rope = Rope(self.model.head_dim, self.model.rope_base, self.model.rope_style, self.device)
         self.rope = rope
+        self.order: RunOrder | None = None
+        self.clock = DeviceClock()  # CUDA event times of expert copies onto this process's clock
+        # streamed experts: this stage's own host arena (its layers only) and its ExpertCache
+        self.streamed = spec.expert_slots > 0 and self.model.is_moe
+        self.arena = None
+        self.cache = None
+        if self.streamed:
+            self._build_cache(range(spec.first, spec.end))
+            out.send(("arena", self.rank, self.arena.nbytes, self.arena.pinned_bytes, self.arena.pin_note))
         self.layers = []
         for i in range(spec.first, spec.end):
-            w = load_layer_weights(self.src, i, self.device, self.dtype, experts=True)
-            self.layers.append(Layer(self.model, i, w, rope))
+            w = load_layer_weights(self.src, i, self.device, self.dtype, experts=not self.streamed)
+            self.layers.append(Layer(self.model, i, w, rope, cache=self.cache))
             out.send(("loaded", self.rank, i))
         for a, b in zip(self.layers, self.layers[1:]):
             a.prefetch_next = b.index
@@ -236,7 +254,7 @@ class StageProcess:
         self.main_extra: list | None = None  # prefill-main: the later layers on stage 0 as well
         self.main_head = None
         self.main_kvs: list = []
-        self.order: RunOrder | None = None
+        self.graphs = StageGraphs(self.device, self.name, self.note)  # CUDA graphs per chunk size
         self.pending_done = False
         self._ready_work = None
         store = dist.TCPStore(spec.store_host, spec.store_port, is_master=False,
@@ -255,16 +273,60 @@ class StageProcess:
         if self.order is not None and self.order.events:
             self.out.send(("ev", self.rank, self.order.run_id, self.name, chunk, kind, t0, t1, tokens, nbytes, note))
 
+    def note(self, text: str) -> None:
+        """A line for the run report's notes (a graph capture, a fallback to eager)."""
+        self.out.send(("note", self.rank, self.order.run_id if self.order is not None else "", text))
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _build_cache(self, layers: range) -> None:
+        """This stage's host arena over `layers` (page-locked up to its share of the pin limit)
+        and its ExpertCache of the planned slot count.  Built again over every layer when
+        prefill-main first runs on stage 0 (its cache then serves the whole model, as the
+        threaded executor's main device does); the stats carry over."""
+        from .experts import ExpertCache, ExpertStats, HostArena
+
+        stats = self.cache.stats if self.cache is not None else ExpertStats(self.rank, self.name)
+        if self.arena is not None:
+            self.cache = None
+            self.arena.close()
+            self.arena = None
+        arena = HostArena(self.src, self.model, layers)
+        if self.device.type == "cuda" and self.spec.pin_bytes > 0:
+            arena.pin(self.spec.pin_bytes, self.spec.pin_note)
+        else:
+            arena.pin_note = self.spec.pin_note or arena.pin_note
+        self.arena = arena
+        self.cache = ExpertCache(arena, self.device, self.spec.expert_slots, stats)
+
+    def emit_streams(self) -> None:
+        """Stream events for the expert copies that have finished (the threaded Stage's)."""
+        if self.cache is None:
+            return
+        for layer, chunk, t0, t1, pinned, pageable in self.cache.drain_timings(self.clock):
+            self.event(chunk, "stream", t0, t1, nbytes=pinned + pageable,
+                       note=f"layer {layer}: {pinned / 2**20:.1f} MiB pinned, {pageable / 2**20:.1f} MiB pageable")
+
+    def report_experts(self) -> None:
+        """Every copy's timing in, then the run's expert stats to the controller (sent before the
+        message the controller waits for, so it has them when that arrives)."""
+        if self.cache is None or self.order is None:
+            return
+        self.cache.synchronize()
+        self.emit_streams()
+        self.out.send(("experts", self.rank, self.order.run_id, self.cache.stats.as_dict()))
+
     def forward(self, x: torch.Tensor, layers, kvs, pos: int, chunk: int) -> torch.Tensor:
+        """The layers in order, replaying their CUDA graphs at the run's graph sizes (captured
+        after the first eager pass of a size), with the test hook and the NaN check."""
         hook = self.hooks.after_layer if self.hooks is not None else None
         check = self.order is not None and self.order.check_nan
-        for layer, kv in zip(layers, kvs):
+        graphed, capture = self.graphs.lookup(x, layers)
+        for i, (layer, kv) in enumerate(zip(layers, kvs)):
             try:
-                x = layer(x, kv, pos)
+                x = graphed.forward(i, x, kv, pos) if graphed is not None else layer(x, kv, pos)
                 if hook is not None:
                     hook(self.rank, layer.index, chunk)
                 if check and not bool(torch.isfinite(x).all()):
@@ -273,23 +335,41 @@ class StageProcess:
                     raise NonFiniteError(f"non-finite value after layer {layer.index}")
             except Exception as exc:
                 raise StageFailure(chunk, layer.index, exc) from exc
+        if capture:  # graphability is known after a first pass (each layer picks its expert GEMM)
+            try:
+                self.graphs.after_eager(layers, x)
+            except Exception as exc:
+                raise StageFailure(chunk, None, exc) from exc
         return x
 
     def compute(self, x, layers, kvs, pos: int, chunk: int, n: int, note: str = "") -> torch.Tensor:
+        if self.cache is not None:
+            self.cache.chunk = chunk
         t0 = time.perf_counter_ns()
         x = self.forward(x, layers, kvs, pos, chunk)
         self._sync()
         self.event(chunk, "compute", t0, time.perf_counter_ns(), tokens=n, note=note)
+        self.emit_streams()
         self.out.send(("computed", self.rank, chunk))
         return x
 
-    def measure(self, sizes, prefix: int, probe: int, reps: int) -> tuple:
-        """The chunk-cost probe of the first layer (engine/chunk_cost.py), for the controller's plan."""
+    def measure(self, sizes, prefix: int, probe: int, reps: int, graphs: bool = False) -> tuple:
+        """The chunk-cost probe of the first layer (engine/chunk_cost.py), for the controller's
+        plan; with graphs it times graph replays, as a run with cuda_graphs on executes."""
         from .chunk_cost import ChunkCostProbe
 
         with torch.inference_mode():
-            p = ChunkCostProbe(self.layers[0], self.device, self.dtype, graphs=False, reps=reps)
+            p = ChunkCostProbe(self.layers[0], self.device, self.dtype,
+                               graphs=graphs and self.device.type == "cuda", reps=reps)
             return p.measure(sizes, prefix=prefix, probe=probe).astuple()
+
+    def close(self) -> None:
+        """Free graphs and unregister the arena's page-locked memory (before leaving the group)."""
+        self.graphs.drop()
+        self.cache = None
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
 
     # ---------------------------------------------------------------- the protocol
     def serve(self, ctl) -> None:
@@ -309,6 +389,7 @@ class StageProcess:
             elif kind == "measure":
                 self.out.send(("measured", self.rank, self.measure(*cmd[1:])))
             elif kind == "stop":
+                self.close()
                 self.dist.destroy_process_group()
                 return
 
@@ -317,6 +398,11 @@ class StageProcess:
 
         s = self.model
         self.order = order
+        self.graphs.plan(order.graph_sizes)  # other sizes' graphs are freed
+        if self.cache is not None:
+            self.cache.reset_stats()
+        if self.device.type == "cuda":
+            self.clock.anchor(self.device)
         if not self.kvs or self.kvs[0].capacity < order.capacity:
             self.kvs = []
             self.kvs = [LayerKV(order.capacity, s.n_kv_heads, s.head_dim, self.device, self.dtype)
@@ -477,6 +563,7 @@ class StageProcess:
             self.last_logits = head.logits(normed[-1:]).cpu()[0]
 
     def prefill_done(self) -> None:
+        self.report_experts()
         holder = self.last if not (self.order.prefill_main and self.world > 1) else self.first
         if holder:
             logits = torch.cat(self.logits).numpy() if self.order.logits_all and self.logits else None
@@ -486,16 +573,20 @@ class StageProcess:
             self.out.send(("prefill_done", self.rank, None, None, None))
 
     def decode_step(self, x: torch.Tensor, step: int, pos: int) -> None:
+        if self.cache is not None:
+            self.cache.chunk = -1  # decode steps stream as chunk -1
         t0 = time.perf_counter_ns()
         x = self.forward(x, self.layers, self.kvs, pos, -1)
         if self.last:
             tok = int(self.head.logits(self.head.final_norm(x)).argmax())
             self._sync()
             self.event(step, "decode", t0, time.perf_counter_ns(), tokens=1)
+            self.report_experts()
             self.out.send(("token", self.rank, step, tok))
             return
         self._sync()
         self.event(step, "decode", t0, time.perf_counter_ns(), tokens=1)
+        self.report_experts()
         self.pass_on(DECODE, step, pos, 1, x)
 
     # ------------------------------------------------------------- prefill-main
@@ -506,7 +597,14 @@ class StageProcess:
 
         s = self.model
         if self.main_extra is None:
-            self.main_extra = [Layer(s, i, load_layer_weights(self.src, i, self.device, self.dtype), self.rope)
+            if self.cache is not None:  # the main cache serves every layer: an arena of them all
+                self._build_cache(range(s.n_layers))
+                for layer in self.layers:
+                    layer.cache = self.cache
+                self.note(f"prefill-main: stage 0's host arena now holds the experts of layers 0-{s.n_layers - 1} "
+                          f"({self.arena.nbytes / 2**30:.2f} GiB, {self.arena.pinned_bytes / 2**30:.2f} GiB page-locked)")
+            self.main_extra = [Layer(s, i, load_layer_weights(self.src, i, self.device, self.dtype,
+                                                              experts=not self.streamed), self.rope, cache=self.cache)
                                for i in range(self.spec.end, s.n_layers)]
             for a, b in zip(self.main_extra, self.main_extra[1:]):
                 a.prefetch_next = b.index

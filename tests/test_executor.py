@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 from executor_support import Sleep, process_gone
@@ -281,3 +282,143 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
     except (OSError, IndexError):
         return True
+
+
+# ------------------------------------------------------------------ streamed experts
+def _tiny_cache(demo) -> float:
+    """GiB for 3 of a layer's 8 experts as stored: every chunk streams."""
+    from engine.experts import EXPERT_PARTS
+
+    return 0.4 * sum(demo.nbytes(f"blk.0.{p}.weight") for p in EXPERT_PARTS) / 2**30
+
+
+@pytest.mark.parametrize("n_stages", [2, 3])
+def test_streamed_experts_in_stage_processes_match_threads(demo, ids, n_stages):
+    cfg = EngineConfig(devices=["cpu"] * n_stages, prefill=CHUNK, expert_cache=_tiny_cache(demo))
+    threaded = Session(demo, cfg)
+    want = threaded.run(ids, decode_tokens=3).report
+    threaded.close()
+    assert want.expert_stats[0]["misses"] > 0
+    sess = Session(demo, cfg.replace(executor="processes"))
+    try:
+        assert sess.expert_plan.streamed
+        rep = sess.run(ids, decode_tokens=3).report
+        assert (rep.digest, rep.generated) == (want.digest, want.generated)
+        assert len(rep.expert_stats) == n_stages
+        for got, ref in zip(rep.expert_stats, want.expert_stats):
+            assert not got["resident"] and got["slots"] == ref["slots"] == 3
+            assert got["misses"] > 0 and got["bytes_pageable"] > 0 and got["stream_ns"] > 0, got
+            # the same routing through the same LRU: the same hits and misses as the threads
+            assert (got["hits"], got["misses"], got["bytes_pageable"]) == (ref["hits"], ref["misses"],
+                                                                           ref["bytes_pageable"])
+        streams = [e for e in sess.events if e.kind == "stream"]
+        assert {e.stage for e in streams} == set(range(n_stages)) and all(e.nbytes > 0 for e in streams)
+        assert {e.chunk for e in streams} >= {0, -1}  # prompt chunks and decode steps
+        arena = [n for n in rep.notes if "a host arena per stage process" in n]
+        assert arena and all(f"stage {r} " in arena[0] for r in range(n_stages)), rep.notes
+        # a second run: the stats are this run's, not a sum over runs
+        again = sess.run(ids, decode_tokens=3).report
+        assert again.digest == want.digest
+        assert again.expert_stats[0]["misses"] + again.expert_stats[0]["hits"] == \
+            want.expert_stats[0]["misses"] + want.expert_stats[0]["hits"]
+        if n_stages == 2:  # prefill-main: stage 0's cache serves every layer, as the threads' main device
+            configure(sess, prefill_main=True)
+            main = sess.run(ids, decode_tokens=3).report
+            assert (main.digest, main.generated) == (want.digest, want.generated)
+            layers = {int(e.note.split()[1].rstrip(":")) for e in sess.events
+                      if e.kind == "stream" and e.stage == 0 and e.chunk >= 0}
+            assert layers == set(range(demo.spec.n_layers))
+            assert any("arena now holds the experts of layers 0-3" in n for n in main.notes)
+        pids = sess.stage_pids()
+    finally:
+        sess.close()
+    assert all(process_gone(p) for p in pids)
+
+
+def test_the_pin_limit_is_split_so_the_total_never_exceeds_it():
+    from engine.executor import split_pin_limit
+
+    assert split_pin_limit(10, [3, 3, 4], [True, True, True]) == [3, 3, 4]
+    shares = split_pin_limit(7, [3, 3, 4], [True, True, True])
+    assert sum(shares) <= 7 and shares == [2, 2, 2]  # rounded down
+    assert split_pin_limit(1000, [3, 5], [True, True]) == [3, 5]  # never above an arena
+    assert split_pin_limit(8, [4, 4, 4], [True, False, True]) == [4, 0, 4]  # CPU stages pin nothing
+    assert split_pin_limit(0, [4, 4], [True, True]) == [0, 0]
+    assert split_pin_limit(5, [4, 4], [False, False]) == [0, 0]
+    for limit in (1, 99, 2**33 + 7):
+        sizes = [2**30 + 13, 3 * 2**29 + 1, 12345]
+        assert sum(split_pin_limit(limit, sizes, [True] * 3)) <= limit
+
+
+# ------------------------------------------------------------ CUDA graphs: the policy
+@dataclasses.dataclass
+class _FakeLayer:
+    index: int
+    can_graph: bool = True
+
+    def graphable(self, x) -> bool:
+        return self.can_graph
+
+
+class _FakeGraphed:
+    """Stands for GraphedLayers (the policy's bookkeeping is tested on CPU)."""
+
+    fail_sizes: ClassVar[set] = set()
+
+    def __init__(self, layers, n, device, dtype) -> None:
+        self.n, self.closed, self.capture_s, self.reserved_bytes = n, False, 0.002, 3 * 2**20
+
+    def capture(self) -> None:
+        if self.n in self.fail_sizes:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_graph_sizes_are_the_runs_chunk_sizes_and_one_for_decode():
+    from engine.stage_graphs import MAX_GRAPHED_SIZES, graph_sizes
+
+    assert graph_sizes([(0, 16), (16, 16), (32, 8)], True) == {16, 8, 1}
+    assert graph_sizes([(0, 16), (16, 8)], False) == set()
+    many = [(i * 100, 10 + i) for i in range(10)]
+    got = graph_sizes(many, True)
+    assert got == set(range(19, 19 - MAX_GRAPHED_SIZES, -1)) | {1}
+
+
+def test_stage_graphs_capture_after_the_first_eager_pass_fall_back_and_free():
+    import torch
+
+    from engine.stage_graphs import StageGraphs
+
+    notes: list[str] = []
+    layers = [_FakeLayer(2), _FakeLayer(3)]
+    x16, x8, x1 = torch.zeros(16, 4), torch.zeros(8, 4), torch.zeros(1, 4)
+    cpu = StageGraphs(torch.device("cpu"), "cpu", notes.append, factory=_FakeGraphed)
+    cpu.plan({16, 1})
+    assert cpu.lookup(x16, layers) == (None, False) and not cpu.active  # a no-op without CUDA
+    g = StageGraphs(torch.device("cuda", 0), "cuda:0", notes.append, factory=_FakeGraphed)
+    _FakeGraphed.fail_sizes = {1}
+    try:
+        g.plan({16, 1})
+        assert g.lookup(x16, layers) == (None, True)  # first pass of a size: eager, then capture
+        g.after_eager(layers, x16)
+        graphed, capture = g.lookup(x16, layers)
+        assert isinstance(graphed, _FakeGraphed) and graphed.n == 16 and not capture
+        assert notes[-1].startswith("CUDA graphs captured for layers 2-3 on cuda:0 at chunk 16")
+        assert g.lookup(x8, layers) == (None, False)  # not a size of this run: eager
+        assert g.lookup(x16, layers[:1])[1]  # another layer run (prefill-main) is its own set
+        g.after_eager(layers, x1)  # the capture fails: eager from now on, with a note
+        assert "capture failed (operation not permitted when stream is capturing)" in notes[-1]
+        assert g.lookup(x1, layers) == (None, False)
+        g.after_eager([_FakeLayer(0, can_graph=False)], x16)  # e.g. streamed experts: never captured
+        assert g.lookup(x16, [_FakeLayer(0)]) == (None, True)
+        g.plan({8, 1})  # size 16 left the plan: its graphs are freed; the failure of 1 is kept
+        assert graphed.closed and g.lookup(x16, layers) == (None, False) and g.lookup(x1, layers) == (None, False)
+        g.plan({8})
+        g.plan({8, 1})
+        assert g.lookup(x1, layers) == (None, True)  # a size that left and came back is retried
+        g.drop()
+        assert not g.sets
+    finally:
+        _FakeGraphed.fail_sizes = set()
