@@ -54,7 +54,7 @@ def _tiny_cache(model) -> float:
 
 def _captured(notes) -> set[str]:
     """'layers A-B on DEV at chunk N' of every capture note."""
-    return {n.split("CUDA graphs captured for ")[1].split(":")[0] for n in notes if "CUDA graphs captured" in n}
+    return {n.split("CUDA graphs captured for ")[1].split(": ")[0] for n in notes if "CUDA graphs captured" in n}
 
 
 @cuda
