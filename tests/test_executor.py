@@ -422,3 +422,71 @@ def test_stage_graphs_capture_after_the_first_eager_pass_fall_back_and_free():
         assert not g.sets
     finally:
         _FakeGraphed.fail_sizes = set()
+
+
+class _EagerGraphed(_FakeGraphed):
+    """A 'graph set' that runs its layers eagerly and counts the replays (the CPU seam)."""
+
+    replays: ClassVar[list] = []
+
+    def __init__(self, layers, n, device, dtype) -> None:
+        super().__init__(layers, n, device, dtype)
+        self.layers = list(layers)
+
+    def forward(self, i, x, kv, pos):
+        self.replays.append((self.layers[i].index, self.n))
+        return self.layers[i](x, kv, pos)
+
+
+class _Out:
+    def __init__(self) -> None:
+        self.msgs: list[tuple] = []
+
+    def send(self, msg: tuple) -> None:
+        self.msgs.append(msg)
+
+
+def test_a_stage_process_forward_captures_after_the_first_pass_replays_and_notes(demo_path, monkeypatch):
+    """The stage process's side of the graph policy, in this process (world 1, gloo): the run's
+    sizes come from its RunOrder, the first pass of a size is eager and captures, later passes
+    replay with the same output, and the capture note goes to the controller tagged with the run."""
+    import torch
+    import torch.distributed as dist
+
+    from engine.model import Layer
+    from engine.stage_graphs import StageGraphs
+    from engine.stage_process import RunOrder, SourceRef, StageProcess, StageSpec
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    spec = StageSpec(rank=0, world=1, device="cpu", first=0, end=4, source=SourceRef("gguf", path=str(demo_path)),
+                     dtype="float32", store_host="127.0.0.1", store_port=store.port, backend="gloo", threads=1,
+                     timeout_s=30.0, parent_pid=0)
+    out = _Out()
+    sp = StageProcess(spec, out)
+    try:
+        sp.graphs = StageGraphs(torch.device("cuda", 0), "cuda:0", sp.note, factory=_EagerGraphed)
+        monkeypatch.setattr(Layer, "graphable", lambda self, x: True)
+        _EagerGraphed.replays.clear()
+        order = RunOrder(run_id="r1", ids=list(range(32)), bounds=[(0, 16), (16, 16)], capacity=40, chunk=16,
+                         depth=1, logits_all=False, events=False, check_nan=True, prefill_main=False,
+                         graph_sizes=(1, 16))
+        sp.begin(order)
+        with torch.inference_mode():
+            x = sp.head.embed_tokens(sp.ids[:16])
+            eager = sp.forward(x, sp.layers, sp.kvs, 0, 0).clone()
+            assert not _EagerGraphed.replays
+            notes = [m for m in out.msgs if m[0] == "note"]
+            assert len(notes) == 1 and notes[0][2] == "r1" and "layers 0-3 on cuda:0 at chunk 16" in notes[0][3]
+            for kv in sp.kvs:
+                kv.reset()
+            replayed = sp.forward(x, sp.layers, sp.kvs, 0, 0)
+            assert _EagerGraphed.replays == [(i, 16) for i in range(4)]
+            assert torch.equal(replayed, eager)
+            sp.forward(sp.head.embed_tokens(sp.ids[16:24]), sp.layers, sp.kvs, 16, 1)  # 8: not a graph size
+            assert len(_EagerGraphed.replays) == 4 and len([m for m in out.msgs if m[0] == "note"]) == 1
+        graphed = next(iter(sp.graphs.sets.values()))
+        sp.begin(dataclasses.replace(order, run_id="r2", graph_sizes=(1, 8)))  # 16 left the plan
+        assert graphed.closed and not sp.graphs.sets
+    finally:
+        sp.close()
+        dist.destroy_process_group()
