@@ -484,7 +484,11 @@ class _Job:
         _, rank, chunk, layer, type_name, text, tb = msg
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
-            dead = [o for o in self.members if o is not m and o.proc.exitcode is not None and o.proc.exitcode < 0]
+            for o in self.members:
+                if o is not m and isinstance(o.proc, _Attached) and not o.closed:
+                    self.drain(o)  # an attached stage has no exit code: its closed connection says it died
+            dead = [o for o in self.members if o is not m and (
+                (o.proc.exitcode is not None and o.proc.exitcode < 0) or (isinstance(o.proc, _Attached) and o.closed))]
             if dead:
                 self.lost(dead[0])
             time.sleep(0.05)
