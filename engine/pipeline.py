@@ -41,7 +41,8 @@ from .experts import ExpertCache, ExpertLayout, ExpertStats, HostArena, arena_by
 from .gpu_timing import DeferredTimer, DeviceClock
 from .kv import LayerKV
 from .model import Head, Layer, Rope, WeightSource, load_head, load_layer_weights, resolve_dtype
-from .run import MAX_GRAPHED_SIZES, Run, _Digest
+from .run import Run, _Digest
+from .stage_graphs import MAX_GRAPHED_SIZES
 from .split import Split
 from .stage import IDLE_MIN_NS, PipelineHooks, Stage, StageContext, _Worker
 

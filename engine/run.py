@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import torch
 
-from . import nonfinite, planner
+from . import nonfinite, planner, stage_graphs
 from .config import ConfigError
 from .errors import Cancelled
 from .events import (EventSink, RunPlan, RunReport, StageEvent, busy_histogram, by_device, format_timing,
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_GRAPHED_SIZES = 6  # chunk sizes of one run captured as CUDA graphs at most (graph memory per size)
 
 
 class Hasher(Protocol):
@@ -184,11 +183,9 @@ class Run:
                 st.cache.reset_stats()
         plan = self.plan = s.plan(self.n_prompt, self.decode_tokens, run_id=self.run_id)
         # graphs for the run's chunk sizes (the fixed size and the remainder; a balanced
-        # schedule's few sizes, multiples of its grain: the largest MAX_GRAPHED_SIZES) and for
+        # schedule's few sizes, multiples of its grain: the largest stage_graphs.MAX_GRAPHED_SIZES) and for
         # decode steps; other sizes' graphs are freed.  A warm-up run of the same plan captures them.
-        sizes = {k for _, k in plan.chunk_bounds()}
-        sizes = (sizes if len(sizes) <= MAX_GRAPHED_SIZES else set(sorted(sizes, reverse=True)[:MAX_GRAPHED_SIZES])) | {1}
-        self.graph_sizes = frozenset(sizes) if s.config.cuda_graphs else frozenset()
+        self.graph_sizes = frozenset(stage_graphs.graph_sizes(plan.chunk_bounds(), s.config.cuda_graphs))
         for st in s.stages:
             st.drop_graphs(keep=set(self.graph_sizes))
         if self.on_plan is not None:

@@ -24,7 +24,7 @@ from .errors import Cancelled, NonFiniteError, StageError
 from .events import StageEvent
 from .experts import ExpertCache
 from .gpu_timing import DeferredTimer, DeviceClock, GpuInterval, timing_event
-from .graphs import CAPTURE_LOCK, GraphedLayers
+from .stage_graphs import StageGraphs
 from .kv import LayerKV
 from .model import Head, Layer
 
@@ -142,9 +142,8 @@ class Stage:
         self.host_buf: torch.Tensor | None = None  # pinned staging for a host hand-off to the successor
         self.handoff = "none"
         self.cache: ExpertCache | None = None  # streamed experts of this stage's device
-        # CUDA graphs per (first layer, layer count, chunk size): see engine/graphs.py
-        self.graph_sets: dict[tuple[int, int, int], GraphedLayers] = {}
-        self.graph_failed: set[tuple[int, int, int]] = set()
+        # CUDA graphs per (first layer, layer count, chunk size): engine/stage_graphs.py
+        self.graphs = StageGraphs(device, self.name, note=log.info)
 
     # ------------------------------------------------------------------ helpers
     def event(self, ctx: StageContext, chunk: int, kind: str, start: int, end: int, tokens: int = 0,
@@ -202,7 +201,7 @@ class Stage:
         """The layers in order (replaying their CUDA graphs where captured), with the NaN check,
         the test hook and errors that name stage, layer and chunk."""
         hook = ctx.hooks.after_layer
-        graphed, capture = self._graphs_for(ctx, x, layers)
+        graphed, capture = self.graphs.lookup(x, layers, ctx.graph_sizes)
         for i, (layer, kv) in enumerate(zip(layers, kvs)):
             try:
                 x = graphed.forward(i, x, kv, pos) if graphed is not None else layer(x, kv, pos)
@@ -214,51 +213,18 @@ class Stage:
                 raise
             except Exception as exc:
                 raise StageError(self.index, self.name, chunk, layer.index, exc) from exc
-        # graphability is known only after a first pass (each layer decides its expert GEMM
-        # on its first call), so the warm-up run's eager pass is what captures
-        if capture and all(layer.graphable(x) for layer in layers):
-            self._capture(ctx, layers, x.shape[0], x.dtype)
+        if capture:  # after the eager pass: each layer decides its expert GEMM (graphability) on its first call
+            self.graphs.after_eager(layers, x, ctx.note)
         return x
 
-    def _graphs_for(self, ctx: StageContext, x: torch.Tensor,
-                    layers: Sequence[Layer]) -> tuple[GraphedLayers | None, bool]:
-        """(the CUDA graphs of these layers at x's chunk size or None = eager, whether to capture
-        them after this eager pass).  A size the run asks for is captured right after its first,
-        eager, pass (which warms the kernels up), so a one-chunk prompt captures in its first run."""
-        n = x.shape[0]
-        if self.device.type != "cuda" or not layers or n not in ctx.graph_sizes:
-            return None, False
-        key = (layers[0].index, len(layers), n)
-        graphed = self.graph_sets.get(key)
-        if graphed is not None or key in self.graph_failed:
-            return graphed, False
-        return None, True
-
-    def _capture(self, ctx: StageContext, layers: Sequence[Layer], n: int, dtype: torch.dtype) -> None:
-        key = (layers[0].index, len(layers), n)
-        try:
-            graphed = GraphedLayers(layers, n, self.device, dtype)
-            graphed.capture()
-        except (torch.OutOfMemoryError, RuntimeError) as exc:
-            self.graph_failed.add(key)
-            msg = (f"CUDA graphs off for layers {layers[0].index}-{layers[-1].index} on {self.name} at "
-                   f"chunk {n}: capture failed ({str(exc).splitlines()[0][:200]}); running eagerly")
-            log.warning("%s", msg)
-            ctx.note(msg)
-            with CAPTURE_LOCK:  # emptying the cache must not meet another thread's capture
-                torch.cuda.empty_cache()
-            return
-        self.graph_sets[key] = graphed
-        ctx.note(f"CUDA graphs captured for layers {layers[0].index}-{layers[-1].index} on {self.name} "
-                       f"at chunk {n}: {graphed.capture_s * 1e3:.0f} ms, "
-                       f"{graphed.reserved_bytes / 2**20:.0f} MiB")
+    @property
+    def graph_sets(self) -> dict:
+        """The captured graph sets by (first layer, layer count, chunk size)."""
+        return self.graphs.sets
 
     def drop_graphs(self, keep: set[int] | None = None) -> None:
         """Free the graph sets of chunk sizes not in `keep` (all when None)."""
-        for key in list(self.graph_sets):
-            if keep is None or key[2] not in keep:
-                self.graph_sets.pop(key).close()
-        self.graph_failed = {k for k in self.graph_failed if keep is not None and k[2] in keep}
+        self.graphs.drop(keep)
 
     def emit_streams(self, ctx: StageContext) -> None:
         """Stream events for the expert copies that have finished (timed on the copy stream)."""

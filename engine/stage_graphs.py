@@ -8,9 +8,8 @@ whether it is graphable); a size that leaves the plan has its graphs freed; a ca
 falls back to eager for that size with a note.
 
 `graph_sizes` is the run's choice of sizes; `StageGraphs` holds one stage's graph sets keyed by
-(first layer, layer count, chunk size) and follows the policy.  The threaded Stage
-(engine/pipeline.py) keeps the same policy in its own methods; the stage process
-(engine/stage_process.py) uses this module.  Without CUDA everything here is a no-op.
+(first layer, layer count, chunk size) and follows the policy.  Both the threaded Stage
+(engine/stage.py) and the stage process (engine/stage_process.py) use this module.  Without CUDA everything here is a no-op.
 """
 from __future__ import annotations
 
@@ -61,10 +60,14 @@ class StageGraphs:
         self.sizes = set(sizes) if self.device.type == "cuda" else set()
         self.drop(keep=self.sizes)
 
-    def lookup(self, x: torch.Tensor, layers: Sequence) -> tuple[object | None, bool]:
+    def lookup(self, x: torch.Tensor, layers: Sequence,
+               sizes: Iterable[int] | None = None) -> tuple[object | None, bool]:
         """(the graph set of these layers at x's size or None = eager, whether to capture them
-        after this eager pass)."""
+        after this eager pass).  `sizes`: the run's graph sizes when the caller holds them (the
+        threaded Stage gets them with each chunk) instead of those given to `plan`."""
         n = x.shape[0]
+        if sizes is not None:
+            self.sizes = set(sizes) if self.device.type == "cuda" else set()
         if not self.active or not layers or n not in self.sizes:
             return None, False
         key = (layers[0].index, len(layers), n)
@@ -73,13 +76,15 @@ class StageGraphs:
             return graphed, False
         return None, True
 
-    def after_eager(self, layers: Sequence, x: torch.Tensor) -> None:
+    def after_eager(self, layers: Sequence, x: torch.Tensor, note: Callable[[str], None] | None = None) -> None:
         """After the first eager pass of a size: capture when every layer can be graphed (a layer
-        whose experts stream synchronises with the host and cannot)."""
+        whose experts stream synchronises with the host and cannot).  `note`: where this run's
+        report notes go, when not the one given at construction."""
         if all(layer.graphable(x) for layer in layers):
-            self.capture(layers, x.shape[0], x.dtype)
+            self.capture(layers, x.shape[0], x.dtype, note)
 
-    def capture(self, layers: Sequence, n: int, dtype: torch.dtype) -> None:
+    def capture(self, layers: Sequence, n: int, dtype: torch.dtype, note: Callable[[str], None] | None = None) -> None:
+        say = note or self.note
         from .graphs import CAPTURE_LOCK, GraphedLayers
 
         key = (layers[0].index, len(layers), n)
@@ -93,13 +98,13 @@ class StageGraphs:
                    f"chunk {n}: capture failed ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}); "
                    f"running eagerly")
             log.warning("%s", msg)
-            self.note(msg)
+            say(msg)
             if self.device.type == "cuda":
                 with CAPTURE_LOCK:  # emptying the cache must not meet another thread's capture
                     torch.cuda.empty_cache()
             return
         self.sets[key] = graphed
-        self.note(f"CUDA graphs captured for layers {layers[0].index}-{layers[-1].index} on {self.name} "
+        say(f"CUDA graphs captured for layers {layers[0].index}-{layers[-1].index} on {self.name} "
                   f"at chunk {n}: {graphed.capture_s * 1e3:.0f} ms, {graphed.reserved_bytes / 2**20:.0f} MiB")
 
     def drop(self, keep: set[int] | None = None) -> None:
