@@ -27,7 +27,7 @@ def record_demo_run(demo_path, pf_depth: int, nonce: int = 0, prompt_tokens: int
     from engine.config import EngineConfig
     from engine.gguf_model import load
     from engine.pipeline import Session
-    from strata_gui.run_record import RunRecord, record_config
+    from strata_gui.run.record_model import RunRecord, record_config
 
     model = load(demo_path)
     cfg = EngineConfig.from_sources({"devices": "cpu,cpu", "prefill": CHUNK, "pf_depth": pf_depth}, env={})

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from history_support import demo_runs  # noqa: F401
 
-from strata_gui.compare import DiffRow, MetricRow, SampleSet, compare, gather_samples, unaffected_reason
-from strata_gui.history import RunHistory
-from strata_gui.spread import Spread, format_spread
+from strata_gui.history.compare_model import DiffRow, MetricRow, SampleSet, compare, gather_samples, unaffected_reason
+from strata_gui.history.history_model import RunHistory
+from strata_gui.run.spread_model import Spread, format_spread
 
 
 def test_spread_median_range_and_relative_half_range():

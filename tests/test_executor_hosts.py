@@ -151,7 +151,7 @@ def test_an_attached_stage_killed_mid_run_is_named_and_the_other_one_ends(demo):
 
 
 def test_the_app_form_attaches_through_the_environment():
-    from strata_gui.run_settings import RunSettings, validate
+    from strata_gui.run.settings_model import RunSettings, validate
 
     v = validate(RunSettings(executor="processes"), 4, env={"STRATA_RENDEZVOUS": "127.0.0.1:29600"})
     assert v.ok and v.config.executor == "processes" and v.config.rendezvous == "127.0.0.1:29600"

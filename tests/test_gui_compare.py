@@ -8,10 +8,10 @@ from gui_support import qsettings, qt_settings_sandbox, themed_app, window  # no
 from history_support import FORM, run_once
 from PySide6.QtCore import Qt
 
-from strata_gui.compare import format_ratio
+from strata_gui.history.compare_model import format_ratio
 
 def test_depth_0_vs_1_compare_on_one_axis_with_ratio_and_config_diff(window, qtbot, qsettings, demo_path):
-    from strata_gui.mainwindow import MainWindow
+    from strata_gui.views.main_window_view import MainWindow
 
     win = window
     join = run_once(qtbot, win, pf_depth=0, **FORM)

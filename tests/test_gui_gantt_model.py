@@ -11,11 +11,11 @@ import pytest
 
 from engine.events import RunPlan, StageEvent, StagePlan
 from engine.topology import TelemetrySample
-from strata_gui.event_batcher import EventBatcher
-from strata_gui.gantt_model import EventStore
-from strata_gui.run_progress import RunProgress
-from strata_gui.run_settings import RunSettings, validate
-from strata_gui.telemetry_model import TelemetryStore
+from strata_gui.run.event_batcher import EventBatcher
+from strata_gui.run.gantt_model import EventStore
+from strata_gui.run.progress_model import RunProgress
+from strata_gui.run.settings_model import RunSettings, validate
+from strata_gui.run.telemetry_model import TelemetryStore
 
 MS = 1_000_000
 

@@ -120,8 +120,8 @@ def test_a_stopped_run_is_saved_with_its_partial_report(window, qtbot):
 
 def test_a_history_from_a_newer_version_is_left_alone_and_runs_still_work(themed_app, qtbot, qsettings,
                                                                            demo_path, tmp_path):
-    from strata_gui.history import RunHistory
-    from strata_gui.mainwindow import MainWindow
+    from strata_gui.history.history_model import RunHistory
+    from strata_gui.views.main_window_view import MainWindow
 
     path = tmp_path / "history.sqlite3"
     RunHistory(path).close()

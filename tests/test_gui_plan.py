@@ -11,7 +11,7 @@ import pytest
 from gui_support import qsettings, qt_settings_sandbox, themed_app, window  # noqa: F401
 from history_support import demo_runs  # noqa: F401
 
-from strata_gui.plan_model import GpuRow, PlanModel
+from strata_gui.plan.plan_model import GpuRow, PlanModel
 
 
 def test_plan_model_predicts_a_saved_run_and_its_errors(demo_runs):  # noqa: F811

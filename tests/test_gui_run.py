@@ -122,7 +122,7 @@ def test_engine_error_shows_a_dialog_and_the_next_run_succeeds(window, qtbot, tm
 
 
 def test_closing_the_window_during_a_run_stops_it_cleanly(themed_app, qtbot, qsettings, demo_path):
-    from strata_gui.mainwindow import MainWindow
+    from strata_gui.views.main_window_view import MainWindow
 
     win = MainWindow(qsettings, demo_path)
     qtbot.addWidget(win)
@@ -159,7 +159,7 @@ def test_text_prompt_is_tokenised_with_the_models_vocabulary(window, qtbot):
 def test_telemetry_reason_for_a_gpu_run_without_nvml():
     from engine.config import EngineConfig
     from engine.topology import Topology
-    from strata_gui.run_job import make_sampler
+    from strata_gui.run.run_job import make_sampler
 
     sampler, reason = make_sampler(EngineConfig(devices=["cpu", "cpu"]), Topology(reason="no CUDA devices: test"))
     if sampler is None:  # this machine: no NVML
@@ -252,8 +252,8 @@ def test_first_run_on_the_demo_shows_the_pipeline(themed_app, qtbot, tmp_path, d
     computing at once for part of the prefill; auto stays the engine's default elsewhere."""
     from PySide6.QtCore import QSettings
 
-    from strata_gui.mainwindow import MainWindow
-    from strata_gui.run_settings import RunSettings
+    from strata_gui.views.main_window_view import MainWindow
+    from strata_gui.run.settings_model import RunSettings
 
     assert RunSettings().chunk_mode == "auto" and RunSettings.from_env({}).chunk_mode == "auto"
     assert RunSettings.from_env({"STRATA_PREFILL": "auto"}, demo=True).chunk_mode == "auto"

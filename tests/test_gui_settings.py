@@ -7,8 +7,8 @@ from PySide6.QtCore import QModelIndex, Qt
 from PySide6.QtWidgets import QAbstractItemView
 
 from engine.topology import GpuInfo, Topology
-from strata_gui.devices_panel import DevicesPanel
-from strata_gui.settings_panel import TIPS
+from strata_gui.views.devices_view import DevicesPanel
+from strata_gui.views.settings_view import TIPS
 
 
 def _flagged(win, field: str) -> str:
@@ -102,7 +102,7 @@ def test_every_setting_has_a_tooltip(window):
 
 
 def test_settings_persist_across_restarts(themed_app, qtbot, qsettings, demo_path):
-    from strata_gui.mainwindow import MainWindow
+    from strata_gui.views.main_window_view import MainWindow
 
     first = MainWindow(qsettings, demo_path)
     qtbot.addWidget(first)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import ConfigError, parse_setting
-from strata_gui.run_settings import RunSettings, validate
+from strata_gui.run.settings_model import RunSettings, validate
 
 N_LAYERS = 4  # the demo model
 TEXT = st.one_of(st.text(max_size=12),

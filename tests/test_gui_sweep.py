@@ -17,7 +17,7 @@ from engine import prompt as prompts
 from engine.bench import Point
 from engine.config import ConfigError
 from engine.pipeline import PipelineHooks
-from strata_gui.sweep import SweepArm, SweepPlan, SweepResults, arm_config, format_tokens, parse_sizes
+from strata_gui.sweep.sweep_model import SweepArm, SweepPlan, SweepResults, arm_config, format_tokens, parse_sizes
 
 BASE = {"devices": "cpu,cpu", "prefill": "32", "pf_depth": 1, "layer_split": "auto", "gpu_order": "pcie"}
 ARMS = (SweepArm("join", "pf_depth=0"), SweepArm("overlap", "pf_depth=1"))
@@ -57,8 +57,8 @@ def test_plan_runs_every_arm_on_the_same_prompt_in_the_bench_order():
 def test_a_real_sweep_worker_run_matches_the_bench_table(demo_path):
     """The worker, run in this thread on real demo runs: the table's median and spread are
     strata-bench's (engine.bench.Point) over the same reports; digests agree across arms."""
-    from strata_gui.sweep import SweepSample
-    from strata_gui.sweep_worker import SweepRequest, SweepWorker
+    from strata_gui.sweep.sweep_model import SweepSample
+    from strata_gui.sweep.sweep_worker import SweepRequest, SweepWorker
 
     plan = SweepPlan((64, 128), ARMS, repeats=2, warmup=0, model="demo", base=BASE)
     configs = tuple(arm_config(BASE, a, env={}) for a in ARMS)
@@ -178,7 +178,7 @@ def test_bad_plans_are_refused_then_a_stopped_sweep_keeps_its_finished_points(wi
 def test_sweep_worker_warms_up_every_size_like_the_bench(demo_path, monkeypatch):
     """Each prompt size gets its unmeasured warm-up runs (one per arm) before its first point."""
     from engine.pipeline import Session
-    from strata_gui.sweep_worker import SweepRequest, SweepWorker
+    from strata_gui.sweep.sweep_worker import SweepRequest, SweepWorker
 
     sizes: list[int] = []
     real_run = Session.run
@@ -208,7 +208,7 @@ def test_sweep_tab_before_any_sweep_says_not_started_and_explains_digests(window
 
 
 def test_a_sweep_ratio_inside_the_repeats_noise_is_not_judged():
-    from strata_gui.sweep import SweepRow, ratio_noise
+    from strata_gui.sweep.sweep_model import SweepRow, ratio_noise
 
     def row(arm: int, tok: tuple[float, ...]) -> SweepRow:
         med = sorted(tok)[len(tok) // 2]
@@ -229,7 +229,7 @@ def test_a_sweep_ratio_inside_the_repeats_noise_is_not_judged():
 def test_the_cli_and_the_app_walk_one_sweep():
     """engine.sweep is the one order and statistic: strata-bench's and the Sweep tab's."""
     from engine import sweep as engine_sweep
-    from strata_gui.sweep import SweepArm, SweepPlan
+    from strata_gui.sweep.sweep_model import SweepArm, SweepPlan
 
     plan = SweepPlan(sizes=(64, 128), arms=(SweepArm("a", ""), SweepArm("b", "pf_depth=0")), repeats=2)
     assert plan.steps() == engine_sweep.steps((64, 128), 2, 2)

@@ -55,7 +55,7 @@ def test_bad_input_is_refused_with_a_message(capsys, tmp_path):
 
 
 def test_plan_from_a_history_run(capsys, tmp_path, demo_runs):  # noqa: F811
-    from strata_gui.history import RunHistory
+    from strata_gui.history.history_model import RunHistory
 
     with RunHistory(tmp_path / "h.sqlite3") as h:
         run = h.add(demo_runs.overlap)

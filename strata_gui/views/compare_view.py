@@ -16,10 +16,10 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QPushButton,
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from .compare import Comparison, MetricRow, SampleSet, compare, format_ratio, gather_samples, unchanged
-from .gantt import stacked_pair
-from .history import RunHistory
-from .run_record import RunRecord, describe
+from ..history.compare_model import Comparison, MetricRow, SampleSet, compare, format_ratio, gather_samples, unchanged
+from .gantt_view import stacked_pair
+from ..history.history_model import RunHistory
+from ..run.record_model import RunRecord, describe
 from .summary_view import busy_plot
 from .theme import ERROR_COLOR, MUTED_COLOR
 

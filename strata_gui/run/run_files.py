@@ -19,9 +19,9 @@ from typing import Any
 from engine import trace
 from engine.trace import TraceError
 
-from . import __version__
-from .record_check import check_report
-from .run_record import RunRecord, config_from_report, report_from_dict, report_from_events
+from .. import __version__
+from ..history.record_check import check_report
+from .record_model import RunRecord, config_from_report, report_from_dict, report_from_events
 
 log = logging.getLogger(__name__)
 

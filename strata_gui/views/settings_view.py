@@ -11,8 +11,8 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
                                QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout,
                                QWidget)
 
-from .field_box import FieldBox
-from .run_settings import DEMO_CHUNK, MAX_DECODE_TOKENS, MAX_PROMPT_TOKENS, MAX_REPEATS, RunSettings
+from .field_box_view import FieldBox
+from ..run.settings_model import DEMO_CHUNK, MAX_DECODE_TOKENS, MAX_PROMPT_TOKENS, MAX_REPEATS, RunSettings
 
 log = logging.getLogger(__name__)
 

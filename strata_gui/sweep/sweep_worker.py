@@ -25,9 +25,9 @@ from engine.events import StageEvent
 from engine.gguf_model import load
 from engine.pipeline import Cancelled, PipelineHooks, Session
 
-from .history import SweepMember
-from .run_record import RunRecord, record_config
-from .sweep import SweepPlan, SweepSample, SweepStep, format_tokens
+from ..history.history_model import SweepMember
+from ..run.record_model import RunRecord, record_config
+from .sweep_model import SweepPlan, SweepSample, SweepStep, format_tokens
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from engine.events import RunReport, StageTotals
 
-from .run_record import META_KEYS, RunRecord, ordered_keys
-from .spread import Spread
+from ..run.record_model import META_KEYS, RunRecord, ordered_keys
+from ..run.spread_model import Spread
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ import logging
 
 from PySide6.QtCore import QByteArray, QSettings
 
-from .run_settings import RunSettings
+from .settings_model import RunSettings
 
 log = logging.getLogger(__name__)
 

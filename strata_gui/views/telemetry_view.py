@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from engine.topology import TelemetrySample
 
-from .telemetry_model import TelemetryStore
+from ..run.telemetry_model import TelemetryStore
 from .theme import GPU_COLORS, MUTED_COLOR
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ slowed-down hooks: the prompts are simply long enough to watch), in a temporary 
   Gantt above the measured one (after a warm-up run: the planner's error is the point);
 - history.png: the History tab holding all of those runs.
 
-    QT_QPA_PLATFORM=offscreen python -m strata_gui.screenshots docs/screenshots
+    QT_QPA_PLATFORM=offscreen python -m strata_gui.tools.screenshots docs/screenshots
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from PySide6.QtCore import QSettings
 
-from .run_settings import RunSettings
+from ..run.settings_model import RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ VIEWS = ("main", "compare", "sweep", "plan", "history")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m strata_gui.screenshots", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m strata_gui.tools.screenshots", description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="folder for the PNG files")
     ap.add_argument("--width", type=int, default=1600)
     ap.add_argument("--height", type=int, default=1000)
@@ -50,8 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"unknown view(s) {', '.join(unknown)}: allowed {', '.join(VIEWS)}")
     from engine.synth import demo_model_path
 
-    from .app import make_app
-    from .mainwindow import MainWindow
+    from ..app import make_app
+    from ..views.main_window_view import MainWindow
     from .selftest import wait_until
 
     app = make_app()

@@ -13,7 +13,7 @@ from PySide6.QtCore import QObject, QThread, Signal
 
 from engine.pipeline import PipelineHooks
 
-from .job_thread import JobThreadOwner
+from ..run.job_thread import JobThreadOwner
 
 from .sweep_worker import SweepRecorder, SweepRequest, SweepWorker
 

@@ -40,7 +40,7 @@ from engine.pipeline import Cancelled, PipelineHooks, Session
 from engine.topology import TelemetrySampler, Topology, cuda_index
 
 from .event_batcher import DEFAULT_INTERVAL_S, EventBatcher
-from .run_record import RunRecord, record_config
+from .record_model import RunRecord, record_config
 from .session_cache import SessionCache
 
 log = logging.getLogger(__name__)

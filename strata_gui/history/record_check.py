@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.events import RunReport, StageEvent
 
-from .run_record import SOURCES, STATUSES, RunRecord
+from ..run.record_model import SOURCES, STATUSES, RunRecord
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_STAGES = 256  # as engine.trace.MAX_STAGES: a report with more stages is not one this app made

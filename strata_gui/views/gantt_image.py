@@ -6,8 +6,8 @@ import logging
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt
 from PySide6.QtWidgets import QApplication
 
-from .gantt import GanttView
-from .run_record import RunRecord, describe
+from .gantt_view import GanttView
+from ..run.record_model import RunRecord, describe
 
 log = logging.getLogger(__name__)
 

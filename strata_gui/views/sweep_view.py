@@ -20,10 +20,10 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QFormL
 
 from engine.config import ConfigError
 
-from . import run_files
-from .sweep import (MAX_REPEATS, SweepArm, SweepPlan, SweepResults, SweepSample, format_tokens, parse_sizes,
+from ..run import run_files
+from ..sweep.sweep_model import (MAX_REPEATS, SweepArm, SweepPlan, SweepResults, SweepSample, format_tokens, parse_sizes,
                     ratio_noise)
-from .sweep_worker import SweepProgress
+from ..sweep.sweep_worker import SweepProgress
 from .theme import ERROR_COLOR, GPU_COLORS, MUTED_COLOR
 
 log = logging.getLogger(__name__)

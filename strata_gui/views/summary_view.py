@@ -15,7 +15,7 @@ from typing import Sequence
 
 from engine.events import RunReport
 
-from .spread import Spread, format_spread
+from ..run.spread_model import Spread, format_spread
 from .table_height import fit_height
 from .theme import KIND_STYLES, MUTED_COLOR
 

@@ -11,8 +11,8 @@ from engine import planner
 from engine.events import RunReport, stage_totals
 from engine.topology import Topology
 
-from .run_record import RunRecord
-from .run_settings import RunSettings
+from ..run.record_model import RunRecord
+from ..run.settings_model import RunSettings
 
 log = logging.getLogger(__name__)
 

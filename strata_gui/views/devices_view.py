@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFormLayout, QGroup
 
 from engine.topology import GpuInfo, Topology, driver_facts, order_devices
 
-from .field_box import FieldBox
+from .field_box_view import FieldBox
 from .table_height import fit_height
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QPushButton, QSiz
 
 from engine.events import StageEvent
 
-from .gantt_model import Block, EventStore
+from ..run.gantt_model import Block, EventStore
 from .theme import KIND_STYLES, MUTED_COLOR
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxL
 
 from engine.trace import TraceError
 
-from . import run_files
-from .background import BackgroundJobs
+from ..run import run_files
+from ..run.background import BackgroundJobs
 from .gantt_image import gantt_png
-from .history import MOVE_ASIDE, HistoryError, RunHistory, RunRow, unknown_filter_keys
+from ..history.history_model import MOVE_ASIDE, HistoryError, RunHistory, RunRow, unknown_filter_keys
 from .theme import ERROR_COLOR, MUTED_COLOR
 
 log = logging.getLogger(__name__)

@@ -17,11 +17,11 @@ from engine.planner import PlanError
 from engine.topology import Topology
 
 from .compare_view import AFTER_COLOR, BEFORE_COLOR, _item
-from .gantt import stacked_pair
-from .history import RunHistory
-from .plan_model import PCIE_CHOICES, GpuRow, PlanModel, PlanResult, gpus_of_topology
-from .run_record import describe
-from .run_settings import RunSettings
+from .gantt_view import stacked_pair
+from ..history.history_model import RunHistory
+from ..plan.plan_model import PCIE_CHOICES, GpuRow, PlanModel, PlanResult, gpus_of_topology
+from ..run.record_model import describe
+from ..run.settings_model import RunSettings
 from .theme import ERROR_COLOR, MUTED_COLOR
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Gantt benchmark: frame time when panning and zooming 100,000 blocks, and event-to-screen
 latency at 1,000 events/s through the GUI's real path (EventBatcher -> Qt signal -> GanttView).
 
-    QT_QPA_PLATFORM=offscreen python -m strata_gui.bench_gantt [--blocks 100000] [--rate 1000]
+    QT_QPA_PLATFORM=offscreen python -m strata_gui.tools.bench_gantt [--blocks 100000] [--rate 1000]
 
 The timeline is a synthetic filled pipeline (compute per stage and chunk, the hand-off copies and
 the reap waits of stage 0); no engine runs, so the figures are about drawing only.  A frame is:
@@ -124,7 +124,7 @@ def bench_latency(app, view, rate: float, seconds: float, target_ms: float) -> R
 
     from engine.events import StageEvent
 
-    from .event_batcher import EventBatcher
+    from ..run.event_batcher import EventBatcher
 
     class Bridge(QObject):
         batch = Signal(object)
@@ -211,7 +211,7 @@ def render(rows: Sequence[Row], n_blocks: int, size: tuple[int, int]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m strata_gui.bench_gantt", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m strata_gui.tools.bench_gantt", description=__doc__.split("\n\n")[0])
     ap.add_argument("--blocks", type=int, default=100_000)
     ap.add_argument("--frames", type=int, default=60, help="frames per pan/zoom measurement")
     ap.add_argument("--width", type=int, default=1600)
@@ -219,8 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=1000.0, help="events per second for the latency measurement")
     ap.add_argument("--seconds", type=float, default=5.0, help="length of the latency measurement")
     ns = ap.parse_args(argv)
-    from .app import make_app
-    from .gantt import GanttView
+    from ..app import make_app
+    from ..views.gantt_view import GanttView
 
     app = make_app()
     view = GanttView()

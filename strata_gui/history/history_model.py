@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 from engine.events import RunReport, StageEvent
 
 from .record_check import check_record, check_report
-from .run_record import META_KEYS, RunRecord, report_from_dict, report_to_dict
+from ..run.record_model import META_KEYS, RunRecord, report_from_dict, report_to_dict
 
 log = logging.getLogger(__name__)
 
@@ -517,7 +517,7 @@ class RunHistory:
 def keep_unsaved(history_path: Path, record: RunRecord) -> str:
     """Write a run that the history could not take as a trace in `unsaved-runs/` beside it;
     returns a sentence saying where (or that even that failed)."""
-    from . import run_files  # here: run_files is only needed on this rare path
+    from ..run import run_files  # here: run_files is only needed on this rare path
 
     folder = Path(history_path).parent / UNSAVED_DIR
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(record.created_at))

@@ -25,27 +25,27 @@ from engine.memory_plan import plan_memory
 from engine.topology import TelemetrySample, Topology
 
 from . import window_fit
-from .background import BackgroundJobs
+from ..run.background import BackgroundJobs
 from .compare_view import CompareView
-from .devices_panel import DevicesPanel
-from .gantt import GanttView
-from .history import RunHistory, UnsavedRuns, open_history
-from .history_panel import HistoryPanel
-from .messages import model_error_text
-from .run_controller import RunController
-from .run_progress import RunProgress
-from .run_record import RunRecord
-from .run_settings import RunSettings, Validation, check_machine, settings_from_config, validate
-from .run_job import RepeatDone, RunRequest, RunStarted, SaveResult
+from .devices_view import DevicesPanel
+from .gantt_view import GanttView
+from ..history.history_model import RunHistory, UnsavedRuns, open_history
+from .history_view import HistoryPanel
+from ..run.messages import model_error_text
+from ..run.run_controller import RunController
+from ..run.progress_model import RunProgress
+from ..run.record_model import RunRecord
+from ..run.settings_model import RunSettings, Validation, check_machine, settings_from_config, validate
+from ..run.run_job import RepeatDone, RunRequest, RunStarted, SaveResult
 from .plan_view import PlanTab
-from .settings_panel import SettingsPanel
-from .settings_store import SettingsStore
-from .spread import Spread
+from .settings_view import SettingsPanel
+from ..run.settings_store import SettingsStore
+from ..run.spread_model import Spread
 from .summary_view import SummaryView
-from .sweep import SweepPlan, SweepResults, SweepSample, SweepStep, arm_config, format_tokens
-from .sweep_controller import SweepController
+from ..sweep.sweep_model import SweepPlan, SweepResults, SweepSample, SweepStep, arm_config, format_tokens
+from ..sweep.sweep_controller import SweepController
 from .sweep_view import SweepView
-from .sweep_worker import SweepRequest
+from ..sweep.sweep_worker import SweepRequest
 from .telemetry_view import TelemetryView
 
 log = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.history_panel, "History")
         self.tabs.addTab(self.compare_tab, "Compare")
         self.tabs.addTab(self.sweep_view, "Sweep")
-        self.plan_tab = PlanTab(self)  # issue 22: the what-if planner (strata_gui/plan_view.py)
+        self.plan_tab = PlanTab(self)  # issue 22: the what-if planner (strata_gui/views/plan_view.py)
         self.tabs.addTab(self.plan_tab, "Plan")
         self.tabs.setTabToolTip(4, "Predict a run on other GPUs or settings from a saved run's measured costs.")
         self.tabs.setTabToolTip(1, "Every run saved with its settings, report, events and telemetry.")

@@ -14,8 +14,8 @@ from typing import Callable
 from PySide6.QtCore import QEventLoop, QSettings
 from PySide6.QtWidgets import QApplication
 
-from .mainwindow import MainWindow
-from .run_settings import RunSettings
+from ..views.main_window_view import MainWindow
+from ..run.settings_model import RunSettings
 
 log = logging.getLogger(__name__)
 
