@@ -83,7 +83,8 @@ def check(devices: str, tmp: Path) -> list[str]:
 
     try:
         first = one_run(req, sessions, history)
-        expect(first.kinds() == ["run_started", "saved", "measured", "finished", "done"], f"outcome order {first.kinds()}")
+        expect(first.kinds() == ["run_started", "saved", "measured", "finished", "done"],
+               f"outcome order {first.kinds()}")
         if "finished" in first.kinds():
             report = first.arg("finished")[0]
             computes = sorted((e.stage, e.chunk) for e in first.got if e.kind == "compute")

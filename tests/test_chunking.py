@@ -1,6 +1,15 @@
 """The auto chunk model: prompt length AND stage count decide, from measured costs."""
-from engine.chunking import (GRAIN, ChunkCost, balanced_bounds, bounds_makespan, choose_chunk, choose_schedule,
-                             chunk_bounds, makespan, schedule)
+from engine.chunking import (
+    GRAIN,
+    ChunkCost,
+    balanced_bounds,
+    bounds_makespan,
+    choose_chunk,
+    choose_schedule,
+    chunk_bounds,
+    makespan,
+    schedule,
+)
 
 CANDS = (1024, 2048, 4096, 8192, 16384)
 # per-layer seconds at each size: small chunks use the GPU less well (not a straight line)

@@ -75,7 +75,8 @@ def compute(events, stage):
 
 def test_the_setting_selects_the_executor(demo):
     assert EngineConfig.from_sources(env={"STRATA_EXECUTOR": "processes"}).executor == "processes"
-    assert EngineConfig.from_sources({"executor": "threads"}, env={"STRATA_EXECUTOR": "processes"}).executor == "threads"
+    cfg = EngineConfig.from_sources({"executor": "threads"}, env={"STRATA_EXECUTOR": "processes"})
+    assert cfg.executor == "threads"
     with pytest.raises(ConfigError, match="STRATA_EXECUTOR.*threads or processes"):
         EngineConfig.from_sources(env={"STRATA_EXECUTOR": "forks"})
     assert type(Session(demo, EngineConfig(devices=["cpu"]))) is Session  # threads stay the default
@@ -83,7 +84,7 @@ def test_the_setting_selects_the_executor(demo):
         stage_timeout({"STRATA_STAGE_TIMEOUT_S": "-1"})
     with pytest.raises(ConfigError, match="picklable"):
         Session(demo, EngineConfig(devices=["cpu", "cpu"], executor="processes"),
-                hooks=PipelineHooks(after_layer=lambda s, l, c: None))
+                hooks=PipelineHooks(after_layer=lambda s, layer, c: None))
 
 
 def test_two_stage_processes_match_threads_at_both_depths_and_prefill_main(two, ids, threads_digests):
@@ -119,7 +120,8 @@ def test_join_and_overlap_order_on_the_process_events(two, ids):
     configure(two, pf_depth=1)
     over = two.run(ids)
     s0, s1 = compute(two.events, 0), compute(two.events, 1)
-    overlapping = [c for c in range(len(s0) - 1) if s0[c + 1].start_ns < s1[c].end_ns and s1[c].start_ns < s0[c + 1].end_ns]
+    overlapping = [c for c in range(len(s0) - 1)
+                   if s0[c + 1].start_ns < s1[c].end_ns and s1[c].start_ns < s0[c + 1].end_ns]
     assert overlapping, "overlap: stage 0's C(c+1) never ran beside stage 1's Cc"
     # one-for-one reaping: stage 0 hands C(c+1) over only once stage 1's run of Cc ended
     copies = {e.chunk: e for e in two.events if e.kind == "copy" and e.stage == 0}

@@ -18,7 +18,6 @@ def demo(demo_path):
 
 def one_layer_of_experts(demo) -> float:
     """GiB of one layer's experts as stored (the cache holds them so)."""
-    s = demo.spec
     return sum(demo.nbytes(f"blk.0.{p}.weight") for p in EXPERT_PARTS) / 2**30
 
 

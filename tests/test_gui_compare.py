@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt
 
 from strata_gui.history.compare_model import format_ratio
 
+
 def test_depth_0_vs_1_compare_on_one_axis_with_ratio_and_config_diff(window, qtbot, qsettings, demo_path):
     from strata_gui.views.main_window_view import MainWindow
 
@@ -137,7 +138,7 @@ def test_depth_change_with_repeats_colours_prefill_and_flags_decode_as_unaffecte
     from engine.pipeline import PipelineHooks
 
     win = window
-    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02) if c >= 0 else None)
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.02) if c >= 0 else None)
     join = _run(qtbot, win, repeats=3, pf_depth=0, **FORM)
     assert len(win.summary.repeats) == 3 and "median of 3" in win.summary.figures.text()
     overlap = _run(qtbot, win, repeats=3, pf_depth=1, **FORM)

@@ -27,7 +27,7 @@ def pipeline_events(run_id: str, n_stages: int, n_chunks: int, chunk_ns: int = M
     for c in range(n_chunks):
         for s in range(n_stages):
             start = t0 + (c + s) * (chunk_ns + gap_ns)
-            out.append(StageEvent(run_id, s, f"cpu", c, "compute", start, start + chunk_ns, tokens=256))
+            out.append(StageEvent(run_id, s, "cpu", c, "compute", start, start + chunk_ns, tokens=256))
             if s < n_stages - 1:
                 out.append(StageEvent(run_id, s, "cpu", c, "copy", start + chunk_ns, start + chunk_ns + gap_ns // 2,
                                       tokens=256, nbytes=256 * 512, note="host"))

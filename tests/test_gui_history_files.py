@@ -15,8 +15,8 @@ from history_support import demo_runs  # noqa: F401
 from engine import trace
 from engine.trace import TraceError
 from strata_gui.history.history_model import RunHistory
-from strata_gui.run.run_files import events_csv, export_events_csv, export_trace, import_trace
 from strata_gui.run.record_model import RunRecord
+from strata_gui.run.run_files import events_csv, export_events_csv, export_trace, import_trace
 
 
 @pytest.mark.parametrize("name", ["run.json", "run.json.gz"])

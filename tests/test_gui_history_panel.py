@@ -9,9 +9,9 @@ import sqlite3
 import time
 
 from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, window  # noqa: F401
+from history_support import FORM, RUN_TIMEOUT_MS, run_once
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
-from history_support import FORM, RUN_TIMEOUT_MS, run_once
 
 from engine.pipeline import PipelineHooks
 
@@ -101,7 +101,7 @@ def test_filter_delete_and_show_a_saved_run(window, qtbot, monkeypatch):
 
 def test_a_stopped_run_is_saved_with_its_partial_report(window, qtbot):
     win = window
-    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.01))
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.01))
     set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=1024, decode_tokens=0)
     qtbot.mouseClick(win.run_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 2,

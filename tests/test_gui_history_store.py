@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 from history_support import demo_runs  # noqa: F401
 
-from strata_gui.history.history_model import ENV_DIR, SCHEMA_VERSION, HistoryError, RunHistory, SweepMember, default_path
+from strata_gui.history.history_model import (
+    ENV_DIR,
+    SCHEMA_VERSION,
+    HistoryError,
+    RunHistory,
+    SweepMember,
+    default_path,
+)
 from strata_gui.run.record_model import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +61,7 @@ def test_list_filter_relabel_and_delete(tmp_path, demo_runs):
         assert [r.id for r in h.list_runs(f"#{a}")] == [a]
         # the table's column names work as filter keys; keys that name no setting are reported
         from history_support import CHUNK
+
         from strata_gui.history.history_model import unknown_filter_keys
 
         assert len(h.list_runs(f"chunk={CHUNK}")) == 3 and [r.id for r in h.list_runs("depth=0")] == [a]

@@ -4,8 +4,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gui_support import (qsettings, qt_settings_sandbox, set_form, themed_app,  # noqa: F401
-                         wait_no_engine_threads, window)
+from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, wait_no_engine_threads, window  # noqa: F401
 from PySide6.QtCore import Qt
 
 from engine.pipeline import PipelineHooks
@@ -65,7 +64,7 @@ def test_run_demo_on_two_cpu_stages_fills_gantt_summary_and_progress(window, qtb
 
 def test_stop_mid_run_leaves_no_thread_and_the_next_run_works(window, qtbot):
     win = window
-    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02))
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.02))
     set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=1024, decode_tokens=0)
     _click_run(qtbot, win)
     qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 2,
@@ -128,7 +127,7 @@ def test_closing_the_window_during_a_run_stops_it_cleanly(themed_app, qtbot, qse
     qtbot.addWidget(win)
     win.show()
     qtbot.waitUntil(lambda: not win.jobs.busy, timeout=20_000)
-    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02))
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.02))
     set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=1024, decode_tokens=0)
     _click_run(qtbot, win)
     qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 1,
@@ -193,7 +192,7 @@ def test_out_of_memory_shows_what_to_change_and_the_next_run_succeeds(window, qt
 
 def test_stop_during_decode_keeps_the_prompts_result(window, qtbot):
     win = window
-    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.01) if c == -1 else None)
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.01) if c == -1 else None)
     set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_tokens=256, decode_tokens=400)
     _click_run(qtbot, win)
     qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 4,
@@ -252,8 +251,8 @@ def test_first_run_on_the_demo_shows_the_pipeline(themed_app, qtbot, tmp_path, d
     computing at once for part of the prefill; auto stays the engine's default elsewhere."""
     from PySide6.QtCore import QSettings
 
-    from strata_gui.views.main_window_view import MainWindow
     from strata_gui.run.settings_model import RunSettings
+    from strata_gui.views.main_window_view import MainWindow
 
     assert RunSettings().chunk_mode == "auto" and RunSettings.from_env({}).chunk_mode == "auto"
     assert RunSettings.from_env({"STRATA_PREFILL": "auto"}, demo=True).chunk_mode == "auto"
@@ -314,7 +313,7 @@ def test_a_run_without_warm_up_is_labelled_cold(window, qtbot):
 
 def test_a_stopped_run_shown_from_the_history_has_no_prefill_figure(window, qtbot):
     win = window
-    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02))
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.02))
     set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=512, decode_tokens=0,
              warmup=False)
     _click_run(qtbot, win)

@@ -160,9 +160,9 @@ def test_pcie_ordering_preview_and_drag_reordering(themed_app, qtbot):
 
 def test_a_pin_limit_above_ram_is_flagged_under_its_field_before_run(window, qtbot):
     """The form applies the engine's own machine check (EngineConfig.check_machine)."""
-    from engine.experts import physical_ram
-
     from gui_support import set_form
+
+    from engine.experts import physical_ram
 
     win = window
     too_much = f"{physical_ram() / 2**30 * 2:.0f}"

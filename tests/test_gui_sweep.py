@@ -9,8 +9,7 @@ import threading
 import time
 
 import pytest
-from gui_support import (qsettings, qt_settings_sandbox, set_form, themed_app,  # noqa: F401
-                         wait_no_engine_threads, window)
+from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, wait_no_engine_threads, window  # noqa: F401
 from PySide6.QtCore import Qt
 
 from engine import prompt as prompts
@@ -160,7 +159,7 @@ def test_bad_plans_are_refused_then_a_stopped_sweep_keeps_its_finished_points(wi
     assert "arm a" in view.errors.text() and "layer_split" in view.errors.text()
     assert not win.sweeps.is_running and win.history.list_sweeps() == []
 
-    win.sweeps.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.005))
+    win.sweeps.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.005))
     _start_sweep(qtbot, win, "64, 128, 256", 2)
     qtbot.waitUntil(lambda: view.results is not None and len(view.results) >= 2, timeout=SWEEP_TIMEOUT_MS)
     qtbot.mouseClick(view.stop_button, Qt.MouseButton.LeftButton)

@@ -15,9 +15,9 @@ from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app  # 
 from history_support import FORM, RUN_TIMEOUT_MS, demo_runs  # noqa: F401
 from PySide6.QtCore import Qt
 
+from strata_gui.history.history_model import UNSAVED_DIR, HistoryError, RunHistory, UnsavedRuns, open_history
 from strata_gui.run import run_files
 from strata_gui.run.background import BackgroundJobs
-from strata_gui.history.history_model import UNSAVED_DIR, HistoryError, RunHistory, UnsavedRuns, open_history
 from strata_gui.views.history_view import LABEL_COL, HistoryPanel
 
 PAGE = 4096

@@ -18,7 +18,7 @@ def _held(st) -> tuple[int, int]:
     """(dense bytes, resident expert bytes) a stage holds."""
     dense = experts = 0
     for layer in st.layers:
-        for k, t in vars(layer.w).items():
+        for t in vars(layer.w).values():
             if isinstance(t, QTensor):
                 experts += t.nbytes
             elif isinstance(t, torch.Tensor):
@@ -46,7 +46,8 @@ def test_plan_matches_what_the_session_holds(make_arch, cache):
             assert (d.first, d.end) == (st.first, st.end)
             assert d.dense == dense
             if plan.streamed:
-                assert d.experts == st.cache.pool.numel() and d.expert_slots == st.cache.n_slots == 5  # slots hold the largest row (Q6_K down)
+                # the slots hold the largest row (Q6_K down)
+                assert d.experts == st.cache.pool.numel() and d.expert_slots == st.cache.n_slots == 5
             else:
                 assert d.experts == experts
             assert d.kv == 2 * (st.end - st.first) * 2 * 64 * 80 * 4

@@ -87,8 +87,9 @@ def test_an_f32_tensor_relabelled_q4_0_leaks_no_warning_and_no_silent_table(make
     with the non-finite error or is finite garbage, and numpy never warns on the way."""
     import struct
 
-    from engine import gguf_model
     from gguf.constants import GGMLQuantizationType
+
+    from engine import gguf_model
 
     demo_path = make_arch("qwen3moe", quant="f32")  # float embeddings (the demo's are Q8_0, as llama.cpp's)
     data = demo_path.read_bytes()

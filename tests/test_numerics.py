@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_reference import hf_model
 
 from engine import gguf_model
 from engine.config import EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
-from hf_reference import hf_model
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")

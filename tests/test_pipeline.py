@@ -52,7 +52,8 @@ def test_join_waits_for_the_whole_chain(demo):
     first, last = compute(events, 0), compute(events, 2)
     assert len(first) == len(last) == 8
     for c in range(7):
-        assert first[c + 1].start_ns >= last[c].end_ns, f"join: stage 0 started C{c + 1} before the last stage ended C{c}"
+        assert first[c + 1].start_ns >= last[c].end_ns, \
+            f"join: stage 0 started C{c + 1} before the last stage ended C{c}"
     assert any(e.kind == "wait" and e.note == "join" for e in events)
 
 

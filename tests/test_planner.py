@@ -92,7 +92,8 @@ def test_overlap_beats_join_and_events_keep_the_seeds_order(profile):
     machine = planner.Machine([planner.DeviceSpec("cpu")])
     s = planner.PlanSettings(prompt_tokens=TOKENS, chunk=CHUNK, pf_depth=0, layer_split=[2, 1, 1])
     join = planner.simulate(profile, machine, s, devices=["cpu"] * 3)
-    over = planner.simulate(profile, machine, planner.PlanSettings(**{**s.__dict__, "pf_depth": 1}), devices=["cpu"] * 3)
+    over = planner.simulate(profile, machine, planner.PlanSettings(**{**s.__dict__, "pf_depth": 1}),
+                            devices=["cpu"] * 3)
     assert over.prefill_s < join.prefill_s
     comp = {(e.stage, e.chunk): e for e in join.events if e.kind == "compute"}
     for c in range(len(join.bounds) - 1):  # join: stage 0 starts C(c+1) only after the last stage ended Cc

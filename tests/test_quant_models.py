@@ -9,12 +9,12 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
+from hf_reference import hf_model
 
 from engine import gguf_model, quant_recipe, synth
 from engine.config import EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
-from hf_reference import hf_model
 
 # rows of 256 values so the K-quants apply (the demo's 128 would fall back to legacy types)
 K_SHAPES = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)

@@ -25,8 +25,16 @@ from hypothesis import strategies as st
 
 from engine import bench
 from engine.config import (
-    BOOL_SETTINGS, CHOICES, ENV_NAMES, MAX_PREFILL, MAX_SHOWN_VALUE, SETTING_NAMES, ConfigError, EngineConfig,
-    format_setting, parse_setting,
+    BOOL_SETTINGS,
+    CHOICES,
+    ENV_NAMES,
+    MAX_PREFILL,
+    MAX_SHOWN_VALUE,
+    SETTING_NAMES,
+    ConfigError,
+    EngineConfig,
+    format_setting,
+    parse_setting,
 )
 
 PROPS = settings(max_examples=150, deadline=None, derandomize=True, database=None,

@@ -233,8 +233,8 @@ def prop_history(tmp_path_factory):
                                                                    HealthCheck.too_slow])
 @given(doc=_doc)
 def test_any_trace_document_imports_or_raises_traceerror_and_the_history_still_lists(doc, tmp_path, prop_history):
-    from strata_gui.run import run_files
     from strata_gui.history.history_model import RunHistory
+    from strata_gui.run import run_files
 
     p = tmp_path / "doc.json"
     p.write_text(json.dumps(doc))

@@ -17,8 +17,9 @@ unaffected rather than judged.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from engine.events import RunReport, StageTotals
 
@@ -229,7 +230,8 @@ def figures(before: RunReport, after: RunReport) -> list[Figure]:
     return out
 
 
-def _side(value: Callable[[RunReport], float | None], own: RunReport, samples: SampleSet) -> tuple[float | None, Spread]:
+def _side(value: Callable[[RunReport], float | None], own: RunReport,
+          samples: SampleSet) -> tuple[float | None, Spread]:
     """A side's figure (the median of its repeats, else the run's own value) and its spread."""
     spread = Spread.of(value(r) for r in samples.reports) if samples.n >= 2 else Spread(())
     if samples.source == "repeats" and spread.values:

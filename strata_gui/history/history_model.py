@@ -25,14 +25,15 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from engine.events import RunReport, StageEvent
 
-from .record_check import check_record, check_report
 from ..run.record_model import META_KEYS, RunRecord, report_from_dict, report_to_dict
+from .record_check import check_record, check_report
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +312,7 @@ class RunHistory:
         with self._lock:
             self._conn.close()
 
-    def __enter__(self) -> "RunHistory":
+    def __enter__(self) -> RunHistory:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -485,7 +486,8 @@ class RunHistory:
     def list_sweeps(self, limit: int = 200) -> list[SweepRow]:
         with self._lock:
             rows = self._conn.execute(
-                "SELECT s.id, s.created_at, s.label, s.status, (SELECT count(*) FROM sweep_runs r WHERE r.sweep = s.id) "
+                "SELECT s.id, s.created_at, s.label, s.status, "
+                "(SELECT count(*) FROM sweep_runs r WHERE r.sweep = s.id) "
                 "FROM sweeps s ORDER BY s.created_at DESC, s.id DESC LIMIT ?", (int(limit),)).fetchall()
         return [SweepRow(*r) for r in rows]
 

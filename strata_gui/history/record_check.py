@@ -12,7 +12,7 @@ import dataclasses
 import math
 import types
 import typing
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from engine.events import RunReport, StageEvent
@@ -24,7 +24,7 @@ MAX_STAGES = 256  # as engine.trace.MAX_STAGES: a report with more stages is not
 JSON_SCALARS = (str, int, float, bool, type(None))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

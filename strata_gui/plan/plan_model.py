@@ -4,8 +4,8 @@ recommendation for the detected machine.  The simulation is `engine.planner`'s."
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence
 
 from engine import planner
 from engine.events import RunReport, stage_totals
@@ -176,9 +176,9 @@ class PlanModel:
         for other in self.others:
             try:
                 p = planner.predict_run(self.profile, other)
-                errors.append(ErrorLine("cross", planner.ErrorRow(self.run.name, other.name, planner.measured_tok_s(other),
-                                                                   p.prefill_tok_s, other.busy_histogram,
-                                                                   p.busy_histogram)))
+                errors.append(ErrorLine("cross", planner.ErrorRow(self.run.name, other.name,
+                                                                   planner.measured_tok_s(other), p.prefill_tok_s,
+                                                                   other.busy_histogram, p.busy_histogram)))
                 q = planner.predict_run(planner.profile_from_run(other), self.run)
                 errors.append(ErrorLine("cross", planner.ErrorRow(other.name, self.run.name, own.measured_tok_s,
                                                                    q.prefill_tok_s, self.run.busy_histogram,

@@ -6,7 +6,8 @@ the GUI thread.  `wait_all()` joins whatever is still running (the window is clo
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 

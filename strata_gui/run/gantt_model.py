@@ -12,8 +12,8 @@ the instant the run started, and the view shows seconds since then.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class Blocks:
         return int(self.start_ns.size)
 
     @classmethod
-    def empty(cls, kind: str) -> "Blocks":
+    def empty(cls, kind: str) -> Blocks:
         z = np.zeros(0, dtype=_INT)
         zi = np.zeros(0, dtype=np.int32)
         return cls(kind, zi, zi, z, z, z, z)
@@ -278,7 +278,7 @@ class EventStore:
 
     def span_ns(self) -> tuple[int, int]:
         """(earliest start, latest end) over all blocks; (origin, origin) when empty."""
-        starts = [int(l.start[: l.n].min()) for l in self._lanes.values() if l.n]
+        starts = [int(lane.start[: lane.n].min()) for lane in self._lanes.values() if lane.n]
         if not starts:
             return self.origin_ns, self.origin_ns
         return min(starts), self._end_ns

@@ -6,8 +6,8 @@ run it.  Rates come from the events' own times, so the figures are the engine's 
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from engine.events import RunPlan, StageEvent
 

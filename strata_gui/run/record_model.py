@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.events import RunPlan, RunReport, StageEvent, StagePlan, StageTotals, busy_histogram, stage_totals

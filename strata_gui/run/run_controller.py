@@ -13,11 +13,10 @@ import threading
 from PySide6.QtCore import QObject, QThread, Signal
 
 from engine.pipeline import PipelineHooks
-
-from .job_thread import JobThreadOwner
 from engine.topology import Topology
 
 from .event_batcher import DEFAULT_INTERVAL_S
+from .job_thread import JobThreadOwner
 from .run_job import RunRecorder, RunRequest
 from .run_worker import RunWorker
 from .session_cache import SessionCache

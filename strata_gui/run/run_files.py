@@ -36,7 +36,8 @@ def export_trace(record: RunRecord, path: Path | str) -> Path:
     meta: dict[str, Any] = {"format": TRACE_FORMAT, "app": f"strata-gui {__version__}", "report": record.report,
                             "config": record.config, "status": record.status, "label": record.label,
                             "source": record.source, "created_at": record.created_at}
-    return trace.save(path, record.events, meta, telemetry=record.telemetry, stage_names=record.report.plan.stage_names())
+    return trace.save(path, record.events, meta, telemetry=record.telemetry,
+                      stage_names=record.report.plan.stage_names())
 
 
 def events_csv(record: RunRecord) -> str:

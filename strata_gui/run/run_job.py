@@ -23,14 +23,15 @@ into a signal; benchmarks/gpu_check.sh drives the same job on a GPU machine with
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
-import hashlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from engine import failure
 from engine import prompt as prompts

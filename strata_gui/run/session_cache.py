@@ -8,9 +8,9 @@ time; `close()` from the GUI thread once no run is in flight.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from engine.config import EngineConfig
 from engine.gguf_model import LoadedModel, load
@@ -27,7 +27,7 @@ class SessionKey:
     config: tuple
 
     @classmethod
-    def of(cls, path: Path, config: EngineConfig) -> "SessionKey":
+    def of(cls, path: Path, config: EngineConfig) -> SessionKey:
         st = path.stat()
         items = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in config.as_dict().items()))
         return cls(str(path.resolve()), st.st_size, st.st_mtime_ns, items)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 from engine.config import ENV_NAMES, ConfigError, EngineConfig, parse_setting
 
@@ -77,7 +78,7 @@ class RunSettings:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunSettings":
+    def from_dict(cls, data: Mapping[str, Any]) -> RunSettings:
         """Known keys with a value of the right type; anything else keeps its default."""
         base = cls()
         kw: dict[str, Any] = {}
@@ -101,7 +102,7 @@ class RunSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, devices: str = "cpu,cpu",
-                 demo: bool = False) -> "RunSettings":
+                 demo: bool = False) -> RunSettings:
         """Defaults for a first start: the environment's valid values (DESIGN.md "Settings").
 
         demo: the first start opens the built-in demo model; its chunk is fixed at DEMO_CHUNK

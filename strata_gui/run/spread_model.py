@@ -9,8 +9,8 @@ showing a single sample as if it were a result.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class Spread:
     values: tuple[float, ...]
 
     @classmethod
-    def of(cls, values: Iterable[float | None]) -> "Spread":
+    def of(cls, values: Iterable[float | None]) -> Spread:
         return cls(tuple(float(v) for v in values if v is not None))
 
     @property

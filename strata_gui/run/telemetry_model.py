@@ -6,8 +6,8 @@ there instead of rebuilding arrays from every sample so far (which was quadratic
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 

@@ -14,7 +14,6 @@ from PySide6.QtCore import QObject, QThread, Signal
 from engine.pipeline import PipelineHooks
 
 from ..run.job_thread import JobThreadOwner
-
 from .sweep_worker import SweepRecorder, SweepRequest, SweepWorker
 
 log = logging.getLogger(__name__)

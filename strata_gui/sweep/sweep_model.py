@@ -15,12 +15,13 @@ import io
 import logging
 import re
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from engine.sweep import SweepStep, median_spread, parse_arm, steps
 from engine.config import ConfigError, EngineConfig
 from engine.events import RunReport
+from engine.sweep import SweepStep, median_spread, parse_arm, steps
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class SweepPlan:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SweepPlan":
+    def from_dict(cls, d: Mapping[str, Any]) -> SweepPlan:
         return cls(sizes=tuple(int(x) for x in d["sizes"]),
                    arms=tuple(SweepArm(str(a["name"]), str(a.get("settings", ""))) for a in d["arms"]),
                    repeats=int(d.get("repeats", 1)), warmup=int(d.get("warmup", 1)),
@@ -168,7 +169,7 @@ class SweepSample:
     run: int | None = None  # its id in the history, when saved
 
     @classmethod
-    def from_report(cls, step: SweepStep, report: RunReport, run: int | None = None) -> "SweepSample":
+    def from_report(cls, step: SweepStep, report: RunReport, run: int | None = None) -> SweepSample:
         return cls(step.arm, step.prompt_tokens, step.repeat, report.prefill_tok_s, report.decode_tok_s,
                    report.digest, report.plan.chunk, report.plan.n_chunks, len(report.plan.stages), report.handoff,
                    tuple(report.busy_histogram), run)

@@ -18,8 +18,8 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -48,7 +48,7 @@ def fill(view, n_blocks: int, n_stages: int = 4) -> int:
     per_chunk = n_stages + (n_stages - 1) + 1
     n_chunks = n_blocks // per_chunk
     origin = 10**12
-    view.reset("", origin, [(s, "cuda:%d" % s, 12 * s, 12 * s + 12) for s in range(n_stages)])
+    view.reset("", origin, [(s, f"cuda:{s}", 12 * s, 12 * s + 12) for s in range(n_stages)])
     slot = 2 * MS
     c = np.arange(n_chunks)
     rng = np.random.default_rng(0)
@@ -152,7 +152,7 @@ def bench_latency(app, view, rate: float, seconds: float, target_ms: float) -> R
     bridge.batch.connect(sink.on_batch)
     view.plot.painted.connect(sink.on_painted)
     t_start = time.perf_counter_ns()
-    view.reset("live", t_start, [(s, "cuda:%d" % s, 12 * s, 12 * s + 12) for s in range(4)])
+    view.reset("live", t_start, [(s, f"cuda:{s}", 12 * s, 12 * s + 12) for s in range(4)])
     view.follow.setChecked(True)
     batcher = EventBatcher(bridge.batch.emit)
     n_events = int(rate * seconds)
@@ -170,7 +170,7 @@ def bench_latency(app, view, rate: float, seconds: float, target_ms: float) -> R
             if delay > 0:
                 time.sleep(delay)
             now = time.perf_counter_ns()
-            batcher(StageEvent("live", i % 4, "cuda:%d" % (i % 4), i // 4, "compute", prev, now, tokens=2048))
+            batcher(StageEvent("live", i % 4, f"cuda:{i % 4}", i // 4, "compute", prev, now, tokens=2048))
             prev = now
 
     batcher.start()
@@ -194,14 +194,14 @@ def bench_latency(app, view, rate: float, seconds: float, target_ms: float) -> R
 
 
 def render(rows: Sequence[Row], n_blocks: int, size: tuple[int, int]) -> str:
+    import pyqtgraph
     from PySide6 import __version__ as pyside
     from PySide6.QtGui import QGuiApplication
 
-    import pyqtgraph
-
     head = (f"Gantt benchmark: {n_blocks:,} blocks, plot {size[0]}x{size[1]} px, "
             f"Qt platform {QGuiApplication.platformName()}, PySide6 {pyside}, pyqtgraph {pyqtgraph.__version__}, "
-            f"Python {platform.python_version()}, {os.cpu_count()} CPU(s) ({platform.processor() or platform.machine()})")
+            f"Python {platform.python_version()}, {os.cpu_count()} CPU(s) "
+            f"({platform.processor() or platform.machine()})")
     lines = [head, "", "| measurement | samples | median ms | p95 ms | max ms | target (median) | met | drawn |",
              "|---|---:|---:|---:|---:|---|---|---|"]
     for r in rows:

@@ -16,8 +16,8 @@ import argparse
 import logging
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from PySide6.QtCore import QSettings
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from PySide6.QtCore import QEventLoop, QSettings
 from PySide6.QtWidgets import QApplication
 
-from ..views.main_window_view import MainWindow
 from ..run.settings_model import RunSettings
+from ..views.main_window_view import MainWindow
 
 log = logging.getLogger(__name__)
 

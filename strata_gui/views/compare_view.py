@@ -13,13 +13,24 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QPushButton,
-                               QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from ..history.compare_model import Comparison, MetricRow, SampleSet, compare, format_ratio, gather_samples, unchanged
-from .gantt_view import stacked_pair
 from ..history.history_model import RunHistory
 from ..run.record_model import RunRecord, describe
+from .gantt_view import stacked_pair
 from .summary_view import busy_plot
 from .theme import ERROR_COLOR, MUTED_COLOR
 
@@ -29,6 +40,7 @@ BEFORE_COLOR = "#8A9BB0"
 AFTER_COLOR = "#0072B2"
 GOOD_COLOR = "#1B7F3B"
 CHOICE_LIMIT = 500
+NO_SAMPLES = SampleSet()  # the run alone (frozen: safe as a default)
 
 
 def _item(text: str, right: bool = False, color: str | None = None, bold: bool = False) -> QTableWidgetItem:
@@ -243,7 +255,7 @@ class CompareView(QWidget):
         self._set_hist([], [])
 
     def set_records(self, before: RunRecord, after: RunRecord, before_name: str = "", after_name: str = "",
-                    before_samples: SampleSet = SampleSet(), after_samples: SampleSet = SampleSet()) -> None:
+                    before_samples: SampleSet = NO_SAMPLES, after_samples: SampleSet = NO_SAMPLES) -> None:
         c = self.comparison = compare(before, after, before_samples, after_samples)
         self.gantt_before.set_title(f"Before {before_name} · {describe(before)}".replace("  ", " "))
         self.gantt_after.set_title(f"After {after_name} · {describe(after)}".replace("  ", " "))
@@ -310,7 +322,8 @@ class CompareView(QWidget):
             head += f"<br><b style='color:{ERROR_COLOR}'>Cold run: {' and '.join(cold)}</b> " \
                     f"(no warm-up, first run of its shape: includes one-off set-up)"
         changed = ", ".join(d.setting for d in c.diff[:6]) or "no setting differs"
-        measured = "; ".join((self._sample_text("before", c.before_samples), self._sample_text("after", c.after_samples)))
+        measured = "; ".join((self._sample_text("before", c.before_samples),
+                              self._sample_text("after", c.after_samples)))
         head += f"<br><span style='color:{MUTED_COLOR}'>Changed: {html.escape(changed)}. {html.escape(measured)}. " \
                 f"Both timelines start at their run's first event, on one time axis.</span>"
         self.headline.setText(head)

@@ -6,8 +6,8 @@ import logging
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt
 from PySide6.QtWidgets import QApplication
 
-from .gantt_view import GanttView
 from ..run.record_model import RunRecord, describe
+from .gantt_view import GanttView
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,8 @@ def gantt_png(record: RunRecord, title: str = "", width: int = 1600) -> bytes:
         view.resize(width, 150 + ROW_PX * n_rows)
         view.show()
         QApplication.processEvents()
-        view.show_run(record.report.run_id, record.origin_ns, record.stages, record.events, record.report.plan.interleave)
+        view.show_run(record.report.run_id, record.origin_ns, record.stages, record.events,
+                      record.report.plan.interleave)
         QApplication.processEvents()
         image = view.grab().toImage()
     finally:

@@ -9,14 +9,23 @@ more item, only for blocks wide enough to hold them.  Hover a block for its time
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QCursor, QFont, QPainter, QPainterPath, QPaintEvent, QPen, QStaticText
-from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QSplitter, QToolTip,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QSplitter,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine.events import StageEvent
 
@@ -490,7 +499,7 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
-def stacked_pair(top_title: str, bottom_title: str, fit: Callable[[], None]) -> tuple["GanttView", "GanttView", QSplitter]:
+def stacked_pair(top_title: str, bottom_title: str, fit: Callable[[], None]) -> tuple[GanttView, GanttView, QSplitter]:
     """Two stored-run Gantts stacked on one shared time axis (Compare, Plan): the top one keeps
     the legend, both Fit buttons call `fit` (which should show both whole)."""
     top, bottom = GanttView(title=top_title, live=False), GanttView(title=bottom_title, live=False)

@@ -8,21 +8,33 @@ from __future__ import annotations
 
 import html
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel,
-                               QLineEdit, QMessageBox, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine.trace import TraceError
 
+from ..history.history_model import MOVE_ASIDE, HistoryError, RunHistory, RunRow, unknown_filter_keys
 from ..run import run_files
 from ..run.background import BackgroundJobs
 from .gantt_image import gantt_png
-from ..history.history_model import MOVE_ASIDE, HistoryError, RunHistory, RunRow, unknown_filter_keys
 from .theme import ERROR_COLOR, MUTED_COLOR
 
 log = logging.getLogger(__name__)

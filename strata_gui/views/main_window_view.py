@@ -8,14 +8,26 @@ from __future__ import annotations
 import html
 import logging
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 import torch
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
-from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QMessageBox, QProgressBar, QPushButton,
-                               QScrollArea, QSizePolicy, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine import topology
 from engine.config import ConfigError
@@ -24,28 +36,28 @@ from engine.gguf_model import GGUFError, load
 from engine.memory_plan import plan_memory
 from engine.topology import TelemetrySample, Topology
 
-from . import window_fit
+from ..history.history_model import RunHistory, UnsavedRuns, open_history
 from ..run.background import BackgroundJobs
+from ..run.messages import model_error_text
+from ..run.progress_model import RunProgress
+from ..run.record_model import RunRecord
+from ..run.run_controller import RunController
+from ..run.run_job import RepeatDone, RunRequest, RunStarted, SaveResult
+from ..run.settings_model import RunSettings, Validation, check_machine, settings_from_config, validate
+from ..run.settings_store import SettingsStore
+from ..run.spread_model import Spread
+from ..sweep.sweep_controller import SweepController
+from ..sweep.sweep_model import SweepPlan, SweepResults, SweepSample, SweepStep, arm_config, format_tokens
+from ..sweep.sweep_worker import SweepRequest
+from . import window_fit
 from .compare_view import CompareView
 from .devices_view import DevicesPanel
 from .gantt_view import GanttView
-from ..history.history_model import RunHistory, UnsavedRuns, open_history
 from .history_view import HistoryPanel
-from ..run.messages import model_error_text
-from ..run.run_controller import RunController
-from ..run.progress_model import RunProgress
-from ..run.record_model import RunRecord
-from ..run.settings_model import RunSettings, Validation, check_machine, settings_from_config, validate
-from ..run.run_job import RepeatDone, RunRequest, RunStarted, SaveResult
 from .plan_view import PlanTab
 from .settings_view import SettingsPanel
-from ..run.settings_store import SettingsStore
-from ..run.spread_model import Spread
 from .summary_view import SummaryView
-from ..sweep.sweep_model import SweepPlan, SweepResults, SweepSample, SweepStep, arm_config, format_tokens
-from ..sweep.sweep_controller import SweepController
 from .sweep_view import SweepView
-from ..sweep.sweep_worker import SweepRequest
 from .telemetry_view import TelemetryView
 
 log = logging.getLogger(__name__)
@@ -509,8 +521,8 @@ class MainWindow(QMainWindow):
             self.progress_label.setText(f"done · prefill median {pre.median:,.0f} tok/s ±{pre.rel * 100:.1f}% "
                                         f"over {pre.n} repeats")
         else:
-            self.progress_label.setText(f"done · prefill {report.prefill_tok_s:,.0f} tok/s"
-                                        + (f" · decode {report.decode_tok_s:,.1f} tok/s" if report.decode_tok_s else ""))
+            decode = f" · decode {report.decode_tok_s:,.1f} tok/s" if report.decode_tok_s else ""
+            self.progress_label.setText(f"done · prefill {report.prefill_tok_s:,.0f} tok/s{decode}")
         saved = self.last_saved
         where = f" · saved to the history as #{saved.run}" if saved is not None and saved.run is not None else ""
         self.set_status(f"finished run {report.run_id} in {total_s:.2f} s · digest {report.digest[:12]}{where}")

@@ -9,19 +9,34 @@ import html
 import logging
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFormLayout, QGroupBox,
-                               QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter,
-                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine.planner import PlanError
 from engine.topology import Topology
 
-from .compare_view import AFTER_COLOR, BEFORE_COLOR, _item
-from .gantt_view import stacked_pair
 from ..history.history_model import RunHistory
 from ..plan.plan_model import PCIE_CHOICES, GpuRow, PlanModel, PlanResult, gpus_of_topology
 from ..run.record_model import describe
 from ..run.settings_model import RunSettings
+from .compare_view import AFTER_COLOR, BEFORE_COLOR, _item
+from .gantt_view import stacked_pair
 from .theme import ERROR_COLOR, MUTED_COLOR
 
 log = logging.getLogger(__name__)

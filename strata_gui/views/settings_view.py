@@ -7,12 +7,23 @@ import logging
 from pathlib import Path
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox,
-                               QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
-from .field_box_view import FieldBox
 from ..run.settings_model import DEMO_CHUNK, MAX_DECODE_TOKENS, MAX_PROMPT_TOKENS, MAX_REPEATS, RunSettings
+from .field_box_view import FieldBox
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +197,8 @@ class SettingsPanel(QGroupBox):
 
         for w in (self.split_counts, self.chunk_size, self.pin_limit, self.expert_cache):
             w.textChanged.connect(self.changed)
-        for w in (self.split_mode, self.chunk_mode, self.chunk_schedule, self.pf_depth, self.executor, self.prompt_mode):
+        for w in (self.split_mode, self.chunk_mode, self.chunk_schedule, self.pf_depth, self.executor,
+                  self.prompt_mode):
             w.currentIndexChanged.connect(self._sync_enabled)
             w.currentIndexChanged.connect(self.changed)
         self.prefill_main.toggled.connect(self.changed)
@@ -244,7 +256,8 @@ class SettingsPanel(QGroupBox):
     def load(self, s: RunSettings) -> None:
         widgets = (self.split_mode, self.split_counts, self.chunk_mode, self.chunk_size, self.chunk_schedule,
                    self.pf_depth, self.prefill_main, self.cuda_graphs, self.executor, self.pin_limit, self.expert_cache,
-                   self.prompt_mode, self.prompt_tokens, self.prompt_text, self.decode_tokens, self.warmup, self.repeats)
+                   self.prompt_mode, self.prompt_tokens, self.prompt_text, self.decode_tokens, self.warmup,
+                   self.repeats)
         for w in widgets:
             w.blockSignals(True)
         try:
@@ -255,7 +268,8 @@ class SettingsPanel(QGroupBox):
             self.chunk_size.setText(s.chunk_size)
             self.pf_depth.setCurrentIndex(max(self.pf_depth.findData(s.pf_depth), 0))
             self.prefill_main.setChecked(s.prefill_main)
-            self.chunk_schedule.setCurrentText(s.chunk_schedule if s.chunk_schedule in ("fixed", "balanced") else "fixed")
+            schedule = s.chunk_schedule if s.chunk_schedule in ("fixed", "balanced") else "fixed"
+            self.chunk_schedule.setCurrentText(schedule)
             self.cuda_graphs.setChecked(s.cuda_graphs)
             self.executor.setCurrentIndex(max(self.executor.findData(s.executor), 0))
             self.pin_limit.setText(s.pin_limit_gib)

@@ -3,15 +3,23 @@ from __future__ import annotations
 
 import html
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QGridLayout, QHeaderView, QLabel, QSizePolicy,
-                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
-
-from typing import Sequence
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QGridLayout,
+    QHeaderView,
+    QLabel,
+    QSizePolicy,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine.events import RunReport
 
@@ -149,8 +157,9 @@ class SummaryView(QWidget):
         elif many:
             pre = Spread.of(x.prefill_tok_s for x in self.repeats)
             ms = Spread.of(x.prefill_s * 1e3 for x in self.repeats)
+            took = html.escape(format_spread(ms, '{:,.1f}', 'ms'))
             rows.append(("Prefill", f"<b>{html.escape(format_spread(pre, unit='tok/s'))}</b><br>"
-                                    f"{plan.prompt_tokens:,} tokens in {html.escape(format_spread(ms, '{:,.1f}', 'ms'))}"))
+                                    f"{plan.prompt_tokens:,} tokens in {took}"))
         else:
             rows.append(("Prefill", f"<b>{r.prefill_tok_s:,.0f} tok/s</b> · {plan.prompt_tokens:,} tokens in "
                                     f"{r.prefill_s * 1e3:,.1f} ms"))

@@ -7,22 +7,47 @@ from __future__ import annotations
 import html
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
-                               QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QScrollArea, QSpinBox,
-                               QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine.config import ConfigError
 
 from ..run import run_files
-from ..sweep.sweep_model import (MAX_REPEATS, SweepArm, SweepPlan, SweepResults, SweepSample, format_tokens, parse_sizes,
-                    ratio_noise)
+from ..sweep.sweep_model import (
+    MAX_REPEATS,
+    SweepArm,
+    SweepPlan,
+    SweepResults,
+    SweepSample,
+    format_tokens,
+    parse_sizes,
+    ratio_noise,
+)
 from ..sweep.sweep_worker import SweepProgress
 from .theme import ERROR_COLOR, GPU_COLORS, MUTED_COLOR
 
@@ -30,8 +55,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ARMS = (("join", "pf_depth=0"), ("overlap", "pf_depth=1"))
 DEFAULT_SIZES = "8K, 16K, 32K, 64K"
-TABLE_COLUMNS = ("arm", "prompt", "n", "prefill tok/s\n(median)", "±\n(half range)", "ratio to\nfirst arm", "decode\ntok/s",
-                 "same output\nas first arm")
+TABLE_COLUMNS = ("arm", "prompt", "n", "prefill tok/s\n(median)", "±\n(half range)", "ratio to\nfirst arm",
+                 "decode\ntok/s", "same output\nas first arm")
 TIPS = {
     "sizes": "Prompt sizes in tokens, comma-separated; K = 1024 (8K = 8192).  Each size is one point per arm.",
     "arms": "Each arm is a name and settings over the Run tab's, written as for strata-bench --arm: "

@@ -86,7 +86,8 @@ class TelemetryView(QWidget):
         for gpu in self.store.gpus:
             color = QColor(GPU_COLORS[gpu % len(GPU_COLORS)])
             t, util = self.store.series(gpu, "util_pct")
-            self._curve(gpu, "util", self.util, f"cuda:{gpu}", pg.mkPen(color, width=2)).setData(t, util, connect="finite")
+            curve = self._curve(gpu, "util", self.util, f"cuda:{gpu}", pg.mkPen(color, width=2))
+            curve.setData(t, util, connect="finite")
             _, tx = self.store.series(gpu, "pcie_tx_gbs")
             _, rx = self.store.series(gpu, "pcie_rx_gbs")
             self._curve(gpu, "tx", self.pcie, f"cuda:{gpu} TX", pg.mkPen(color, width=2)).setData(
