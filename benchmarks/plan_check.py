@@ -65,7 +65,7 @@ def read_log(path: Path, sections: set[str]) -> tuple[list[Row], planner.CostPro
 
 
 def predict(profile: planner.CostProfile, machine: planner.Machine, r: Row) -> planner.Prediction:
-    s = planner.PlanSettings(prompt_tokens=r.prompt, chunk=r.chunk, pf_depth=r.depth)
+    s = planner.PlanSettings(prompt_tokens=r.prompt, chunk_tokens=r.chunk, pipeline_depth=r.depth)
     return planner.simulate(profile, machine, s, devices=r.devices)
 
 

@@ -583,7 +583,7 @@ class ProcessSession(Session):
                 self._prepare(int(ids.numel()) + 1, max(n for _, n in bounds))
             order = RunOrder(run_id=self.run_id, ids=[int(t) for t in ids.tolist()], bounds=list(bounds),
                              capacity=max(self._capacity, int(ids.numel()) + 1), chunk=max(n for _, n in bounds),
-                             depth=self.config.pf_depth, logits_all=logits_all, events=self.events_on,
+                             depth=self.config.pipeline_depth, logits_all=logits_all, events=self.events_on,
                              check_nan=self.config.check_nan, prefill_main=self.config.prefill_main)
             box = job.inbox
             box.prefill_done, box.returned, box.tokens = {}, -1, {}

@@ -393,7 +393,7 @@ class Stage:
         x = self.compute(x, self.layers, self.kvs, pos, chunk, n)
         if self.successor is None:
             s._finish_chunk(self, x, chunk, pos, n)
-            if s.config.pf_depth == 0:
+            if s.config.pipeline_depth == 0:
                 self.throttle(self.done)  # join: the chain returns once the last GPU finished the chunk
             else:
                 self.throttle(prev)
@@ -401,7 +401,7 @@ class Stage:
         self.reap(chunk)
         self.hand_off(x, chunk, n)
         self.pending = self.successor.worker.submit(self.successor.run, chunk, pos, n)
-        if s.config.pf_depth == 0:
+        if s.config.pipeline_depth == 0:
             self.reap(chunk, note="join")
         else:
             self.throttle(prev)
@@ -705,7 +705,7 @@ class Session:
     def choice(self, n_tokens: int) -> chunking.Choice:
         """Chunk size and schedule from the prefill and chunk_schedule settings, with the
         modelled prefill time (auto: the option the model of `chunking` rates fastest)."""
-        c, kind = self.config.prefill, self.config.chunk_schedule
+        c, kind = self.config.chunk_tokens, self.config.chunk_schedule
         main_only = self.config.prefill_main
         n_dev = 1 if main_only else len(self.devices)
         v = 1 if main_only else self.interleave
@@ -775,7 +775,7 @@ class Session:
         if kind == "balanced":
             cost = self.chunk_cost()
             grain = BALANCED_GRAIN_CUDA if self.devices[0].type == "cuda" else chunking.GRAIN
-            floor = self._balanced_floor(self.config.prefill) if isinstance(self.config.prefill, int) \
+            floor = self._balanced_floor(self.config.chunk_tokens) if isinstance(self.config.chunk_tokens, int) \
                 else chunking.efficient_floor(cost)
             bounds = chunking.schedule(n_tokens, chunk, kind, cost, grain, floor)
             chunk = max(n for _, n in bounds)  # buffers are sized by the largest chunk
@@ -786,7 +786,7 @@ class Session:
             stages=tuple(StagePlan(s.index, s.name, s.first, s.end) for s in self.stages),
             prompt_tokens=n_tokens, chunk=chunk, n_chunks=len(bounds),
             decode_tokens=decode_tokens, handoff=self.handoff_kind, prefill_main=self.config.prefill_main,
-            pf_depth=self.config.pf_depth, chunk_reason=choice.reason, schedule=kind, interleave=self.interleave,
+            pipeline_depth=self.config.pipeline_depth, chunk_reason=choice.reason, schedule=kind, interleave=self.interleave,
             bounds=tuple(bounds) if kind == "balanced" else (), modelled_s=choice.modelled_s)
 
     # --------------------------------------------------------------- per-run state

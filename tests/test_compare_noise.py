@@ -36,8 +36,8 @@ def test_ratio_interval_decides_the_colour():
 
 
 def test_decode_is_unaffected_by_prefill_only_settings():
-    depth = [DiffRow("pf_depth", "0", "1")]
-    assert unaffected_reason("decode tok/s", depth).startswith("not affected by pf_depth")
+    depth = [DiffRow("pipeline_depth", "0", "1")]
+    assert unaffected_reason("decode tok/s", depth).startswith("not affected by pipeline_depth")
     assert unaffected_reason("prefill tok/s", depth) == ""
     assert unaffected_reason("decode tok/s", [DiffRow("devices", "cpu", "cpu,cpu")]) == ""
     assert unaffected_reason("prefill tok/s", []) == "no setting differs"

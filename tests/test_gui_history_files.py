@@ -37,7 +37,7 @@ def test_export_then_import_round_trips_the_run_exactly(tmp_path, demo_runs, nam
     assert len(slices) == len(rec.events)
     assert {e["name"] for e in slices if e["cat"] == "compute"} >= {"C0", "C3"}
     assert any(e["ph"] == "s" for e in doc["traceEvents"])
-    assert doc["otherData"]["config"]["pf_depth"] == 0
+    assert doc["otherData"]["config"]["pipeline_depth"] == 0
 
 
 def test_telemetry_becomes_counter_tracks_and_comes_back(tmp_path, demo_runs):

@@ -42,7 +42,7 @@ def test_a_run_comes_back_exactly_and_the_file_is_wal(tmp_path, demo_runs):
     assert mode == "wal"
     assert back.events == rec.events and len(back.events) > 0
     assert back.report == rec.report  # every field, telemetry included
-    assert back.config == rec.config and back.config["pf_depth"] == 1
+    assert back.config == rec.config and back.config["pipeline_depth"] == 1
     assert (back.source, back.status) == ("run", "finished")
 
 
@@ -55,8 +55,8 @@ def test_list_filter_relabel_and_delete(tmp_path, demo_runs):
         assert [r.id for r in h.list_runs()] == [i, b, a]  # newest first
         assert [r.id for r in h.list_runs(source="import")] == [i]
         assert [r.id for r in h.list_runs("colleague")] == [i]
-        assert [r.id for r in h.list_runs("pf_depth=0")] == [a]  # a recorded setting
-        assert [r.id for r in h.list_runs("pf_depth=1 colleague")] == [i]  # every word must match
+        assert [r.id for r in h.list_runs("pipeline_depth=0")] == [a]  # a recorded setting
+        assert [r.id for r in h.list_runs("pipeline_depth=1 colleague")] == [i]  # every word must match
         assert len(h.list_runs("devices=cpu,cpu")) == 3
         assert [r.id for r in h.list_runs(f"#{a}")] == [a]
         # the table's column names work as filter keys; keys that name no setting are reported

@@ -44,11 +44,11 @@ def test_invalid_values_are_flagged_in_place_and_block_run(window, qtbot):
     win.settings_panel.split_mode.setCurrentText("auto")
 
     win.settings_panel.chunk_mode.setCurrentText("fixed")
-    win.settings_panel.chunk_size.setText("abc")
-    msg = _flagged(win, "prefill")
-    assert "prefill='abc'" in msg and "auto or a chunk size in tokens" in msg
+    win.settings_panel.chunk_tokens.setText("abc")
+    msg = _flagged(win, "chunk_tokens")
+    assert "chunk_tokens='abc'" in msg and "auto or a chunk size in tokens" in msg
     _run_is_blocked(win, qtbot)
-    win.settings_panel.chunk_size.setText("128")
+    win.settings_panel.chunk_tokens.setText("128")
 
     win.settings_panel.pin_limit.setText("-2")
     msg = _flagged(win, "pin_limit_gib")
@@ -63,7 +63,7 @@ def test_invalid_values_are_flagged_in_place_and_block_run(window, qtbot):
 
     assert win.validation.errors == {} and win.run_button.isEnabled()
     # depth is a combo: only the engine's two values can be chosen
-    depths = [win.settings_panel.pf_depth.itemData(i) for i in range(win.settings_panel.pf_depth.count())]
+    depths = [win.settings_panel.pipeline_depth.itemData(i) for i in range(win.settings_panel.pipeline_depth.count())]
     assert depths == [1, 0]
 
 
@@ -106,14 +106,14 @@ def test_settings_persist_across_restarts(themed_app, qtbot, qsettings, demo_pat
 
     first = MainWindow(qsettings, demo_path)
     qtbot.addWidget(first)
-    set_form(first, devices="cpu,cpu,cpu", chunk_mode="fixed", chunk_size="96", pf_depth=0, prefill_main=True,
+    set_form(first, devices="cpu,cpu,cpu", chunk_mode="fixed", chunk_tokens="96", pipeline_depth=0, prefill_main=True,
              pin_limit_gib="12", expert_cache="all", prompt_mode="text", prompt_text="hello pipeline",
              decode_tokens=7, split_mode="manual", split_counts="1,1,2", gpu_order="configured")
     first.close()
     second = MainWindow(qsettings, demo_path)
     qtbot.addWidget(second)
     s = second.current_settings()
-    assert (s.devices, s.chunk_mode, s.chunk_size, s.pf_depth, s.prefill_main, s.pin_limit_gib, s.expert_cache,
+    assert (s.devices, s.chunk_mode, s.chunk_tokens, s.pipeline_depth, s.prefill_main, s.pin_limit_gib, s.expert_cache,
             s.prompt_mode, s.prompt_text, s.decode_tokens, s.split_mode, s.split_counts, s.gpu_order) == \
         ("cpu,cpu,cpu", "fixed", "96", 0, True, "12", "all", "text", "hello pipeline", 7, "manual", "1,1,2",
          "configured")
@@ -228,11 +228,11 @@ def test_devices_panel_shows_driver_models_and_what_follows_from_a_fake_nvml(the
 def test_errors_lead_with_the_fields_name_not_the_engines(window, tmp_path):
     win = window
     win.settings_panel.chunk_mode.setCurrentText("fixed")
-    win.settings_panel.chunk_size.setText("abc")
-    msg = _flagged(win, "prefill")
+    win.settings_panel.chunk_tokens.setText("abc")
+    msg = _flagged(win, "chunk_tokens")
     assert msg.startswith("Chunk size: 'abc' is invalid; allowed: auto or a chunk size in tokens")
-    assert msg.endswith("(setting prefill='abc')")  # the name the CLI and the environment use, last
-    win.settings_panel.chunk_size.setText("128")
+    assert msg.endswith("(setting chunk_tokens='abc')")  # the name the CLI and the environment use, last
+    win.settings_panel.chunk_tokens.setText("128")
     bad = tmp_path / "hello.gguf"
     bad.write_bytes(b"hello world" + bytes(64))
     win.settings_panel.set_model_path(str(bad))
@@ -247,7 +247,7 @@ def test_menu_shortcuts_and_cuda_graphs_greyed_for_cpu_runs(window, qtbot):
     win = window
     assert win.run_action.shortcut() == QKeySequence("Ctrl+R") and win.quit_action.shortcut() == QKeySequence("Ctrl+Q")
     assert [a.text() for a in win.menuBar().actions()] == ["&File", "&Run", "&View"]
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_tokens=128, decode_tokens=0)
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="64", prompt_tokens=128, decode_tokens=0)
     assert not win.settings_panel.cuda_graphs.isEnabled()
     assert win.settings_panel.cuda_graphs.text() == "not used: no CUDA device"
     win.tabs.setCurrentIndex(1)

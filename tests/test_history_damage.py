@@ -164,7 +164,7 @@ def test_the_app_starts_on_a_damaged_history_and_keeps_its_runs_as_traces(themed
         assert "is damaged" in win.history_panel.unavailable.text()
         assert win.error_box is not None and "Move the file aside" in win.error_box.text()
         win.error_box.accept()
-        set_form(win, pf_depth=1, **FORM)
+        set_form(win, pipeline_depth=1, **FORM)
         qtbot.mouseClick(win.run_button, Qt.MouseButton.LeftButton)
         qtbot.waitUntil(lambda: win.last_outcome != "" and not win.controller.is_running, timeout=RUN_TIMEOUT_MS)
         assert win.last_outcome == "finished"

@@ -27,7 +27,7 @@ def _poisoned(tmp_path, target: str):
 
 
 def _run(path, **settings):
-    cfg = EngineConfig.from_sources({"devices": "cpu,cpu", "prefill": 16, **settings}, env={})
+    cfg = EngineConfig.from_sources({"devices": "cpu,cpu", "chunk_tokens": 16, **settings}, env={})
     sess = Session(load(path), cfg)
     try:
         return sess.run(prompt.synthetic(48, sess.spec.vocab, 0), 2)

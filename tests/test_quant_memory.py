@@ -50,7 +50,7 @@ m.tensor("blk.0.attn_q.weight")
 before = rss()
 t0 = time.perf_counter()
 cache = sys.argv[2] if sys.argv[2] in ("all", "auto") else float(sys.argv[2])
-sess = Session(m, EngineConfig(devices=["cpu"], prefill=16, expert_cache=cache))
+sess = Session(m, EngineConfig(devices=["cpu"], chunk_tokens=16, expert_cache=cache))
 load_s = time.perf_counter() - t0
 after_load = rss()
 res = sess.run(synthetic(32, m.spec.vocab, nonce=1), decode_tokens=2)

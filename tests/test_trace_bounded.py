@@ -172,7 +172,7 @@ _plan = st.fixed_dictionaries({
     "run_id": _scalar, "prompt_tokens": st.one_of(st.integers(0, 10**6), _scalar), "chunk": st.integers(0, 64),
     "n_chunks": st.one_of(st.integers(0, 9), _scalar), "decode_tokens": st.integers(0, 4),
     "handoff": st.one_of(st.just("host"), _scalar), "prefill_main": st.one_of(st.booleans(), _scalar),
-    "pf_depth": st.one_of(st.sampled_from([0, 1]), _scalar),
+    "pipeline_depth": st.one_of(st.sampled_from([0, 1]), _scalar),
     "stages": st.one_of(st.lists(st.fixed_dictionaries({"stage": st.integers(0, 3), "device": st.just("cpu"),
                                                          "first_layer": st.integers(0, 4),
                                                          "end_layer": st.one_of(st.integers(0, 4), _scalar)}),
@@ -196,7 +196,7 @@ def _valid_report() -> dict:
 
 _VALID_REPORT = _valid_report()
 _REPORT_PATHS = [("run_id",), ("prefill_tok_s",), ("digest",), ("generated",), ("busy_histogram",), ("notes",),
-                 ("plan", "prompt_tokens"), ("plan", "chunk"), ("plan", "pf_depth"), ("plan", "stages"),
+                 ("plan", "prompt_tokens"), ("plan", "chunk"), ("plan", "pipeline_depth"), ("plan", "stages"),
                  ("plan", "handoff"), ("per_stage",), ("device_order",), ("cancelled",)]
 
 

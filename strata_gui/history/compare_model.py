@@ -11,7 +11,7 @@ with exactly the same settings (`gather_samples`; cold runs left out).  A ratio 
 interval, [lowest after / highest before, highest after / lowest before]: when it holds 1 the
 ratio is *within noise* and shown neutral, whatever its value.  With one value on each side and
 nothing to pool, the noise is unknown and the ratio is not judged either.  A figure that no
-differing setting can affect (decode for a prefill-only setting such as pf_depth) is flagged as
+differing setting can affect (decode for a prefill-only setting such as pipeline_depth) is flagged as
 unaffected rather than judged.
 """
 from __future__ import annotations
@@ -29,7 +29,8 @@ from ..run.spread_model import Spread
 log = logging.getLogger(__name__)
 
 # settings (and resolved facts) that shape the prefill only: decode does not depend on them
-PREFILL_ONLY = frozenset({"pf_depth", "prefill", "chunk_schedule", "prefill_main", "chunk (resolved)", "chunks"})
+PREFILL_ONLY = frozenset({"pipeline_depth", "chunk_tokens", "chunk_schedule", "prefill_main", "chunk (resolved)",
+                          "chunks"})
 MIN_EFFECT = 0.01  # a ratio within 1% of 1 is never called better or worse
 
 
@@ -285,7 +286,7 @@ class HistoryLike(Protocol):
 
 # settings whose values have no spaces: a first filter in the history's query, the full
 # settings are compared afterwards
-_FILTER_KEYS = ("pf_depth", "prefill", "devices", "prompt_tokens", "decode_tokens", "chunk_schedule",
+_FILTER_KEYS = ("pipeline_depth", "chunk_tokens", "devices", "prompt_tokens", "decode_tokens", "chunk_schedule",
                 "layer_split", "prefill_main", "cuda_graphs")
 POOL_LIMIT = 12
 

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.config import NAME_ALIASES
 from engine.events import RunReport, StageEvent
 
-from ..run.record_model import META_KEYS, RunRecord, report_from_dict, report_to_dict
+from ..run.record_model import META_KEYS, RunRecord, config_from_dict, report_from_dict, report_to_dict
 from .record_check import check_record, check_report
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ class RunRow:
     chunk: int
     n_chunks: int
     n_stages: int
-    pf_depth: int
+    pipeline_depth: int
     prefill_tok_s: float
     decode_tok_s: float
     digest: str
@@ -173,14 +174,16 @@ class RunRow:
     def title(self) -> str:
         if self.problem():
             return f"unreadable run #{self.id}"
-        depth = {0: "depth 0", 1: "depth 1"}.get(self.pf_depth, "depth ?")
+        depth = {0: "depth 0", 1: "depth 1"}.get(self.pipeline_depth, "depth ?")
         head = f"#{self.id} {self.label}" if self.label else f"#{self.id}"
         extra = "" if self.status == "finished" else f" · {self.status}"
         return (f"{head} · {self.prompt_tokens:,} tok · {self.n_stages}× {self.devices} · {depth} · "
                 f"chunk {self.chunk} · {self.prefill_tok_s:,.0f} tok/s{extra}")
 
 
-_ROW_COLUMNS = ", ".join(f.name for f in RunRow.__dataclass_fields__.values())
+# RunRow's fields as the runs table's columns (schema 1 named the depth column with the seeds' name)
+_COLUMN_OF = {"pipeline_depth": "pf_depth"}
+_ROW_COLUMNS = ", ".join(_COLUMN_OF.get(f.name, f.name) for f in RunRow.__dataclass_fields__.values())
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,8 @@ class SweepMember:
 
 
 # what the History table's columns and the form call a setting -> the key a run records it under
-FILTER_ALIASES = {"chunk": "prefill", "chunk_size": "prefill", "depth": "pf_depth", "pipeline_depth": "pf_depth",
+FILTER_ALIASES = {"chunk": "chunk_tokens", "chunk_size": "chunk_tokens", "depth": "pipeline_depth",
+                  **NAME_ALIASES,
                   "schedule": "chunk_schedule", "graphs": "cuda_graphs", "split": "layer_split",
                   "tokens": "prompt_tokens", "decode": "decode_tokens", "order": "gpu_order"}
 
@@ -216,6 +220,16 @@ def filter_key(key: str) -> str:
     """The recorded setting a filter's `key=` means (column names and form names accepted)."""
     k = key.strip().lower().replace(" ", "_").replace("-", "_")
     return FILTER_ALIASES.get(k, k)
+
+
+_OLD_NAME = {new: old for old, new in NAME_ALIASES.items()}
+
+
+def _config_value_sql(key: str) -> str:
+    """SQL for a recorded setting's value in config_json; a run recorded before issue 16 holds
+    it under the seeds' name (prefill, pf_depth)."""
+    value = "json_extract(config_json, '$.\"' || ? || '\"')"
+    return f"COALESCE({value}, {value})" if key in _OLD_NAME else value
 
 
 def unknown_filter_keys(text: str) -> list[str]:
@@ -356,7 +370,7 @@ class RunHistory:
         devices = ",".join(r.device_order) or ",".join(s.device for s in plan.stages)
         row = (record.created_at, record.source, record.status, record.label, r.run_id,
                str(record.config.get("model", "")), devices, plan.prompt_tokens, plan.chunk, plan.n_chunks,
-               len(plan.stages), plan.pf_depth, float(r.prefill_tok_s), float(r.decode_tok_s), r.digest,
+               len(plan.stages), plan.pipeline_depth, float(r.prefill_tok_s), float(r.decode_tok_s), r.digest,
                len(record.events), json.dumps(record.config, sort_keys=True),
                json.dumps(report_to_dict(r, telemetry=False)), json.dumps(r.telemetry))
         events = record.events
@@ -403,7 +417,7 @@ class RunHistory:
             return int(self._conn.execute("SELECT count(*) FROM runs").fetchone()[0])
 
     def list_runs(self, text: str = "", source: str | None = None, limit: int = 2000) -> list[RunRow]:
-        """Newest first.  Each word of `text` must match: `setting=value` (e.g. `pf_depth=0`) a
+        """Newest first.  Each word of `text` must match: `setting=value` (e.g. `pipeline_depth=0`) a
         recorded setting; `#12` a run id; any other word (case-insensitively) the label, model,
         devices, digest, engine run id, source, status or a setting's value.  `source` keeps one
         source (run, sweep, import)."""
@@ -416,8 +430,9 @@ class RunHistory:
             if eq and key:
                 value = {"true": "1", "on": "1", "yes": "1", "false": "0", "off": "0", "no": "0"}.get(
                     value.lower(), value)
-                where.append("lower(CAST(json_extract(config_json, '$.\"' || ? || '\"') AS TEXT)) = lower(?)")
-                args += [filter_key(key), value]
+                key = filter_key(key)
+                where.append(f"lower(CAST({_config_value_sql(key)} AS TEXT)) = lower(?)")
+                args += [key, _OLD_NAME[key], value] if key in _OLD_NAME else [key, value]
                 continue
             like = f"%{word.lower()}%"
             where.append("(lower(label) LIKE ? OR lower(model) LIKE ? OR lower(devices) LIKE ? OR lower(digest) "
@@ -453,7 +468,8 @@ class RunHistory:
             report = report_from_dict(json.loads(report_json))
             report.telemetry = json.loads(telemetry_json)
             events = [StageEvent(*r) for r in rows]
-            record = RunRecord(report, events, json.loads(config_json), source, status, label, created_at)
+            record = RunRecord(report, events, config_from_dict(json.loads(config_json)), source, status, label,
+                               created_at)
             check_record(record)
         except (TypeError, ValueError) as exc:  # json's errors are ValueErrors
             raise HistoryError(f"run #{run} in the history is unreadable: {exc}") from None

@@ -37,9 +37,9 @@ class GpuRow:
 class PlanInputs:
     gpus: list[GpuRow]
     peer: str = "as measured"  # "as measured", "none" or GB/s
-    chunk: str = "as measured"  # "as measured", "auto" or tokens
+    chunk_tokens: str = "as measured"  # "as measured", "auto" or tokens
     schedule: str = "fixed"
-    pf_depth: int = 1
+    pipeline_depth: int = 1
     prefill_main: bool = False
     pin_limit_gib: float | None = None
     prompt_tokens: int = 0  # 0: as measured
@@ -83,8 +83,8 @@ def predicted_record(pred: planner.Prediction, run_id: str = "predicted") -> Run
                        device_order=list(dict.fromkeys(s.device for s in pred.stages)),
                        notes=["predicted by engine.planner"] + list(pred.notes))
     s = pred.settings
-    config = {"devices": ",".join(report.device_order), "prefill": pred.chunk, "chunk_schedule": s.schedule,
-              "pf_depth": s.pf_depth, "prefill_main": s.prefill_main, "prompt_tokens": pred.prompt_tokens}
+    config = {"devices": ",".join(report.device_order), "chunk_tokens": pred.chunk, "chunk_schedule": s.schedule,
+              "pipeline_depth": s.pipeline_depth, "prefill_main": s.prefill_main, "prompt_tokens": pred.prompt_tokens}
     return RunRecord(report, list(pred.events), config, source="import", label="predicted")
 
 
@@ -127,7 +127,8 @@ class PlanModel:
             except (planner.PlanError, KeyError, ValueError) as exc:
                 log.debug("run %s left out of the error table: %s", other_name, exc)
         s = planner.settings_of_run(self.run)
-        self.inputs = PlanInputs(gpus_of_run(self.run), chunk="as measured", schedule=s.schedule, pf_depth=s.pf_depth,
+        self.inputs = PlanInputs(gpus_of_run(self.run), chunk_tokens="as measured", schedule=s.schedule,
+                                 pipeline_depth=s.pipeline_depth,
                                  prefill_main=s.prefill_main)
 
     # ------------------------------------------------------------------ the question
@@ -152,10 +153,10 @@ class PlanModel:
         same_devices = [g.name for g in i.gpus] == list(dict.fromkeys(self.run.devices))
         if not same_devices or len(set(self.run.devices)) != len(self.run.devices):
             s = replace(s, layer_split=None)
-        chunk = i.chunk.strip().lower()
+        chunk = i.chunk_tokens.strip().lower()
         if chunk not in ("", "as measured"):
-            s = replace(s, chunk="auto" if chunk == "auto" else int(chunk))
-        return replace(s, schedule=i.schedule, pf_depth=i.pf_depth, prefill_main=i.prefill_main,
+            s = replace(s, chunk_tokens="auto" if chunk == "auto" else int(chunk))
+        return replace(s, schedule=i.schedule, pipeline_depth=i.pipeline_depth, prefill_main=i.prefill_main,
                        pin_limit_gib=i.pin_limit_gib, prompt_tokens=i.prompt_tokens or s.prompt_tokens)
 
     def devices(self) -> list[str]:
@@ -212,6 +213,6 @@ class PlanModel:
         best = ranked[0]
         s = best.settings
         return replace(base, devices=",".join(best.devices), split_mode="auto", chunk_mode="fixed",
-                       chunk_size=str(best.prediction.chunk if s.schedule == "fixed" else s.chunk),
-                       chunk_schedule=s.schedule, pf_depth=s.pf_depth, prefill_main=s.prefill_main,
+                       chunk_tokens=str(best.prediction.chunk if s.schedule == "fixed" else s.chunk_tokens),
+                       chunk_schedule=s.schedule, pipeline_depth=s.pipeline_depth, prefill_main=s.prefill_main,
                        prompt_tokens=s.prompt_tokens), best

@@ -13,7 +13,7 @@ from engine.gguf_model import KIND_MAGIC, GGUFError
 # engine setting -> the form's label
 LABELS = {
     "model": "Model", "devices": "Device list", "gpu_order": "GPU ordering", "layer_split": "Layer split",
-    "prefill": "Chunk size", "chunk_schedule": "Chunk schedule", "pf_depth": "Pipeline depth",
+    "chunk_tokens": "Chunk size", "chunk_schedule": "Chunk schedule", "pipeline_depth": "Pipeline depth",
     "prefill_main": "Prefill-main", "cuda_graphs": "CUDA graphs", "pin_limit_gib": "Pin limit (GiB)",
     "expert_cache": "Expert cache (GiB)", "prompt": "Prompt", "prompt_tokens": "Prompt tokens",
     "decode_tokens": "Decode tokens", "repeats": "Repeats", "handoff": "Hand-off",

@@ -2,7 +2,7 @@
 shaped it.
 
 `RunRecord` is what the history stores, what compare and export read, and what an imported trace
-becomes.  The settings are a flat dict with the engine's setting names (`pf_depth`, `prefill`, …)
+becomes.  The settings are a flat dict with the engine's setting names (`chunk_tokens`, `pipeline_depth`, …)
 plus the prompt, so a config diff between two runs names what a user knows.  `report_from_dict`
 rebuilds the engine's `RunReport` from its JSON form (unknown keys of a newer engine are
 dropped); `report_from_events` derives a report's figures from events alone, for traces that
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, migrate_keys
 from engine.events import RunPlan, RunReport, StageEvent, StagePlan, StageTotals, busy_histogram, stage_totals
 
 log = logging.getLogger(__name__)
@@ -26,8 +26,8 @@ SOURCES = ("run", "sweep", "import")
 STATUSES = ("finished", "cancelled")
 
 # the order a config diff lists settings in (anything else follows, sorted)
-CONFIG_ORDER = ("model", "devices", "gpu_order", "layer_split", "prefill", "chunk_schedule", "pf_depth", "prefill_main",
-                "cuda_graphs", "executor",
+CONFIG_ORDER = ("model", "devices", "gpu_order", "layer_split", "chunk_tokens", "chunk_schedule", "pipeline_depth",
+                "prefill_main", "cuda_graphs", "executor",
                 "pin_limit_gib", "expert_cache", "handoff", "dtype", "timing", "check_nan", "prompt",
                 "prompt_tokens", "decode_tokens")
 # how a run was measured, not what it ran: recorded with its settings, never listed as a difference
@@ -90,11 +90,20 @@ def record_config(config: EngineConfig, model: str, prompt: str, prompt_tokens: 
     return out
 
 
+def config_from_dict(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's settings as a history row or a trace stored them; a run recorded before issue 16
+    names two with the seeds' names (`prefill`, `pf_depth`): they are read as `chunk_tokens` and
+    `pipeline_depth`."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"the settings are a {type(data).__name__}, not an object")
+    return migrate_keys(data)
+
+
 def config_from_report(report: RunReport) -> dict[str, Any]:
     """What a report alone says about the settings (a trace written by another tool)."""
     plan = report.plan
     return {"devices": ",".join(report.device_order or [s.device for s in plan.stages]),
-            "prefill": plan.chunk, "pf_depth": plan.pf_depth, "prefill_main": plan.prefill_main,
+            "chunk_tokens": plan.chunk, "pipeline_depth": plan.pipeline_depth, "prefill_main": plan.prefill_main,
             "handoff": report.handoff, "executor": report.executor, "prompt_tokens": plan.prompt_tokens,
             "decode_tokens": plan.decode_tokens}
 
@@ -124,7 +133,7 @@ def report_from_dict(data: Mapping[str, Any]) -> RunReport:
     if not isinstance(data, Mapping):
         raise ValueError(f"the report is a {type(data).__name__}, not an object")
     try:
-        plan_d = dict(data["plan"])
+        plan_d = migrate_keys(data["plan"])  # pf_depth: a report written before issue 16
         plan_d["stages"] = tuple(StagePlan(**_pick(StagePlan, s)) for s in plan_d.get("stages", ()))
         plan_d["bounds"] = tuple((int(a), int(n)) for a, n in plan_d.get("bounds", ()))
         plan = RunPlan(**_pick(RunPlan, plan_d))
@@ -168,7 +177,7 @@ def report_from_events(events: Sequence[StageEvent], run_id: str = "", note: str
     chunk = max(seen.values(), default=0)
     plan = RunPlan(run_id=run_id, stages=stages, prompt_tokens=tokens, chunk=chunk, n_chunks=len(seen),
                    decode_tokens=len(steps) + 1 if steps else 0, handoff="unknown", prefill_main=False,
-                   pf_depth=-1, chunk_reason="unknown (derived from the trace's events)")
+                   pipeline_depth=-1, chunk_reason="unknown (derived from the trace's events)")
     notes = [note] if note else []
     return RunReport(run_id=run_id, plan=plan,
                      prefill_tok_s=tokens / prefill_s if prefill_s > 0 else 0.0,
@@ -182,7 +191,7 @@ def describe(record: RunRecord) -> str:
     """A one-line description of a run for lists and titles."""
     r = record.report
     plan = r.plan
-    depth = {0: "depth 0 (join)", 1: "depth 1 (overlap)"}.get(plan.pf_depth, "depth ?")
+    depth = {0: "depth 0 (join)", 1: "depth 1 (overlap)"}.get(plan.pipeline_depth, "depth ?")
     devs = ",".join(r.device_order) or ",".join(s.device for s in plan.stages)
     parts = [f"{plan.prompt_tokens:,} tok", f"{len(plan.stages)} stage(s) {devs}", depth,
              f"chunk {plan.chunk}", "prefill — (stopped)" if r.cancelled else f"{r.prefill_tok_s:,.0f} tok/s"]

@@ -21,7 +21,7 @@ from engine.trace import TraceError
 
 from .. import __version__
 from ..history.record_check import check_report
-from .record_model import RunRecord, config_from_report, report_from_dict, report_from_events
+from .record_model import RunRecord, config_from_dict, config_from_report, report_from_dict, report_from_events
 
 log = logging.getLogger(__name__)
 
@@ -105,4 +105,4 @@ def import_trace(path: Path | str, max_bytes: int = MAX_IMPORT_BYTES,
         config = config_from_report(report)  # settings are flat name -> value; anything else is not ours
     label = f"imported {path.name}"
     status = "cancelled" if report.cancelled else "finished"
-    return RunRecord(report, events, dict(config), source="import", status=status, label=label)
+    return RunRecord(report, events, config_from_dict(config), source="import", status=status, label=label)

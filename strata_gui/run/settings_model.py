@@ -13,15 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from engine.config import ENV_NAMES, ConfigError, EngineConfig, parse_setting
+from engine.config import ENV_NAMES, ConfigError, EngineConfig, env_var, migrate_keys, parse_setting
 
 from .messages import config_error_text
 
 log = logging.getLogger(__name__)
 
 # field names of the form (one error slot each); "general" takes what no field owns
-FIELDS = ("model", "devices", "gpu_order", "layer_split", "prefill", "chunk_schedule", "pf_depth", "prefill_main",
-          "cuda_graphs", "executor",
+FIELDS = ("model", "devices", "gpu_order", "layer_split", "chunk_tokens", "chunk_schedule", "pipeline_depth",
+          "prefill_main", "cuda_graphs", "executor",
           "pin_limit_gib", "expert_cache", "prompt", "decode_tokens", "repeats", "general")
 
 MAX_PROMPT_TOKENS = 1 << 20
@@ -31,6 +31,8 @@ MAX_REPEATS = 20
 # 2048-token chunk for the demo on a CPU, which shows no pipeline; 256 makes C0..C7 on two stages
 # with the overlap visible (73% of the prefill with both stages computing, 2 CPU cores).
 DEMO_CHUNK = 256
+# the form's field names before issue 16 (saved settings) -> now
+FORM_ALIASES = {"chunk_size": "chunk_tokens", "pf_depth": "pipeline_depth"}
 
 
 @dataclass
@@ -41,9 +43,9 @@ class RunSettings:
     split_mode: str = "auto"  # auto | manual | interleave (split_counts then holds V)
     split_counts: str = ""
     chunk_mode: str = "auto"  # auto | fixed
-    chunk_size: str = "256"
+    chunk_tokens: str = "256"
     chunk_schedule: str = "fixed"  # fixed | balanced
-    pf_depth: int = 1
+    pipeline_depth: int = 1
     prefill_main: bool = False
     pin_limit_gib: str = "auto"
     expert_cache: str = "auto"
@@ -64,11 +66,11 @@ class RunSettings:
             "layer_split": (self.split_counts if self.split_mode == "manual"
                             else f"interleave:{self.split_counts.strip()}" if self.split_mode == "interleave"
                             else "auto"),
-            "prefill": self.chunk_size if self.chunk_mode == "fixed" else "auto",
+            "chunk_tokens": self.chunk_tokens if self.chunk_mode == "fixed" else "auto",
             "chunk_schedule": self.chunk_schedule,
             "cuda_graphs": self.cuda_graphs,
             "executor": self.executor,
-            "pf_depth": self.pf_depth,
+            "pipeline_depth": self.pipeline_depth,
             "prefill_main": self.prefill_main,
             "pin_limit_gib": self.pin_limit_gib,
             "expert_cache": self.expert_cache,
@@ -79,7 +81,10 @@ class RunSettings:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunSettings:
-        """Known keys with a value of the right type; anything else keeps its default."""
+        """Known keys with a value of the right type; anything else keeps its default.  Settings
+        saved before issue 16 name two fields `chunk_size` and `pf_depth`: read as the new names."""
+        data = {FORM_ALIASES.get(k, k): v for k, v in data.items() if k in FORM_ALIASES} | \
+            {k: v for k, v in data.items() if k not in FORM_ALIASES}
         base = cls()
         kw: dict[str, Any] = {}
         for f in fields(cls):
@@ -106,12 +111,13 @@ class RunSettings:
         """Defaults for a first start: the environment's valid values (DESIGN.md "Settings").
 
         demo: the first start opens the built-in demo model; its chunk is fixed at DEMO_CHUNK
-        (unless STRATA_PREFILL says otherwise) so the first Run shows the pipeline."""
+        (unless STRATA_CHUNK_TOKENS or STRATA_PREFILL says otherwise) so the first Run shows the pipeline."""
         env = os.environ if env is None else env
         s = cls(devices=devices)
         if demo:
-            s.chunk_mode, s.chunk_size = "fixed", str(DEMO_CHUNK)
-        for name, var in ENV_NAMES.items():
+            s.chunk_mode, s.chunk_tokens = "fixed", str(DEMO_CHUNK)
+        for name in ENV_NAMES:
+            var = env_var(name, env)
             raw = env.get(var, "")
             if raw == "":
                 continue
@@ -120,8 +126,8 @@ class RunSettings:
             except ConfigError as exc:
                 log.warning("ignoring %s for the form's defaults: %s", var, exc)
                 continue
-            if name == "pf_depth":
-                s.pf_depth = value
+            if name == "pipeline_depth":
+                s.pipeline_depth = value
             elif name == "prefill_main":
                 s.prefill_main = value
             elif name == "chunk_schedule":
@@ -134,11 +140,11 @@ class RunSettings:
                 s.gpu_order = value
             elif name == "pin_limit_gib":
                 s.pin_limit_gib = raw.strip()
-            elif name == "prefill":
+            elif name == "chunk_tokens":
                 if value == "auto":
                     s.chunk_mode = "auto"
                 else:
-                    s.chunk_mode, s.chunk_size = "fixed", str(value)
+                    s.chunk_mode, s.chunk_tokens = "fixed", str(value)
         return s
 
 
@@ -147,6 +153,7 @@ def settings_from_config(config: Mapping[str, Any], current: RunSettings) -> tup
     could not be restored (kept at `current`): a model file that is gone, a text prompt (the
     history keeps only its head)."""
     s = RunSettings.from_dict(current.to_dict())
+    config = migrate_keys(config)
     kept: list[str] = []
     model = str(config.get("model", ""))
     if model.startswith("built-in demo"):
@@ -163,13 +170,13 @@ def settings_from_config(config: Mapping[str, Any], current: RunSettings) -> tup
     if "layer_split" in config:
         split = str(config["layer_split"])
         s.split_mode, s.split_counts = ("auto", s.split_counts) if split == "auto" else ("manual", split)
-    if "prefill" in config:
-        chunk = str(config["prefill"])
-        s.chunk_mode, s.chunk_size = ("auto", s.chunk_size) if chunk == "auto" else ("fixed", chunk)
+    if "chunk_tokens" in config:
+        chunk = str(config["chunk_tokens"])
+        s.chunk_mode, s.chunk_tokens = ("auto", s.chunk_tokens) if chunk == "auto" else ("fixed", chunk)
     if "pin_limit_gib" in config:
         pin = config["pin_limit_gib"]
         s.pin_limit_gib = f"{pin:g}" if isinstance(pin, float) else str(pin)
-    for key in ("pf_depth", "decode_tokens", "repeats"):
+    for key in ("pipeline_depth", "decode_tokens", "repeats"):
         if isinstance(config.get(key), int) and not isinstance(config.get(key), bool):
             setattr(s, key, config[key])
     for key in ("prefill_main", "cuda_graphs", "warmup"):

@@ -1,7 +1,7 @@
 """A prompt-size sweep (no Qt): the plan, its results, and its table as CSV and markdown.
 
 A sweep runs every prompt size for every arm (a name and settings over the Run tab's, written
-as for `strata-bench run --arm`, e.g. ``pf_depth=0 prefill=2048``), `repeats` times.  It runs
+as for `strata-bench run --arm`, e.g. ``pipeline_depth=0 chunk_tokens=2048``), `repeats` times.  It runs
 in the order of `strata-bench`: for each size, for each repeat, every arm in turn on the SAME
 prompt (`engine.prompt.synthetic` with `engine.prompt.sweep_nonce(size, repeat)`), so arms see
 identical prompts, repeats see different ones, and slow drift of the machine is shared by all
@@ -31,8 +31,8 @@ MAX_PROMPT_TOKENS = 1 << 20
 
 # RunSettings.overrides() key -> strata-bench flag (for the command that reproduces a sweep)
 BENCH_FLAGS = {"devices": "--devices", "gpu_order": "--gpu-order", "layer_split": "--layer-split",
-               "prefill": "--prefill", "pf_depth": "--pf-depth", "pin_limit_gib": "--pin-limit-gib",
-               "expert_cache": "--expert-cache"}
+               "chunk_tokens": "--chunk-tokens", "pipeline_depth": "--pipeline-depth",
+               "pin_limit_gib": "--pin-limit-gib", "expert_cache": "--expert-cache"}
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmM]?)$")
 
@@ -68,7 +68,7 @@ def format_tokens(n: int) -> str:
 @dataclass(frozen=True)
 class SweepArm:
     name: str
-    settings: str = ""  # "pf_depth=0 prefill=2048": setting=value pairs over the base settings
+    settings: str = ""  # "pipeline_depth=0 chunk_tokens=2048": setting=value pairs over the base settings
 
     def overrides(self) -> dict[str, Any]:
         """The arm's settings, parsed and checked with the engine's rules (raises ConfigError)."""

@@ -2,9 +2,9 @@
 slowed-down hooks: the prompts are simply long enough to watch), in a temporary run history:
 
 - main-during-run.png, main-after-run.png: the Run tab during and after a run;
-- compare.png: pf_depth 0 (join) against pf_depth 1 (overlap) on the same prompt, three repeats each;
+- compare.png: pipeline_depth 0 (join) against pipeline_depth 1 (overlap) on the same prompt, three repeats each;
 - sweep.png: join vs overlap over four prompt sizes, five repeats each;
-- plan.png: the Plan tab predicting a pf_depth 1 run from its own measured costs, the predicted
+- plan.png: the Plan tab predicting a pipeline_depth 1 run from its own measured costs, the predicted
   Gantt above the measured one (after a warm-up run: the planner's error is the point);
 - history.png: the History tab holding all of those runs.
 
@@ -25,13 +25,13 @@ from ..run.settings_model import RunSettings
 
 log = logging.getLogger(__name__)
 
-SETTINGS = RunSettings(model_path="", devices="cpu,cpu", chunk_mode="fixed", chunk_size="256", pf_depth=1,
+SETTINGS = RunSettings(model_path="", devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="256", pipeline_depth=1,
                        prompt_mode="tokens", prompt_tokens=8192, decode_tokens=16)
 # three repeats per arm: Compare then judges the ratio against their spread
-COMPARE_SETTINGS = RunSettings(model_path="", devices="cpu,cpu", chunk_mode="fixed", chunk_size="256", pf_depth=0,
-                               prompt_mode="tokens", prompt_tokens=4096, decode_tokens=8, repeats=3)
+COMPARE_SETTINGS = RunSettings(model_path="", devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="256",
+                               pipeline_depth=0, prompt_mode="tokens", prompt_tokens=4096, decode_tokens=8, repeats=3)
 SWEEP_SIZES = "1K, 2K, 4K, 8K"
-SWEEP_ARMS = (("join", "pf_depth=0"), ("overlap", "pf_depth=1"))
+SWEEP_ARMS = (("join", "pipeline_depth=0"), ("overlap", "pipeline_depth=1"))
 SWEEP_REPEATS = 5
 VIEWS = ("main", "compare", "sweep", "plan", "history")
 
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shot("main-after-run.png")
             if "compare" in views:
                 join = run(COMPARE_SETTINGS)
-                overlap = run(RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "pf_depth": 1}))
+                overlap = run(RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "pipeline_depth": 1}))
                 if join is None or overlap is None:
                     return 1
                 win.compare_runs(join, overlap)
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     return 1
                 shot("sweep.png")
             if "plan" in views:
-                settings = RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "pf_depth": 1})
+                settings = RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "pipeline_depth": 1})
                 if run(settings) is None:  # warm-up: the planner's start run should not be a cold one
                     return 1
                 source = run(settings)

@@ -20,7 +20,7 @@ from ..views.main_window_view import MainWindow
 log = logging.getLogger(__name__)
 
 SELFTEST_SETTINGS = RunSettings(model_path="", devices="cpu,cpu", gpu_order="pcie", split_mode="auto",
-                                chunk_mode="fixed", chunk_size="256", pf_depth=1, prompt_mode="tokens",
+                                chunk_mode="fixed", chunk_tokens="256", pipeline_depth=1, prompt_mode="tokens",
                                 prompt_tokens=2048, decode_tokens=8)
 # Text prompts import transformers lazily (GGUF vocabulary -> tokenizer); tokenising this with the
 # demo model's vocabulary proves a frozen build carries what that path needs.

@@ -92,7 +92,7 @@ class HistoryPanel(QWidget):
         self.where.setProperty("role", "hint")
         self.where.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.filter = QLineEdit()
-        self.filter.setPlaceholderText("filter: setting=value (pf_depth=0, devices=cuda:0,cuda:1), #id, or words in "
+        self.filter.setPlaceholderText("filter: setting=value (depth=0, devices=cuda:0,cuda:1), #id, or words in "
                                        "the label, model, devices, digest")
         self.filter.setClearButtonEnabled(True)
         self.filter.textChanged.connect(self.refresh)
@@ -226,7 +226,7 @@ class HistoryPanel(QWidget):
         problem = r.problem()
         if problem:
             return HistoryPanel._unreadable_cells(r, problem)
-        depth = {0: "0 join", 1: "1 overlap"}.get(r.pf_depth, "?")
+        depth = {0: "0 join", 1: "1 overlap"}.get(r.pipeline_depth, "?")
         cells: list[QTableWidgetItem] = [
             _NumberItem(str(r.id), r.id), QTableWidgetItem(r.when), QTableWidgetItem(r.source),
             QTableWidgetItem(r.status), QTableWidgetItem(r.label), QTableWidgetItem(_short_model(r.model)),

@@ -393,8 +393,8 @@ class MainWindow(QMainWindow):
     def _sweep_base_text(self, s: RunSettings) -> str:
         o = s.overrides()
         model = Path(s.model_path).name if s.model_path else "built-in demo model"
-        parts = [f"model {model}", f"devices {o['devices']}", f"prefill (chunk) {o['prefill']}",
-                 f"pf_depth {o['pf_depth']}", f"layer_split {o['layer_split']}"]
+        parts = [f"model {model}", f"devices {o['devices']}", f"chunk_tokens {o['chunk_tokens']}",
+                 f"pipeline_depth {o['pipeline_depth']}", f"layer_split {o['layer_split']}"]
         if s.prefill_main:
             parts.append("prefill_main on")
         return ("<b>Base settings</b> (the Run tab's; each arm's settings override them): "

@@ -229,9 +229,9 @@ class PlanView(QWidget):
         try:
             self.gpu_count.setValue(len(i.gpus))
             self._fill_gpus(i.gpus)
-            self.chunk.setCurrentText(i.chunk)
+            self.chunk.setCurrentText(i.chunk_tokens)
             self.schedule.setCurrentText(i.schedule)
-            self.depth.setCurrentIndex(max(self.depth.findData(i.pf_depth), 0))
+            self.depth.setCurrentIndex(max(self.depth.findData(i.pipeline_depth), 0))
             self.prefill_main.setChecked(i.prefill_main)
             self.pin.setText("" if i.pin_limit_gib is None else f"{i.pin_limit_gib:g}")
             self.prompt.setValue(i.prompt_tokens)
@@ -296,9 +296,9 @@ class PlanView(QWidget):
         i = self.model.inputs
         i.gpus = self.read_gpus()
         i.peer = self.peer.currentText()
-        i.chunk = self.chunk.currentText()
+        i.chunk_tokens = self.chunk.currentText()
         i.schedule = self.schedule.currentText()
-        i.pf_depth = int(self.depth.currentData())
+        i.pipeline_depth = int(self.depth.currentData())
         i.prefill_main = self.prefill_main.isChecked()
         pin = self.pin.text().strip()
         try:

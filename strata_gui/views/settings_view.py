@@ -35,7 +35,7 @@ TIPS = {
                    "interleave V gives each device V groups of layers (2 GPUs, V=2: layers 0-7 on the first, "
                    "8-15 on the second, 16-23 on the first again…): a chunk visits every device V times, "
                    "so the pipeline's fill and drain shrink about V-fold while chunks stay big.",
-    "prefill": "Tokens per prefill chunk: auto (the engine's default) weighs prompt length and stage count; on "
+    "chunk_tokens": "Tokens per prefill chunk: auto (the engine's default) weighs prompt length and stage count; on "
                "4 GPUs a fixed 3072 or 4096 beat auto by up to 27% at 6-12K-token prompts, while 1024 was too "
                f"small everywhere. The demo starts at a fixed {DEMO_CHUNK}: auto makes its 2048-token prompt one "
                "chunk on a CPU, which shows no pipeline.",
@@ -50,7 +50,7 @@ TIPS = {
                 "process of its own on torch.distributed (NCCL between GPUs, gloo on CPU) owning its device, "
                 "layers and KV, so stages stop sharing one interpreter (the GIL) — starting them costs "
                 "seconds, then they stay up between runs of the same settings.",
-    "pf_depth": "1 (overlap) lets a stage take the next chunk while the stages below still work (2.04x on a "
+    "pipeline_depth": "1 (overlap) lets a stage take the next chunk while the stages below still work (2.04x on a "
                 "4-GPU split); 0 (join) restores the old wait for the whole chain below, for an A/B one setting apart.",
     "prefill_main": "Prefill the whole prompt on the main (first) device, then copy the later layers' KV to "
                     "their stages; helps when prefill is bound by streaming expert misses over a slow second "
@@ -123,21 +123,22 @@ class SettingsPanel(QGroupBox):
         # chunk size
         self.chunk_mode = QComboBox()
         self.chunk_mode.addItems(["auto", "fixed"])
-        self.chunk_size = QLineEdit()
-        self.chunk_size.setPlaceholderText("tokens, e.g. 256")
-        box = FieldBox(self.chunk_mode, self.chunk_size, tooltip=TIPS["prefill"])
-        box.flag_targets = [self.chunk_size]
-        self._add(form, "Chunk size", "prefill", box)
+        self.chunk_tokens = QLineEdit()
+        self.chunk_tokens.setPlaceholderText("tokens, e.g. 256")
+        box = FieldBox(self.chunk_mode, self.chunk_tokens, tooltip=TIPS["chunk_tokens"])
+        box.flag_targets = [self.chunk_tokens]
+        self._add(form, "Chunk size", "chunk_tokens", box)
         self.chunk_schedule = QComboBox()
         self.chunk_schedule.addItems(["fixed", "balanced", "auto"])
         self._add(form, "Chunk schedule", "chunk_schedule",
                   FieldBox(self.chunk_schedule, tooltip=TIPS["chunk_schedule"]))
 
         # depth
-        self.pf_depth = QComboBox()
-        self.pf_depth.addItem("1 · overlap", 1)
-        self.pf_depth.addItem("0 · join", 0)
-        self._add(form, "Pipeline depth", "pf_depth", FieldBox(self.pf_depth, tooltip=TIPS["pf_depth"]))
+        self.pipeline_depth = QComboBox()
+        self.pipeline_depth.addItem("1 · overlap", 1)
+        self.pipeline_depth.addItem("0 · join", 0)
+        self._add(form, "Pipeline depth", "pipeline_depth",
+                  FieldBox(self.pipeline_depth, tooltip=TIPS["pipeline_depth"]))
 
         self.prefill_main = QCheckBox("prefill the whole prompt on the main device")
         self._add(form, "Prefill-main", "prefill_main", FieldBox(self.prefill_main, tooltip=TIPS["prefill_main"]))
@@ -195,9 +196,9 @@ class SettingsPanel(QGroupBox):
         lay.addLayout(form)
         lay.addWidget(self.general)
 
-        for w in (self.split_counts, self.chunk_size, self.pin_limit, self.expert_cache):
+        for w in (self.split_counts, self.chunk_tokens, self.pin_limit, self.expert_cache):
             w.textChanged.connect(self.changed)
-        for w in (self.split_mode, self.chunk_mode, self.chunk_schedule, self.pf_depth, self.executor,
+        for w in (self.split_mode, self.chunk_mode, self.chunk_schedule, self.pipeline_depth, self.executor,
                   self.prompt_mode):
             w.currentIndexChanged.connect(self._sync_enabled)
             w.currentIndexChanged.connect(self.changed)
@@ -221,7 +222,7 @@ class SettingsPanel(QGroupBox):
         mode = self.split_mode.currentText()
         self.split_counts.setEnabled(mode in ("manual", "interleave"))
         self.split_counts.setPlaceholderText("groups per device, e.g. 2" if mode == "interleave" else "e.g. 2,2")
-        self.chunk_size.setEnabled(self.chunk_mode.currentText() == "fixed")
+        self.chunk_tokens.setEnabled(self.chunk_mode.currentText() == "fixed")
         tokens = self.prompt_mode.currentData() == "tokens"
         self.prompt_tokens.setVisible(tokens)
         self.prompt_text.setVisible(not tokens)
@@ -254,10 +255,10 @@ class SettingsPanel(QGroupBox):
 
     # ------------------------------------------------------------------- values
     def load(self, s: RunSettings) -> None:
-        widgets = (self.split_mode, self.split_counts, self.chunk_mode, self.chunk_size, self.chunk_schedule,
-                   self.pf_depth, self.prefill_main, self.cuda_graphs, self.executor, self.pin_limit, self.expert_cache,
-                   self.prompt_mode, self.prompt_tokens, self.prompt_text, self.decode_tokens, self.warmup,
-                   self.repeats)
+        widgets = (self.split_mode, self.split_counts, self.chunk_mode, self.chunk_tokens, self.chunk_schedule,
+                   self.pipeline_depth, self.prefill_main, self.cuda_graphs, self.executor, self.pin_limit,
+                   self.expert_cache, self.prompt_mode, self.prompt_tokens, self.prompt_text, self.decode_tokens,
+                   self.warmup, self.repeats)
         for w in widgets:
             w.blockSignals(True)
         try:
@@ -265,8 +266,8 @@ class SettingsPanel(QGroupBox):
             self.split_mode.setCurrentText(s.split_mode if s.split_mode in ("auto", "manual", "interleave") else "auto")
             self.split_counts.setText(s.split_counts)
             self.chunk_mode.setCurrentText(s.chunk_mode if s.chunk_mode in ("auto", "fixed") else "auto")
-            self.chunk_size.setText(s.chunk_size)
-            self.pf_depth.setCurrentIndex(max(self.pf_depth.findData(s.pf_depth), 0))
+            self.chunk_tokens.setText(s.chunk_tokens)
+            self.pipeline_depth.setCurrentIndex(max(self.pipeline_depth.findData(s.pipeline_depth), 0))
             self.prefill_main.setChecked(s.prefill_main)
             schedule = s.chunk_schedule if s.chunk_schedule in ("fixed", "balanced") else "fixed"
             self.chunk_schedule.setCurrentText(schedule)
@@ -291,8 +292,8 @@ class SettingsPanel(QGroupBox):
             "split_mode": self.split_mode.currentText(),
             "split_counts": self.split_counts.text(),
             "chunk_mode": self.chunk_mode.currentText(),
-            "chunk_size": self.chunk_size.text(),
-            "pf_depth": int(self.pf_depth.currentData()),
+            "chunk_tokens": self.chunk_tokens.text(),
+            "pipeline_depth": int(self.pipeline_depth.currentData()),
             "prefill_main": self.prefill_main.isChecked(),
             "chunk_schedule": self.chunk_schedule.currentText(),
             "cuda_graphs": self.cuda_graphs.isChecked(),

@@ -182,7 +182,7 @@ class SummaryView(QWidget):
         if plan.modelled_s > 0 and not r.cancelled and r.prefill_s > 0:
             rows.append(("Model", f"predicted {plan.modelled_s * 1e3:,.1f} ms, measured {r.prefill_s * 1e3:,.1f} ms "
                                   f"({(r.prefill_s / plan.modelled_s - 1) * 100:+.1f}%)"))
-        depth = "1 (overlap)" if plan.pf_depth == 1 else "0 (join)"
+        depth = "1 (overlap)" if plan.pipeline_depth == 1 else "0 (join)"
         rows.append(("Pipeline", f"depth {depth}" + (" · prefill on the main device" if plan.prefill_main else "")))
         hops = len(plan.stages) - 1 if not plan.prefill_main else 0
         moved = f" · {hops} hop(s) per chunk, {r.handoff_bytes / 2**20:,.1f} MiB handed off" if hops else ""

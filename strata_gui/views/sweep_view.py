@@ -53,14 +53,14 @@ from .theme import ERROR_COLOR, GPU_COLORS, MUTED_COLOR
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ARMS = (("join", "pf_depth=0"), ("overlap", "pf_depth=1"))
+DEFAULT_ARMS = (("join", "pipeline_depth=0"), ("overlap", "pipeline_depth=1"))
 DEFAULT_SIZES = "8K, 16K, 32K, 64K"
 TABLE_COLUMNS = ("arm", "prompt", "n", "prefill tok/s\n(median)", "±\n(half range)", "ratio to\nfirst arm",
                  "decode\ntok/s", "same output\nas first arm")
 TIPS = {
     "sizes": "Prompt sizes in tokens, comma-separated; K = 1024 (8K = 8192).  Each size is one point per arm.",
     "arms": "Each arm is a name and settings over the Run tab's, written as for strata-bench --arm: "
-            "setting=value pairs such as 'pf_depth=0' or 'prefill=2048 prefill_main=1'.  The first arm is the "
+            "setting=value pairs such as 'pipeline_depth=0' or 'prefill=2048 prefill_main=1'.  The first arm is the "
             "baseline of the ratio column.",
     "repeats": "Runs per (arm, size); the table shows the median and the spread (half the range as a share of "
                "the median).  Repeats get different prompts (a new nonce), arms identical ones.",
