@@ -68,6 +68,11 @@ def window(themed_app, qtbot, qsettings, demo_path, tmp_path):
     assert not win.controller.is_running
 
 
+def wait_model(qtbot, win, timeout_ms: int = 20_000) -> None:
+    """Until the model file the form names is parsed (a background job) and the form revalidated."""
+    qtbot.waitUntil(lambda: not win.model_pending, timeout=timeout_ms)
+
+
 def set_form(win, **values) -> None:
     """Put RunSettings values into the window's panels (as a user would, then revalidate)."""
     from strata_gui.run.settings_model import RunSettings

@@ -2,7 +2,7 @@
 GGUF in the picker, persistence across restarts, GPU ordering preview and drag reordering."""
 from __future__ import annotations
 
-from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, window  # noqa: F401
+from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, wait_model, window  # noqa: F401
 from PySide6.QtCore import QModelIndex, Qt
 from PySide6.QtWidgets import QAbstractItemView
 
@@ -80,14 +80,17 @@ def test_broken_gguf_shows_the_engine_error_and_the_app_stays_usable(window, qtb
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"NOTGGUF" + bytes(100))
     win.settings_panel.set_model_path(str(bad))
+    wait_model(qtbot, win)
     msg = _flagged(win, "model")
     assert str(bad) in msg and "not a GGUF file" in msg
     _run_is_blocked(win, qtbot)
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(win.demo_model.read_bytes()[:5000])
     win.settings_panel.set_model_path(str(truncated))
+    wait_model(qtbot, win)
     assert "truncated" in _flagged(win, "model") or "corrupt" in _flagged(win, "model")
     win.settings_panel.set_model_path("")  # back to the demo model
+    wait_model(qtbot, win)
     assert _flagged(win, "model") == "" and win.run_button.isEnabled()
     assert "qwen3moe: 4 layers" in win.settings_panel.model_info.text()
     assert "8 experts" in win.settings_panel.model_info.text()
@@ -173,7 +176,7 @@ def test_a_pin_limit_above_ram_is_flagged_under_its_field_before_run(window, qtb
     assert win.validation.ok and win.run_button.isEnabled()
 
 
-def test_model_quant_mix_and_memory_plan_are_shown_before_run(window, tmp_path):
+def test_model_quant_mix_and_memory_plan_are_shown_before_run(window, qtbot, tmp_path):
     """The model line names its quant mix; the memory plan follows the settings (per device,
     and the host arena once experts are streamed)."""
     from engine import synth
@@ -185,6 +188,7 @@ def test_model_quant_mix_and_memory_plan_are_shown_before_run(window, tmp_path):
     p = synth.write_model(tmp_path / "q4km.gguf", synth.recipe_from_args(
         "demo", quant="q4_k_m", hidden=256, head_dim=64, n_experts=16, expert_ffn=256))
     win.settings_panel.set_model_path(str(p))
+    wait_model(qtbot, win)
     info = win.settings_panel.model_info.text()
     assert "Q4_K 7" in info and "Q6_K" in info and "F32" in info
     plan = win.settings_panel.memory_plan.text()
@@ -225,7 +229,7 @@ def test_devices_panel_shows_driver_models_and_what_follows_from_a_fake_nvml(the
     assert panel.table.isColumnHidden(col) and panel.facts.isHidden()
 
 
-def test_errors_lead_with_the_fields_name_not_the_engines(window, tmp_path):
+def test_errors_lead_with_the_fields_name_not_the_engines(window, qtbot, tmp_path):
     win = window
     win.settings_panel.chunk_mode.setCurrentText("fixed")
     win.settings_panel.chunk_tokens.setText("abc")
@@ -236,9 +240,11 @@ def test_errors_lead_with_the_fields_name_not_the_engines(window, tmp_path):
     bad = tmp_path / "hello.gguf"
     bad.write_bytes(b"hello world" + bytes(64))
     win.settings_panel.set_model_path(str(bad))
+    wait_model(qtbot, win)
     msg = _flagged(win, "model")
     assert "not a GGUF file" in msg and "bad magic" not in msg and "b'hell'" not in msg
     win.settings_panel.set_model_path("")
+    wait_model(qtbot, win)
 
 
 def test_menu_shortcuts_and_cuda_graphs_greyed_for_cpu_runs(window, qtbot):

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.gguf_model import LoadedModel, load
+from engine.gguf_model import LoadedModel
 from engine.pipeline import Session
+
+from .model_cache import ModelCache
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,9 @@ class SessionKey:
 
 
 class SessionCache:
-    def __init__(self) -> None:
+    def __init__(self, models: ModelCache | None = None) -> None:
+        # where parsed files come from: the window shares its own, so the form's parse is the run's
+        self.models = models or ModelCache()
         self._key: SessionKey | None = None
         self._session: Session | None = None
         self.builds = 0  # how many Sessions were built (tests, status)
@@ -54,7 +58,7 @@ class SessionCache:
         if self._session is not None and key == self._key:
             return self._session, True
         self.close()
-        model: LoadedModel = load(path)
+        model: LoadedModel = self.models.get(path)
         session = Session(model, config, progress=progress)
         self._session, self._key = session, key
         self.warm_shapes = set()

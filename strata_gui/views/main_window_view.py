@@ -32,13 +32,12 @@ from PySide6.QtWidgets import (
 from engine import topology
 from engine.config import ConfigError
 from engine.events import RunReport
-from engine.gguf_model import GGUFError, load
 from engine.memory_plan import plan_memory
 from engine.topology import TelemetrySample, Topology
 
 from ..history.history_model import RunHistory, UnsavedRuns, open_history
 from ..run.background import BackgroundJobs
-from ..run.messages import model_error_text
+from ..run.model_cache import ModelCache, file_key
 from ..run.progress_model import RunProgress
 from ..run.record_model import RunRecord
 from ..run.run_controller import RunController
@@ -101,8 +100,10 @@ class MainWindow(QMainWindow):
         self._discover = discover
         self._env = os.environ if env is None else env
         self.cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        self._models: dict[str, tuple[int | None, str, str]] = {}  # path -> (n_layers, info, error)
-        self._loaded: dict[str, object] = {}  # path key -> the parsed model (for the memory plan)
+        # model files parsed off the GUI thread, once: the form's facts and the run's Session share them
+        self.models = ModelCache()
+        self.controller.sessions.models = self.models
+        self._reading: set[str] = set()  # file keys a background job is parsing now
         self.validation = Validation()
         self.progress_model: RunProgress | None = None
         self.last_report: RunReport | None = None
@@ -335,32 +336,35 @@ class MainWindow(QMainWindow):
         return Path(s.model_path) if s.model_path else self.demo_model
 
     def _model_facts(self, path: Path) -> tuple[int | None, str, str]:
-        """(n_layers, description, error) of a model file; cached by path, size and mtime."""
-        try:
-            st = path.stat()
-            key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
-        except OSError:
-            key = str(path)
-        facts = self._models.get(key)
-        if facts is None:
-            try:
-                model = load(path)
-                facts = (model.spec.n_layers, model.describe(), "")
-                self._loaded[key] = model
-            except GGUFError as exc:
-                facts = (None, "", model_error_text(exc))
-            except Exception as exc:  # a reader bug on a strange file must not take the app down
-                log.exception("reading %s failed", path)
-                facts = (None, "", f"{path}: cannot read the model ({type(exc).__name__}: {exc})")
-            self._models[key] = facts
-        return facts
+        """(n_layers, description, error) of a model file as parsed; a file not parsed yet is
+        handed to a background job (the GUI thread never parses) and reads (None, "", "") until
+        the job's answer revalidates the form."""
+        facts = self.models.facts(path)
+        if facts is not None:
+            return facts.n_layers, facts.info, facts.error
+        key = file_key(path)
+        if key not in self._reading:
+            self._reading.add(key)
+            self.jobs.submit("model", lambda: self.models.read(path), lambda _f, _e: self._on_model_read(key))
+        return None, "", ""
+
+    def _on_model_read(self, key: str) -> None:
+        self._reading.discard(key)
+        if not self._closing:
+            self.revalidate()
+
+    @property
+    def model_pending(self) -> bool:
+        """A model file is being parsed: Run waits for its facts."""
+        return bool(self._reading)
 
     def revalidate(self) -> Validation:
         s = self.current_settings()
         path = self.model_path(s)
         n_layers, info, error = self._model_facts(path)
         label = "built-in demo model: " if not s.model_path else ""
-        self.settings_panel.set_model_info(f"{label}{info}" if info else "")
+        self.settings_panel.set_model_info(f"{label}{info}" if info else
+                                           "reading the model file …" if self.model_pending else "")
         self.validation = validate(s, n_layers, error, self._env, self.cuda_count)
         self.settings_panel.set_memory_plan(self._memory_plan_text(path, s))
         self.settings_panel.set_errors(self.validation.errors)
@@ -376,7 +380,8 @@ class MainWindow(QMainWindow):
         """The next run's memory plan ("" while the settings or the model are not valid)."""
         if not self.validation.ok:
             return ""
-        model = next((m for k, m in self._loaded.items() if k.split("|")[0] == str(path)), None)
+        facts = self.models.facts(path)
+        model = facts.model if facts is not None else None
         if model is None:
             return ""
         tokens = (s.prompt_tokens if s.prompt_mode == "tokens" else len(s.prompt_text.encode())) + s.decode_tokens
@@ -403,14 +408,15 @@ class MainWindow(QMainWindow):
     def _update_buttons(self) -> None:
         running = self.controller.is_running
         sweeping = self.sweeps.is_running
-        ok = self.validation.ok
+        ok = self.validation.ok and not self.model_pending
         self.run_button.setEnabled(ok and not running and not sweeping)
         if hasattr(self, "run_action"):
             self.run_action.setEnabled(ok and not running and not sweeping)
             self.stop_action.setEnabled(running)
         self.run_button.setToolTip("A sweep is running; stop it or wait." if sweeping else
                                    "Prefill the prompt through the split (and decode), with these settings."
-                                   if ok else "Fix the settings marked in red first.")
+                                   if ok else "Reading the model file …" if self.model_pending
+                                   else "Fix the settings marked in red first.")
         self.stop_button.setEnabled(running)
         self.sweep_view.set_running(sweeping)
         self.sweep_view.set_start_enabled(not running and not sweeping,
@@ -421,6 +427,9 @@ class MainWindow(QMainWindow):
         if self.controller.is_running or self.sweeps.is_running:
             return False
         v = self.revalidate()
+        if self.model_pending:
+            self.set_status("cannot run yet: the model file is still being read")
+            return False
         if not v.ok or v.config is None:
             self.set_status("cannot run: fix the settings marked in red")
             return False
