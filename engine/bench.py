@@ -293,6 +293,25 @@ def _base_settings(ns: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(ns, k) for k in SETTING_FLAGS if getattr(ns, k, None) is not None}
 
 
+def _split_for(model, config: EngineConfig, sess, name: str, n_tokens: int, ns):
+    """(name, session) for a prompt of n_tokens: with layer_split auto over several devices,
+    rebuilt with the split the model rates fastest for it (engine/split_choice.py)."""
+    from . import split_choice
+    from .pipeline import Session
+
+    choice = split_choice.choose_split(sess, config, n_tokens)
+    if choice is None:
+        return name, sess
+    if choice.interleave != sess.interleave:
+        log.info("arm %s, %d tokens: %s; rebuilding the session", name, n_tokens, choice.reason)
+        sess.close()
+        shown = _load_progress(model, name)
+        sess = Session(model, split_choice.split_config(config, choice), events=not ns.no_events, progress=shown)
+        shown.finish()
+    split_choice.note(sess, choice)
+    return name, sess
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     logits_out = trace_out = None  # output paths, checked before anything runs
     if ns.logits_out:
@@ -346,6 +365,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
                 if pts:
                     points.extend(pts.values())
                 pts = {a: Point(a, n) for a, _ in sessions}
+                sessions = [_split_for(model, configs[i][1], s, a, n, ns) for i, (a, s) in enumerate(sessions)]
+                name, sess = sessions[step.arm]
                 # unmeasured runs at this size: the first sight of its chunk shapes plans kernels and
                 # captures CUDA graphs, which a measured run must not pay for
                 warm = fixed_ids if fixed_ids is not None else prompts.warmup_ids(n, model.spec.vocab)

@@ -83,7 +83,7 @@ class ChunkCostProbe:
             with torch.inference_mode():
                 self.kv.k.normal_()
                 self.kv.v.normal_()
-                layer_s = {n: self._best(tokens(n), 0) for n in sizes}
+                layer_s = self._sizes(sizes, tokens)
                 x = tokens(probe)
                 deep = self._best(x, prefix)
                 attn = max(deep - self._best(x, 0), 0.0) / (probe * prefix)
@@ -91,6 +91,25 @@ class ChunkCostProbe:
         finally:
             self.close()
         return LayerCost(layer_s, attn, host)
+
+    def _sizes(self, sizes: Sequence[int], tokens) -> dict[int, float]:
+        """One layer's time at each size, smallest first, up to the first size the device has
+        no memory for (a 12 GB card cannot run a 64K-token chunk; auto then never picks one)."""
+        out: dict[int, float] = {}
+        for n in sorted(sizes):
+            try:
+                out[n] = self._best(tokens(n), 0)
+            except torch.OutOfMemoryError:
+                if not out:
+                    raise
+                g = self._graphs.pop(n, None)
+                if g is not None:
+                    g.close()
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                log.info("chunk cost: %d tokens do not fit on %s; auto considers up to %d", n, self.device, max(out))
+                break
+        return out
 
     def close(self) -> None:
         """Free every captured graph (and the device's cached blocks they held)."""
@@ -121,13 +140,13 @@ class ChunkCostProbe:
         if not self.graphs:
             return None
         if n not in self._graphs:
-            if not self.layer.graphable(x):
-                self._graphs[n] = None
-                return None
             kv = self.kv
             assert kv is not None
             kv.length = 0
-            self.layer(x, kv, 0)
+            self.layer(x, kv, 0)  # first: a layer decides its expert GEMM (and so graphability) here
+            if not self.layer.graphable(x):
+                self._graphs[n] = None
+                return None
             try:
                 g = self.graph_factory([self.layer], n, self.device, self.dtype)
                 g.capture()

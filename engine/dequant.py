@@ -8,6 +8,10 @@ The block layouts are ggml's.  The arithmetic is float32 in the order ggml's ref
 dequantiser (and gguf's numpy port of it) uses, one rounding per operation and no fused
 multiply-add, so the result is bit for bit what `gguf.quants.dequantize` returns; a lower
 precision (the bf16 scratch of the GPU path) is a cast of that float32 result.
+
+On CUDA, where Triton imports, the types `engine.dequant_triton` has kernels for expand there
+instead: one launch per tensor, the same bits (see `backend`).  STRATA_DEQUANT=torch keeps
+these torch expressions everywhere (an A/B switch); the CPU always uses them.
 """
 from __future__ import annotations
 
@@ -263,14 +267,26 @@ def supported_names() -> str:
     return ", ".join(sorted(t.name for t in SUPPORTED))
 
 
+def backend(device: torch.device | str, qtype: T | int, dtype: torch.dtype = torch.float32) -> str:
+    """Which dequantiser expands `qtype` into `dtype` on `device`: "triton" (CUDA, triton
+    importable, a kernel for the type, STRATA_DEQUANT not "torch") or "torch"."""
+    if torch.device(device).type != "cuda":
+        return "torch"
+    from . import dequant_triton  # imports triton: only once a GPU tensor is expanded
+    return "triton" if dequant_triton.handles(T(qtype), dtype) else "torch"
+
+
 def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: torch.dtype = torch.float32,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """Expand raw GGUF bytes (a uint8 tensor of whole blocks, on any device) to `shape` (torch
     order, last dimension a multiple of the block size) in `dtype` on raw's device.
 
-    With `out` (a contiguous tensor of `shape`), and for any tensor over one step, works in
-    steps of CHUNK_BLOCKS blocks (CHUNK_BLOCKS_CUDA on a GPU), so the float32 temporaries stay
-    small whatever the tensor's size."""
+    On CUDA with a Triton kernel for the type (`backend`), one launch writes the values
+    straight into the result (or `out`); `raw` may then be a [rows, bytes] slice with unit
+    column stride and whole blocks per row, read in place.  Otherwise (torch path), with `out`
+    (a contiguous tensor of `shape`), and for any tensor over one step, works in steps of
+    CHUNK_BLOCKS blocks (CHUNK_BLOCKS_CUDA on a GPU), so the float32 temporaries stay small
+    whatever the tensor's size."""
     qtype = T(qtype)
     fn = DEQUANTIZERS.get(qtype)
     if fn is None:
@@ -287,6 +303,13 @@ def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: t
     step = CHUNK_BLOCKS_CUDA if raw.device.type == "cuda" else CHUNK_BLOCKS
     if raw.numel() != n_blocks * ts:
         raise ValueError(f"{raw.numel()} bytes for {n_blocks} {qtype.name} blocks of {ts} bytes")
+    if raw.is_cuda and backend(raw.device, qtype, out.dtype if out is not None else dtype) == "triton":
+        from . import dequant_triton
+        if out is None:
+            out = torch.empty(tuple(shape), dtype=dtype, device=raw.device)
+        elif tuple(out.shape) != tuple(shape) or not out.is_contiguous() or out.device != raw.device:
+            raise ValueError(f"out must be a contiguous tensor of shape {list(shape)} on {raw.device}")
+        return dequant_triton.dequantize_into(raw, qtype, out)
     blocks = raw.reshape(n_blocks, ts)
     if out is None:
         if n_blocks <= step:

@@ -320,8 +320,9 @@ class ExpertCache:
         rows = self.pool.index_select(0, idx)  # [B, slot bytes]: a gather of the quantized bytes
         out = []
         for part in lay.parts:
-            raw = rows[:, part.offset:part.offset + part.nbytes].contiguous()
-            out.append(dequant.dequantize(raw.reshape(-1), part.qtype, (len(slots), *part.shape), dtype))
+            # [B, part bytes], strided: the Triton dequantiser reads it in place, torch copies it
+            raw = rows[:, part.offset:part.offset + part.nbytes]
+            out.append(dequant.dequantize(raw, part.qtype, (len(slots), *part.shape), dtype))
         return out[0], out[1], out[2]
 
     def begin_layer(self) -> int:

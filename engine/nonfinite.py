@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:  # no import cycle at run time: pipeline imports this module
@@ -22,8 +23,20 @@ log = logging.getLogger(__name__)
 
 
 def all_finite(*tensors: torch.Tensor | None) -> bool:
-    """True when every value of every given tensor is finite (None is skipped)."""
-    return all(bool(torch.isfinite(t).all()) for t in tensors if t is not None)
+    """True when every value of every given tensor is finite (None is skipped).
+
+    Host tensors are checked with numpy: torch's CPU `isfinite` is five parallel ops, and with
+    the run's other threads (stages, timing, digest) alive they took ~8 ms each on the device
+    machine — a fixed ~40 ms in every prefill's wall (profiled on H200, 8K to 64K)."""
+    return all(_finite(t) for t in tensors if t is not None)
+
+
+def _finite(t: torch.Tensor) -> bool:
+    if t.device.type != "cpu":
+        return bool(torch.isfinite(t).all())
+    if t.dtype not in (torch.float16, torch.float32, torch.float64):
+        t = t.to(torch.float32)  # bf16 has no numpy type
+    return bool(np.isfinite(t.detach().numpy()).all())
 
 
 def check_prefill(session: "Session", ids: torch.Tensor, plan: Any, cancel: Any,

@@ -313,7 +313,9 @@ class Stage:
                 raise
             except Exception as exc:
                 raise StageError(self.index, self.name, chunk, layer.index, exc) from exc
-        if capture:
+        # graphability is known only after a first pass (each layer decides its expert GEMM
+        # on its first call), so the warm-up run's eager pass is what captures
+        if capture and all(layer.graphable(x) for layer in layers):
             self._capture(layers, x.shape[0], x.dtype)
         return x
 
@@ -329,7 +331,7 @@ class Stage:
         graphed = self.graph_sets.get(key)
         if graphed is not None or key in self.graph_failed:
             return graphed, False
-        return None, all(layer.graphable(x) for layer in layers)
+        return None, True
 
     def _capture(self, layers: Sequence[Layer], n: int, dtype: torch.dtype) -> None:
         s = self.session
@@ -729,7 +731,7 @@ class Session:
             known = self._chunk_cost
             est = chunking.bounds_makespan(chunking.chunk_bounds(n_tokens, c), n_dev, known, v, hop) if known else 0.0
             return chunking.Choice(c, "fixed", est, f"fixed {c}", v)
-        cands = chunking.GPU_CANDIDATES if cuda else chunking.CPU_CANDIDATES
+        cands = self.chunk_cost().sizes if cuda else chunking.CPU_CANDIDATES  # the sizes that fit
         alts: tuple[int, ...] = ()
         if n_dev > 1 and (self.config.layer_split == "auto" or v > 1):
             alts = tuple(k for k in (1, 2, 3, 4) if n_dev * k <= self.spec.n_layers)

@@ -480,8 +480,8 @@ def resolve_chunk(profile: CostProfile, settings: PlanSettings, n_stages: int) -
         return min(c, settings.prompt_tokens), settings.schedule
     if c != "auto":
         raise PlanError(f"chunk {c!r}: a number of tokens or auto")
-    cands = chunking.GPU_CANDIDATES if profile.device_kind == "cuda" else chunking.CPU_CANDIDATES
     cost = replace(profile.cost(), layers_per_stage=max(1, profile.n_layers // max(n_stages, 1)))
+    cands = cost.sizes if profile.device_kind == "cuda" else chunking.CPU_CANDIDATES  # as a run: the measured sizes
     n = 1 if settings.prefill_main else n_stages
     chunk, kind, _ = chunking.choose_schedule(settings.prompt_tokens, n, cost, cands, (settings.schedule,))
     return chunk, kind

@@ -7,9 +7,9 @@ head_dim] — about 25 ms of a 32K prefill on H200 (16 layers).  `qk_norm_rope` 
 once, computes in fp32 and writes q already laid out heads-first ([H, n, hd] memory, returned
 as an [n, H, hd] view), which is the layout cuDNN attention takes without a copy.
 
-Where Triton is missing (CPU, a torch build without it) or the kernel is off (the default,
-STRATA_QK_KERNEL=triton turns it on) the torch expressions run, as before.  The two differ by rounding only (one bf16 rounding instead of
-several).
+Where Triton is missing (CPU, a torch build without it) or the kernel is off
+(STRATA_QK_KERNEL=torch, for an A/B) the torch expressions run.  The two differ by rounding
+only (one bf16 rounding instead of several).
 """
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ import os
 import torch
 import torch.nn.functional as F
 
-ENV = "STRATA_QK_KERNEL"  # "triton" turns the kernel on (off by default: see below)
+ENV = "STRATA_QK_KERNEL"  # "torch": never the Triton kernel
 
 
 def _kernel():
-    """The kernel where STRATA_QK_KERNEL=triton, else None.  Off by default: on one H200 it
-    added a fixed ~25-38 ms per run (8K: 91.6 vs 67.1 ms; docs/benchmarks.md), suspected to be
-    its CUDA-graph capture falling back to eager launches; until that is found it is opt-in."""
-    if os.environ.get(ENV, "").strip().lower() != "triton":
+    """The kernel, unless STRATA_QK_KERNEL=torch.  (It was opt-in for a while: runs with it
+    measured a fixed ~25-38 ms slower on H200.  That was two bugs of the run, not the kernel: a
+    one-chunk prompt's warm-up did not capture its CUDA graphs, and the logits' finite check ran
+    as slow host ops; docs/benchmarks.md, issue 18.)"""
+    if os.environ.get(ENV, "").strip().lower() == "torch":
         return None
     return _compiled()
 

@@ -12,12 +12,28 @@ from engine import dequant
 ALL_TYPES = sorted(dequant.SUPPORTED, key=lambda t: t.name)
 
 
-def random_blocks(qtype: T, rows: int, blocks_per_row: int, seed: int) -> tuple[np.ndarray, tuple[int, int]]:
+# byte offsets of each block's float16 scale fields (d, and dmin/m where the type has one)
+SCALE_OFFSETS: dict[T, tuple[int, ...]] = {
+    T.Q8_0: (0,), T.Q4_0: (0,), T.Q5_0: (0,), T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.Q4_1: (0, 2),
+    T.Q5_1: (0, 2), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q6_K: (208,),
+}
+
+
+def random_blocks(qtype: T, rows: int, blocks_per_row: int, seed: int,
+                  finite: bool = False) -> tuple[np.ndarray, tuple[int, int]]:
     """Random bytes of rows x blocks_per_row blocks (every bit pattern, NaN scales included),
-    as the byte array gguf's dequantiser takes, and the tensor's shape in torch order."""
+    as the byte array gguf's dequantiser takes, and the tensor's shape in torch order.
+
+    finite: the scale fields are finite halves of a weight's magnitude instead (a NaN scale
+    makes its whole block NaN, where any two dequantisers agree), subnormals included."""
     bs, ts = GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(rows, blocks_per_row * ts), dtype=np.uint8)
+    if finite and qtype in SCALE_OFFSETS:
+        blocks = raw.reshape(rows * blocks_per_row, ts)
+        for off in SCALE_OFFSETS[qtype]:
+            scale = (rng.standard_normal(blocks.shape[0]) * 10.0 ** rng.integers(-7, 0, blocks.shape[0]))
+            blocks[:, off:off + 2] = scale.astype(np.float16).view(np.uint8).reshape(-1, 2)
     return raw, (rows, blocks_per_row * bs)
 
 

@@ -5,6 +5,7 @@ The graph factory is the probe's parameter; a recording fake stands in for CUDA 
 runs the layer eagerly, so the real KV cache's own position check applies to every call."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.chunk_cost import ChunkCostProbe
@@ -88,3 +89,29 @@ def test_cpu_session_measures_its_cost_without_graphs(demo_path):
     assert cost.layer_s and all(t > 0 for t in cost.layer_s.values())
     # the probe leaves the session's own state alone: a run after it works
     assert sess.run(list(range(40)), 0).report.plan.prompt_tokens == 40
+
+
+def test_sizes_past_the_first_that_does_not_fit_are_not_measured(demo_path, monkeypatch):
+    """A small card runs out of memory at some chunk size: the probe keeps what it measured
+    below it (auto then never picks a size it could not run) and frees that size's graph."""
+    log: list = []
+    made: list[RecordingGraphs] = []
+    probe = _probe(demo_path, monkeypatch, log, made)
+    real = probe._best
+
+    def tight(x, pos):
+        if x.shape[0] >= 64:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated: a 12 GB card)")
+        return real(x, pos)
+
+    monkeypatch.setattr(probe, "_best", tight)
+    cost = probe.measure(sizes=(16, 32, 64, 128), prefix=64, probe=16)
+    assert set(cost.layer_s) == {16, 32}
+    assert all(g.closed for g in made) and probe.kv is None
+
+
+def test_out_of_memory_at_the_smallest_size_is_an_error(demo_path, monkeypatch):
+    probe = _probe(demo_path, monkeypatch, [], [])
+    monkeypatch.setattr(probe, "_best", lambda x, pos: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")))
+    with pytest.raises(torch.OutOfMemoryError):
+        probe.measure(sizes=(16, 32), prefix=64, probe=16)

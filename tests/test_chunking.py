@@ -1,4 +1,7 @@
 """The auto chunk model: prompt length AND stage count decide, from measured costs."""
+import pytest
+
+from engine import chunking
 from engine.chunking import (
     GRAIN,
     ChunkCost,
@@ -87,3 +90,37 @@ def test_schedule_choice_follows_the_setting():
     assert choose_schedule(65536, 1, c, CANDS)[1] == "fixed"  # one stage: no bubble to balance
     assert choose_schedule(65536, 1, c, CANDS, ("balanced",))[1] == "balanced"  # unless asked
     assert choose_schedule(100, 2, c, CANDS)[0] == 100
+
+
+def _flow_shop(times: list[float], n_dev: int, v: int) -> float:
+    """Independent reference: chunks in order through D x V layer groups (group k on device
+    k mod D, a group's step T_i / V); a device runs one step at a time, a group takes chunks in
+    order, a chunk takes groups in order; the earliest-ready step goes first."""
+    k_groups = n_dev * v
+    done: dict[tuple[int, int], float] = {}
+    free = [0.0] * n_dev
+    pending = [(i, 0) for i in range(len(times))]
+    while pending:
+        def ready(t):
+            i, k = t
+            return max(done.get((i, k - 1), 0.0) if k else 0.0, done.get((i - 1, k), 0.0) if i else 0.0)
+        cands = [t for t in pending
+                 if (t[1] == 0 or (t[0], t[1] - 1) in done) and (t[0] == 0 or (t[0] - 1, t[1]) in done)]
+        i, k = min(cands, key=lambda t: (max(ready(t), free[t[1] % n_dev]), t[0]))
+        start = max(ready((i, k)), free[k % n_dev])
+        done[(i, k)] = free[k % n_dev] = start + times[i] / v
+        pending.remove((i, k))
+        if k + 1 < k_groups:
+            pending.append((i, k + 1))
+    return max(done.values())
+
+
+@pytest.mark.parametrize("n_dev,v", [(2, 1), (2, 2), (2, 3), (3, 2), (4, 2), (4, 3)])
+def test_makespan_model_matches_a_flow_shop_when_chunks_do_not_fill_the_devices(n_dev, v):
+    """With interleaved groups and fewer chunks than devices a chunk's chain is serial (a
+    single chunk over 2 devices takes 2 x T, not T + T / V): the model must say so."""
+    cost = ChunkCost({64: 1.0}, 0.0, 0.0, layers_per_stage=1)
+    for m in range(1, n_dev + 1):
+        bounds = chunk_bounds(64 * m, 64)
+        times = [cost.stage_time(n, p) for p, n in bounds]
+        assert chunking.bounds_makespan(bounds, n_dev, cost, v) == pytest.approx(_flow_shop(times, n_dev, v)), m

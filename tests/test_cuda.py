@@ -136,6 +136,20 @@ def test_cuda_graphs_replay_the_eager_kernels_bit_for_bit(make_arch, arch):
     assert not sess.stages[0].graph_sets
 
 
+def test_a_one_chunk_prompt_captures_in_its_first_run(make_arch):
+    """A benchmark's warm-up is one run: when the prompt is a single chunk, that run must capture
+    the graphs (after its eager pass), or the first measured run pays the capture (seen on H200:
+    +78 to +122 ms on an 8K prefill of ~70 ms)."""
+    model = gguf_model.load(make_arch("qwen3moe"))
+    ids = synthetic(64, model.spec.vocab, nonce=5)
+    sess = Session(model, EngineConfig(devices=["cuda:0"], prefill=64))
+    first = " ".join(sess.run(ids, 0).report.notes)
+    second = " ".join(sess.run(ids, 0).report.notes)
+    sess.close()
+    assert "CUDA graphs captured for layers" in first and "at chunk 64" in first
+    assert "CUDA graphs captured" not in second
+
+
 @two_gpus
 def test_two_gpu_graphs_match_eager(demo_path):
     model = gguf_model.load(demo_path)
@@ -351,7 +365,7 @@ def test_qk_norm_rope_kernel_matches_torch_and_lays_q_out_heads_first(monkeypatc
     from engine import qk_rope
     from engine.model import Rope
 
-    monkeypatch.setenv(qk_rope.ENV, "triton")  # opt-in (docs/benchmarks.md: a fixed per-run cost)
+    monkeypatch.delenv(qk_rope.ENV, raising=False)  # on by default where Triton runs
 
     dev = torch.device("cuda:0")
     n, H, KV, hd = 4096, 32, 4, 128
@@ -421,3 +435,65 @@ def test_cuda_dequant_in_steps_into_bf16(monkeypatch):
         assert got.dtype == torch.bfloat16 and got.is_cuda
         a = got.float().cpu()
         assert ((a == ref) | (a.isnan() & ref.isnan())).all(), qtype.name
+
+
+TRITON_DEQUANT_TYPES = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "Q2_K", "Q3_K",
+                        "IQ4_NL", "IQ4_XS"]
+
+
+@cuda
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", TRITON_DEQUANT_TYPES)
+def test_cuda_triton_dequant_bit_exact_casts_strided_and_graphed(monkeypatch, name):
+    """The compiled Triton dequantiser (engine/dequant_triton.py): float32 output bit for bit
+    gguf's (this is where FMA contraction would show: `dl * q - ml` fused rounds once), bf16 and
+    fp16 outputs the casts of it, the torch path's bits, a strided [rows, bytes] slice read in
+    place, and a CUDA-graph replay (no host synchronisation in the launch)."""
+    pytest.importorskip("triton")
+    from gguf import GGMLQuantizationType as T
+    from gguf import quants as gguf_quants
+
+    from dequant_support import assert_bit_exact, random_blocks
+    from engine import dequant, dequant_triton
+
+    qtype = T[name]
+    monkeypatch.delenv(dequant_triton.ENV, raising=False)
+    dequant_triton._kernels.cache_clear()
+    assert dequant.backend("cuda:0", qtype, torch.bfloat16) == "triton"
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+    for seed, (rows, bpr) in enumerate([(64, 9), (1, 1), (300, 17)]):  # partial and many programs
+        raw, shape = random_blocks(qtype, rows, bpr, seed)
+        ref = gguf_quants.dequantize(raw, qtype)
+        t = torch.from_numpy(raw).cuda()
+        f32 = dequant.dequantize(t, qtype, shape)
+        assert_bit_exact(f32, ref, f"{name} Triton fp32, seed {seed}")
+        for dtype in (torch.bfloat16, torch.float16):
+            low = dequant.dequantize(t, qtype, shape, dtype=dtype)
+            assert low.dtype == dtype and same(low, f32.to(dtype)), (name, dtype, seed)
+        strided = torch.zeros(rows, raw.shape[1] + 29, dtype=torch.uint8, device="cuda:0")
+        strided[:, 13:13 + raw.shape[1]] = t
+        got = dequant.dequantize(strided[:, 13:13 + raw.shape[1]], qtype, shape)
+        assert_bit_exact(got, ref, f"{name} Triton strided rows, seed {seed}")
+    monkeypatch.setenv(dequant_triton.ENV, "torch")
+    dequant_triton._kernels.cache_clear()
+    assert dequant.backend("cuda:0", qtype) == "torch"
+    assert_bit_exact(f32, dequant.dequantize(t, qtype, shape).cpu().numpy(), f"{name} Triton vs torch on CUDA")
+    monkeypatch.delenv(dequant_triton.ENV)
+    dequant_triton._kernels.cache_clear()
+
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (compiled) on a side stream, as torch's graph docs do
+        dequant.dequantize(t, qtype, shape, dtype=torch.bfloat16)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        graphed = dequant.dequantize(t, qtype, shape, dtype=torch.bfloat16)
+    g.replay()
+    torch.cuda.synchronize()
+    assert same(graphed, f32.to(torch.bfloat16)), f"{name} graph replay"
+    dequant_triton._kernels.cache_clear()

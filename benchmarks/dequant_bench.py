@@ -1,0 +1,165 @@
+"""GGUF dequantisation throughput: the Triton kernels (engine/dequant_triton.py) vs the torch path.
+
+On CUDA: one Qwen3-30B-A3B layer's experts (128 x gate [768, 2048], up [768, 2048], down
+[2048, 768]) expanded into bf16 as the engine does before its grouped GEMMs, per type; the
+time of the three tensors together, CUDA-event timed, best of --repeat after --warmup.  Prints
+a markdown table per type: ms per layer, GB/s of output written and of blocks read, and whether
+the two paths give the same bits.  Random blocks with finite scales (the arithmetic's cost does
+not depend on the values).
+
+On a CPU (no CUDA) it runs tiny shapes through the torch path only, and says so: a smoke test.
+
+    python3 benchmarks/dequant_bench.py                     # every type with a kernel
+    python3 benchmarks/dequant_bench.py --types Q4_K,Q6_K,Q8_0 --repeat 20
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf.constants import GGML_QUANT_SIZES
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine import dequant, dequant_triton  # noqa: E402
+
+# byte offsets of the float16 scale fields in a block (made finite: a NaN scale is atypical)
+SCALES = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q5_0: (0,), T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.Q4_1: (0, 2),
+          T.Q5_1: (0, 2), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q6_K: (208,)}
+DEFAULT_TYPES = "Q4_K,Q6_K,Q5_K,Q8_0,Q4_0,Q5_0,Q4_1,Q5_1,Q2_K,Q3_K,IQ4_NL,IQ4_XS"
+
+
+def layer_shapes(cuda: bool) -> list[tuple[int, ...]]:
+    """gate, up, down of one layer's experts (torch order); tiny on a CPU."""
+    if cuda:
+        return [(128, 768, 2048), (128, 768, 2048), (128, 2048, 768)]
+    return [(4, 256, 512), (4, 256, 512), (4, 512, 256)]
+
+
+def random_raw(qtype: T, shape: tuple[int, ...], device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    n_blocks = torch.Size(shape).numel() // bs
+    raw = torch.randint(0, 256, (n_blocks, ts), dtype=torch.uint8, device=device, generator=gen)
+    for off in SCALES.get(qtype, ()):
+        s = torch.randn(n_blocks, device=device, generator=gen) * 1e-3
+        raw[:, off:off + 2] = s.to(torch.float16).view(torch.uint8).view(n_blocks, 2)
+    return raw.reshape(-1)
+
+
+def set_path(path: str) -> None:
+    """Choose the dequantiser the engine's dispatcher uses (STRATA_DEQUANT, read once)."""
+    if path == "torch":
+        os.environ[dequant_triton.ENV] = "torch"
+    else:
+        os.environ.pop(dequant_triton.ENV, None)
+    dequant_triton._kernels.cache_clear()
+
+
+def best_time(fn: Callable[[], object], cuda: bool, warmup: int, repeat: int) -> float:
+    """Best seconds of fn over `repeat` timed calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bench_type(qtype: T, device: torch.device, paths: list[str], warmup: int, repeat: int,
+               dtype: torch.dtype) -> None:
+    cuda = device.type == "cuda"
+    gen = torch.Generator(device=device).manual_seed(0)
+    shapes = layer_shapes(cuda)
+    raws = [random_raw(qtype, s, device, gen) for s in shapes]
+    in_bytes = sum(r.numel() for r in raws)
+    out_bytes = sum(torch.Size(s).numel() for s in shapes) * torch.empty((), dtype=dtype).element_size()
+
+    def layer() -> list[torch.Tensor]:
+        return [dequant.dequantize(r, qtype, s, dtype) for r, s in zip(raws, shapes)]
+
+    rows, outs = [], {}
+    for path in paths:
+        set_path(path)
+        used = dequant.backend(device, qtype, dtype)
+        if used != path:
+            rows.append(f"| {path} | — | — | — | not available here ({used} would run) |")
+            continue
+        t = best_time(layer, cuda, warmup, repeat)
+        outs[path] = layer()
+        rows.append((path, t))
+    set_path("triton")
+    same = ""
+    if len(outs) == 2:
+        eq = all(bool(((a == b) | (a.isnan() & b.isnan())).all()) for a, b in zip(outs["triton"], outs["torch"]))
+        same = "yes" if eq else "NO"
+    base = next((r[1] for r in rows if isinstance(r, tuple) and r[0] == "torch"), None)
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    print(f"\n### {qtype.name} ({ts * 8 / bs:.2f} bits/value; {len(shapes)} tensors "
+          f"{', '.join('x'.join(map(str, s)) for s in shapes)} -> {str(dtype).removeprefix('torch.')})\n")
+    print("| path | ms / layer | output GB/s | input GB/s | vs torch |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        if isinstance(r, str):
+            print(r)
+            continue
+        path, t = r
+        vs = f"{base / t:.2f}x" if base else "—"
+        print(f"| {path} | {t * 1e3:.3f} | {gbps(out_bytes, t)} | {gbps(in_bytes, t)} | {vs} |")
+    if same:
+        print(f"\nsame bits (Triton vs torch): {same}")
+    del raws, outs
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+def gbps(nbytes: int, seconds: float) -> str:
+    rate = nbytes / seconds / 1e9
+    return f"{rate:.0f}" if rate >= 10 else f"{rate:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--types", default=DEFAULT_TYPES, help=f"comma-separated GGML types (default {DEFAULT_TYPES})")
+    ap.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu",
+                    help="cuda:N or cpu (default: cuda:0 where there is one)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                    help="output dtype (default bfloat16, the engine's GPU compute dtype)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    ap.add_argument("--repeat", type=int, default=10, help="timed calls; the best is shown (default 10)")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this torch sees no CUDA device")
+    dtype = getattr(torch, args.dtype)
+    types = [T[name.strip().upper()] for name in args.types.split(",") if name.strip()]
+    if device.type == "cuda":
+        tv = dequant_triton.triton.__version__ if dequant_triton.triton is not None else "not importable"
+        print(f"# GGUF dequantisation on {torch.cuda.get_device_name(device)} (torch {torch.__version__}, "
+              f"triton {tv}); one Qwen3-30B-A3B layer's experts, best of {args.repeat} after {args.warmup}")
+        paths = ["triton", "torch"]
+    else:
+        print(f"# GGUF dequantisation on CPU: tiny shapes, torch path only (the Triton kernels need CUDA); "
+              f"best of {args.repeat} after {args.warmup} — a smoke test, not a measurement of the GPU path")
+        paths = ["torch"]
+    for qtype in types:
+        bench_type(qtype, device, paths, args.warmup, args.repeat, dtype)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The Triton dequantiser (engine/dequant_triton.py) against gguf's numpy dequantiser and the
+torch path, bit for bit, run on CPU through Triton's interpreter where triton is installed (it
+is not a dependency: CI skips those; tests/test_cuda.py runs the compiled kernels on the GPU
+machine, where FMA contraction and the conversions are the real risks).  The dispatch tests
+run everywhere."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
+
+from dequant_support import assert_bit_exact, random_blocks
+from engine import dequant
+
+if not torch.cuda.is_available():  # interpret the kernels here; a CUDA machine compiles them
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+try:
+    import triton  # noqa: F401
+    HAVE_TRITON = True
+except ImportError:
+    HAVE_TRITON = False
+
+# random bytes include NaN/inf scales: numpy warns while computing the reference
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+interpreted = pytest.mark.skipif(
+    not HAVE_TRITON or torch.cuda.is_available(),
+    reason="needs triton (not a dependency) and no GPU (tests/test_cuda.py runs the compiled kernels)")
+KERNEL_TYPES = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K,
+                T.IQ4_NL, T.IQ4_XS]
+
+
+if HAVE_TRITON:
+    import triton.language as tl
+
+    from engine.dequant_triton import _bf16
+
+    @triton.jit
+    def _cast_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        """The dequantiser's bf16 cast alone (defined here: jit resolves module globals)."""
+        i = tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, _bf16(tl.load(x_ptr + i, mask=i < n, other=0.0)), mask=i < n)
+
+
+@pytest.fixture
+def fresh_choice():
+    """Each test decides afresh (the choice is cached per process, as the env is read once)."""
+    from engine import dequant_triton
+    dequant_triton._kernels.cache_clear()
+    yield dequant_triton
+    dequant_triton._kernels.cache_clear()
+
+
+@interpreted
+def test_every_listed_type_has_a_kernel(fresh_choice):
+    assert set(KERNEL_TYPES) == set(fresh_choice.TYPES)
+    assert all(fresh_choice.handles(t, torch.bfloat16) for t in KERNEL_TYPES)
+    assert not fresh_choice.handles(T.BF16, torch.bfloat16)  # a cast: torch's
+    assert not fresh_choice.handles(T.Q4_K, torch.float64)
+
+
+@interpreted
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,blocks_per_row,seed,finite", [(7, 3, 0, False), (11, 13, 1, False),
+                                                            (1, 1, 2, False), (9, 11, 3, True)])
+def test_kernel_bit_exact_against_gguf_and_torch(fresh_choice, qtype, rows, blocks_per_row, seed, finite):
+    """Every bit pattern, and finite scales (no block hidden behind a NaN); partial programs
+    (block counts that are not a multiple of a program's blocks) included."""
+    raw, shape = random_blocks(qtype, rows, blocks_per_row, seed, finite=finite)
+    ref = gguf_quants.dequantize(raw, qtype)
+    assert np.isfinite(ref).all() if finite else np.isfinite(ref).mean() > 0.5  # not NaN against NaN
+    t = torch.from_numpy(raw)
+    got = fresh_choice.dequantize_into(t.reshape(-1), qtype, torch.full(shape, 7.0))
+    assert_bit_exact(got, ref, f"{qtype.name} Triton vs gguf")
+    assert_bit_exact(got, dequant.dequantize(t, qtype, shape).numpy(), f"{qtype.name} Triton vs torch")
+
+
+@interpreted
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS], ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_output_is_the_cast_of_float32(fresh_choice, qtype, dtype):
+    raw, shape = random_blocks(qtype, 9, 4, seed=3)
+    t = torch.from_numpy(raw)
+    f32 = fresh_choice.dequantize_into(t, qtype, torch.empty(shape))
+    low = fresh_choice.dequantize_into(t, qtype, torch.empty(shape, dtype=dtype))
+    want = f32.to(dtype)
+    assert low.dtype == dtype
+    assert bool(((low == want) | (low.isnan() & want.isnan())).all())
+
+
+@interpreted
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q5_0], ids=lambda t: t.name)
+def test_strided_rows_read_in_place(fresh_choice, qtype):
+    """ExpertCache.expand hands a [B, part bytes] column slice of its gathered slot rows: the
+    kernel reads it in place and gives the values of the contiguous copy."""
+    raw, (rows, cols) = random_blocks(qtype, 6, 2, seed=4)
+    buf = torch.zeros(rows, raw.shape[1] + 37, dtype=torch.uint8)
+    buf[:, 11:11 + raw.shape[1]] = torch.from_numpy(raw)
+    view = buf[:, 11:11 + raw.shape[1]]
+    assert not view.is_contiguous()
+    got = fresh_choice.dequantize_into(view, qtype, torch.empty(3, 2, cols))
+    assert_bit_exact(got.reshape(rows, cols), gguf_quants.dequantize(raw, qtype), f"{qtype.name} strided")
+
+
+@interpreted
+def test_wrong_sizes_are_refused(fresh_choice):
+    with pytest.raises(ValueError, match="do not fill"):
+        fresh_choice.dequantize_into(torch.zeros(143, dtype=torch.uint8), T.Q4_K, torch.empty(256))
+    with pytest.raises(ValueError, match="no Triton dequantiser for BF16"):
+        fresh_choice.dequantize_into(torch.zeros(512, dtype=torch.uint8), T.BF16, torch.empty(256))
+
+
+def test_cpu_always_uses_the_torch_path(monkeypatch):
+    """A CPU tensor never reaches the Triton module, whatever is installed."""
+    assert dequant.backend("cpu", T.Q4_K, torch.bfloat16) == "torch"
+    if HAVE_TRITON:
+        from engine import dequant_triton
+
+        def boom(*a, **k):
+            raise AssertionError("the Triton path ran for a CPU tensor")
+        monkeypatch.setattr(dequant_triton, "dequantize_into", boom)
+    raw, shape = random_blocks(T.Q4_K, 3, 2, seed=6)
+    got = dequant.dequantize(torch.from_numpy(raw), T.Q4_K, shape)
+    assert_bit_exact(got, gguf_quants.dequantize(raw, T.Q4_K), "Q4_K on CPU")
+
+
+def test_strata_dequant_torch_forces_the_torch_path_on_cuda(monkeypatch, fresh_choice):
+    monkeypatch.setenv("STRATA_DEQUANT", "torch")
+    fresh_choice._kernels.cache_clear()
+    assert dequant.backend("cuda:0", T.Q4_K, torch.bfloat16) == "torch"
+    assert not fresh_choice.handles(T.Q4_K, torch.bfloat16)
+    monkeypatch.delenv("STRATA_DEQUANT")
+    fresh_choice._kernels.cache_clear()
+    want = "triton" if HAVE_TRITON else "torch"
+    assert dequant.backend("cuda:0", T.Q4_K, torch.bfloat16) == want
+    assert dequant.backend("cuda:0", T.F16, torch.bfloat16) == "torch"  # no kernel: a cast
+
+
+@interpreted
+def test_bf16_rounding_is_torchs(fresh_choice):
+    """The kernels' float32 -> bf16 (integer RTNE) on ties, carries into the exponent, overflow
+    to inf, signed zeros, subnormals, inf/NaN and random bit patterns."""
+    edges = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 1 + 2**-8 + 2**-20, 2 - 2**-9, 3.3895e38,
+                          3.4e38, float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 1e-40, -3e-39, 5.9e-39],
+                          dtype=torch.float32)
+    rand = torch.from_numpy(np.random.default_rng(8).integers(0, 2**32, 1000, dtype=np.uint32).view(np.float32).copy())
+    x = torch.cat((edges, rand))
+    y = torch.empty(x.numel(), dtype=torch.bfloat16)
+    _cast_kernel[(1,)](x, y, x.numel(), BLOCK=1024)
+    want = x.to(torch.bfloat16)
+    same = (y.view(torch.int16) == want.view(torch.int16)) | (y.isnan() & want.isnan())
+    assert bool(same.all()), x[~same][:5]
