@@ -10,16 +10,24 @@ The bookkeeping a run's KV cache enforces holds here too: before every call the 
 holds exactly `pos` tokens, so a warm-up or capture pass never leaves the cache one chunk
 ahead of the call that is timed.  The graph factory and the device sync are parameters, so
 the bookkeeping is tested on CPU with a recording fake (tests/test_chunk_cost.py).
+
+`measured(key, measure)` keeps one measurement per process for a key (model shape, device
+kind, dtype, streaming, graphs: `cost_key`), so the sessions of one benchmark or app plan the
+same chunks and their digests stay comparable; `measure_layer` is the threaded executor's
+measurement, `probe_shape` the sizes and shapes it (and a stage process) measures at;
+`measure_hop` times a session's first hand-off.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import torch
 
+from . import chunking
 from .kv import LayerKV
 from .model import Layer
 
@@ -178,3 +186,60 @@ class ChunkCostProbe:
             host = min(host, time.perf_counter() - t0)
             self.sync()
         return host
+
+
+# ---------------------------------------------------------------- a session's measurement
+Measured = tuple[dict[int, float], float, float]  # LayerCost.astuple(): chunking.ChunkCost's first three
+_MEASURED: dict[tuple, Measured] = {}  # one measurement per process and key (see `measured`)
+_MEASURED_LOCK = threading.Lock()
+
+
+def cost_key(spec: object, device: torch.device, dtype: torch.dtype, streamed: bool, cuda_graphs: bool) -> tuple:
+    """What a measurement depends on: the model's shape, the device kind (its name on CUDA),
+    the dtype, streamed experts and CUDA graphs."""
+    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return (repr(spec), dev, str(dtype), streamed, cuda_graphs)
+
+
+def measured(key: tuple, measure: Callable[[], Measured]) -> Measured:
+    """The measurement for `key`, taken by `measure()` the first time in this process."""
+    with _MEASURED_LOCK:
+        got = _MEASURED.get(key)
+        if got is None:
+            got = _MEASURED[key] = measure()
+        return got
+
+
+def probe_shape(device: torch.device) -> tuple[tuple[int, ...], int, int, int]:
+    """(candidate sizes, attention prefix, probe chunk, timed repetitions) for a device kind."""
+    if device.type == "cuda":
+        return chunking.GPU_CANDIDATES, 8192, 2048, 2
+    return chunking.CPU_CANDIDATES[2:6], 256, 64, 4
+
+
+def measure_layer(layer: Layer, device: torch.device, dtype: torch.dtype, cuda_graphs: bool) -> Measured:
+    """Time one layer the way a fixed-size chunk runs: per candidate size at position 0,
+    attention's extra time per (token x cached key), and host launch time per layer (graph
+    replays when `cuda_graphs` is on and the device is a GPU)."""
+    sizes, prefix, probe, reps = probe_shape(device)
+    cost = ChunkCostProbe(layer, device, dtype, graphs=device.type == "cuda" and cuda_graphs, reps=reps)
+    return cost.measure(sizes, prefix=prefix, probe=probe).astuple()
+
+
+def measure_hop(a: torch.device, b: torch.device, dtype: torch.dtype, hidden: int, n: int = 1024) -> float:
+    """Seconds per token to hand a chunk's activations from device a to device b (best of four
+    copies of an n-token chunk)."""
+    x = torch.randn(n, hidden, dtype=torch.float32).to(a, dtype)
+    dst = torch.empty(n, hidden, device=b, dtype=dtype)
+    best = float("inf")
+    for _ in range(4):
+        for d in (a, b):
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
+        t0 = time.perf_counter()
+        dst.copy_(x)
+        for d in (a, b):
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
+        best = min(best, time.perf_counter() - t0)
+    return best / n

@@ -31,8 +31,11 @@ from typing import Any, Callable
 import torch
 
 from .config import ConfigError, rendezvous_address
+from .chunk_cost import Measured, probe_shape
+from .errors import Cancelled, NonFiniteError, StageError
 from .events import StageEvent
-from .pipeline import Cancelled, NonFiniteError, Session, StageError
+from .pipeline import Session
+from .stage import StageContext
 from .stage_process import RunOrder, SourceRef, StageSpec
 
 log = logging.getLogger(__name__)
@@ -202,6 +205,7 @@ class _Job:
         ranges = tuple((st.first, st.end) for st in session.stages)
         self.members: list[_Member] = []
         self.inbox = _Inbox()
+        self.emit: Callable[[StageEvent], None] = lambda ev: None  # the current run's (set by its prefill)
         self._finalizer = weakref.finalize(self, _kill_all, self.members)
 
         def spec_of(st, parent_pid: int) -> StageSpec:
@@ -372,7 +376,7 @@ class _Job:
             off = m.offset_ns
             if ev_kind == "compute":
                 m.last_chunk = max(m.last_chunk, chunk)
-            self.session._emit(StageEvent(run_id, rank, name, chunk, ev_kind, t0 - off, t1 - off, tokens, nbytes, note))
+            self.emit(StageEvent(run_id, rank, name, chunk, ev_kind, t0 - off, t1 - off, tokens, nbytes, note))
         elif kind == "state":
             m.waiting_on, m.state_t = msg[2], time.monotonic()
         elif kind == "computed":
@@ -533,7 +537,6 @@ class ProcessSession(Session):
         self._job = _Job(self)
         self.setup_notes = [n for n in self.setup_notes if not n.startswith("executor processes")]
         self.setup_notes += self._job.notes()
-        self.notes = list(self.setup_notes)
         self._run_open = False
         return self._job
 
@@ -544,16 +547,11 @@ class ProcessSession(Session):
         for a in self.stages[:-1]:
             a.handoff = self.backend
 
-    def _prepare(self, capacity: int, chunk: int) -> None:
+    def prepare(self, capacity: int, chunk: int, hooks=None) -> None:
         self._capacity, self._chunk = capacity, chunk  # the stage processes allocate at the run's start
 
-    def _measure_layer(self) -> tuple[dict[int, float], float, float]:
-        from . import chunking
-
-        cuda = self.stages[0].device.type == "cuda"
-        sizes = chunking.GPU_CANDIDATES if cuda else chunking.CPU_CANDIDATES[2:6]
-        sizes_cost, per_key, launch = self._job_or_start().measure(
-            sizes, 8192 if cuda else 256, 2048 if cuda else 64, 2 if cuda else 4)
+    def _measure_layer(self) -> Measured:
+        sizes_cost, per_key, launch = self._job_or_start().measure(*probe_shape(self.stages[0].device))
         return dict(sizes_cost), per_key, launch
 
     def stage_pids(self) -> list[int]:
@@ -575,16 +573,20 @@ class ProcessSession(Session):
         job.pump(lambda: len(job.inbox.run_closed) == len(job.members), "closing the previous run")
         self._run_open = False
 
-    def prefill(self, ids: torch.Tensor, bounds: list[tuple[int, int]], cancel, logits_all: bool):
+    def prefill(self, run, ctx: StageContext) -> None:
+        """The stage processes run the prefill (hooks are theirs from the start: `Session(hooks=…)`);
+        the digest and logits they computed become the run's."""
+        ids, bounds, cancel = run.ids, run.plan.chunk_bounds(), run.cancel
         job = self._job_or_start()
+        job.emit = ctx.emit
         try:
             self._close_run(job)
             if not hasattr(self, "_capacity"):
-                self._prepare(int(ids.numel()) + 1, max(n for _, n in bounds))
-            order = RunOrder(run_id=self.run_id, ids=[int(t) for t in ids.tolist()], bounds=list(bounds),
+                self.prepare(int(ids.numel()) + 1, max(n for _, n in bounds))
+            order = RunOrder(run_id=ctx.run_id, ids=[int(t) for t in ids.tolist()], bounds=list(bounds),
                              capacity=max(self._capacity, int(ids.numel()) + 1), chunk=max(n for _, n in bounds),
-                             depth=self.config.pipeline_depth, logits_all=logits_all, events=self.events_on,
-                             check_nan=self.config.check_nan, prefill_main=self.config.prefill_main)
+                             depth=ctx.pf_depth, logits_all=run.logits_all, events=ctx.events_on,
+                             check_nan=ctx.check_nan, prefill_main=self.config.prefill_main)
             box = job.inbox
             box.prefill_done, box.returned, box.tokens = {}, -1, {}
             for m in job.members:
@@ -611,12 +613,13 @@ class ProcessSession(Session):
             job.kill()
             raise
         digest, last, logits = next(v for v in box.prefill_done.values() if v[0] is not None)
-        self._digest = _Done(digest)
-        last_logits = torch.from_numpy(last) if last is not None else None
-        return last_logits, (torch.from_numpy(logits) if logits is not None else None), self._digest
+        run.hasher = _Done(digest)
+        run.last_logits = torch.from_numpy(last) if last is not None else None
+        run.logits = torch.from_numpy(logits) if logits is not None else None
 
-    def decode(self, first_token: int, steps: int, pos: int, cancel) -> list[int]:
+    def decode(self, ctx: StageContext, first_token: int, steps: int, pos: int, cancel) -> list[int]:
         job = self._job_or_start()
+        job.emit = ctx.emit
         out, tok = [first_token], first_token
         try:
             for i in range(1, steps):
@@ -653,6 +656,9 @@ class _Done:
     """The digest a stage process computed (the `_Digest` interface of the threaded executor)."""
 
     hex: str
+
+    def add(self, x: torch.Tensor) -> None:
+        raise RuntimeError("a stage process's digest is complete")
 
     def hexdigest(self) -> str:
         return self.hex

@@ -45,13 +45,13 @@ def is_user_error(exc: BaseException) -> bool:
     expected: list[type[BaseException]] = [ConfigError, MemoryError, OSError]
     for module, names in (("engine.gguf_model", ("GGUFError",)), ("engine.synth", ("RecipeError",)),
                           ("engine.trace", ("TraceError",)),
-                          ("engine.pipeline", ("Cancelled", "DeviceMemoryError", "NonFiniteError")),
+                          ("engine.errors", ("Cancelled", "DeviceMemoryError", "NonFiniteError")),
                           ("engine.executor", ("StageLost",))):
         mod = sys.modules.get(module)
         if mod is not None:
             expected += [getattr(mod, n) for n in names]
-    pipeline = sys.modules.get("engine.pipeline")
-    if pipeline is not None and isinstance(exc, pipeline.StageError):
+    errors = sys.modules.get("engine.errors")
+    if errors is not None and isinstance(exc, errors.StageError):
         exc = exc.__cause__ or exc
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "OutOfMemoryError"):

@@ -9,15 +9,14 @@ finite the error blames the output head (final norm or logits).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:  # no import cycle at run time: pipeline imports this module
-    from .pipeline import Session
+if TYPE_CHECKING:  # no import cycle at run time: run imports this module
+    from .run import Run
 
 log = logging.getLogger(__name__)
 
@@ -39,25 +38,24 @@ def _finite(t: torch.Tensor) -> bool:
     return bool(np.isfinite(t.detach().numpy()).all())
 
 
-def check_prefill(session: "Session", ids: torch.Tensor, plan: Any, cancel: Any,
-                  last_logits: torch.Tensor | None, all_logits: torch.Tensor | None) -> None:
+def check_prefill(run: "Run") -> None:
     """Raise StageError naming where non-finite values first appear, if the run's logits hold any."""
-    from .pipeline import NonFiniteError, StageError
+    from .errors import NonFiniteError, StageError
 
-    if all_finite(last_logits, all_logits):
+    if all_finite(run.last_logits, run.logits):
         return
     log.info("run %s: non-finite logits; running the prefill again with the per-layer check to find "
-                "where they start", session.run_id)
+                "where they start", run.run_id)
+    session = run.session
     last = session.stages[-1]
-    bounds = plan.chunk_bounds()
+    bounds = run.plan.chunk_bounds()
     if not session.config.check_nan:  # with the check on, the first pass would have raised already
-        config = session.config
-        session.config = dataclasses.replace(config, check_nan=True)
         for st in session.stages:  # the same prompt again, from position 0
             for kv in st.kvs:
                 kv.reset()
+        logits_all, run.logits_all = run.logits_all, False
         try:
-            session.prefill(ids, bounds, cancel, False)
+            run.prefill(check_nan=True)
         except StageError as exc:
             if isinstance(exc.__cause__, NonFiniteError):
                 located = StageError(exc.stage, exc.device, exc.chunk, exc.layer, NonFiniteError(
@@ -67,10 +65,9 @@ def check_prefill(session: "Session", ids: torch.Tensor, plan: Any, cancel: Any,
                 raise located
             raise
         finally:
-            session.config = config
-            digest = getattr(session, "_digest", None)
-            if digest is not None:
-                digest.close()
+            run.logits_all = logits_all
+            if run.hasher is not None:
+                run.hasher.close()
     raise StageError(last.index, last.name, len(bounds) - 1, None, NonFiniteError(
         "the logits are not finite but every layer's output is: the final norm or output head "
         "(output.weight / token_embd.weight) holds NaN or inf?"))

@@ -268,7 +268,7 @@ class StageProcess:
                 if hook is not None:
                     hook(self.rank, layer.index, chunk)
                 if check and not bool(torch.isfinite(x).all()):
-                    from .pipeline import NonFiniteError
+                    from .errors import NonFiniteError
 
                     raise NonFiniteError(f"non-finite value after layer {layer.index}")
             except Exception as exc:

@@ -474,6 +474,23 @@ def order_devices(devices: list[str], mode: str, topo: Topology | None = None) -
     return OrderResult(result, True, reason)
 
 
+def split_order(devices: list[str], gpu_order: str) -> tuple[list[str], str]:
+    """A split's device order from its `gpu_order` setting and why (never raises: a PCIe probe
+    that fails keeps the configured order and says so).  Two or more distinct GPUs are ordered
+    by `order_devices`; a device named twice (two stages on one GPU) keeps the configured order."""
+    cudas = [d for d in devices if d.startswith("cuda")]
+    if gpu_order != "pcie" or len(cudas) < 2 or len(set(devices)) != len(devices):
+        return list(devices), ("configured order" if gpu_order == "configured"
+                               else "order kept (fewer than two distinct GPUs)")
+    try:
+        res = order_devices(list(devices), "pcie", discover())
+        return list(res.devices), res.reason
+    except Exception as exc:  # ordering must never break a run
+        reason = f"configured order kept: PCIe probe failed ({exc})"
+        log.warning(reason)
+        return list(devices), reason
+
+
 def _ranking(names: list[str], topo: Topology) -> tuple[dict[str, float], str] | str:
     """(metric per device name, what it is) or, when any device lacks it, why not."""
     gpus: dict[str, GpuInfo] = {}

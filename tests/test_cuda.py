@@ -136,6 +136,7 @@ def test_cuda_graphs_replay_the_eager_kernels_bit_for_bit(make_arch, arch):
     assert not sess.stages[0].graph_sets
 
 
+@cuda
 def test_a_one_chunk_prompt_captures_in_its_first_run(make_arch):
     """A benchmark's warm-up is one run: when the prompt is a single chunk, that run must capture
     the graphs (after its eager pass), or the first measured run pays the capture (seen on H200:
@@ -225,7 +226,7 @@ def test_two_gpu_events_follow_the_pipeline_order(demo_path, handoff):
 def test_chunk_cost_is_measured_as_runs_execute_and_frees_its_graphs(demo_path):
     """With CUDA graphs on, auto's per-size costs come from graph replays (what a fixed chunk
     runs), and measuring leaves no graph memory behind."""
-    from engine import pipeline
+    from engine import chunk_cost
 
     model = gguf_model.load(demo_path)
     costs = {}
@@ -233,7 +234,7 @@ def test_chunk_cost_is_measured_as_runs_execute_and_frees_its_graphs(demo_path):
         sess = Session(model, EngineConfig(devices=["cuda:0"], cuda_graphs=graphs))
         sizes = []
         for _ in range(2):  # the first measurement also grows lasting caches (RoPE tables)
-            pipeline._MEASURED.clear()
+            chunk_cost._MEASURED.clear()
             sess._chunk_cost = None
             before = torch.cuda.memory_allocated()
             cost = sess.chunk_cost()
@@ -352,10 +353,11 @@ def test_balanced_chunks_are_graphed_and_match_eager(demo_path):
         sess = Session(model, EngineConfig(devices=["cuda:0", "cuda:0"], prefill=256, chunk_schedule="balanced",
                                            cuda_graphs=graphs))
         sess.run(ids, 0)  # warm-up: captures every size of the plan
-        runs[graphs] = sess.run(ids, 0).report
+        run = sess.run(ids, 0)
+        runs[graphs] = run.report
         if graphs:
             sizes = {n for _, n in runs[graphs].plan.chunk_bounds()}
-            assert sizes <= sess.graph_sizes and any(st.graph_sets for st in sess.stages)
+            assert sizes <= run.graph_sizes and any(st.graph_sets for st in sess.stages)
         sess.close()
     assert runs[True].plan.bounds == runs[False].plan.bounds and runs[True].digest == runs[False].digest
 

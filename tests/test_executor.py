@@ -145,12 +145,8 @@ def test_cancel_stops_at_a_chunk_boundary_and_the_next_run_works(two, ids, threa
             if ev.chunk == 1:
                 stop.set()
 
-    two.sink = sink
-    try:
-        with pytest.raises(Cancelled) as info:
-            two.run(ids, cancel=stop)
-    finally:
-        two.sink = None
+    with pytest.raises(Cancelled) as info:
+        two.run(ids, cancel=stop, sink=sink)
     assert max(seen) <= 2, f"stage 0 ran chunks {seen} after the stop at C1"
     assert info.value.report.cancelled and two.in_flight() == 0
     assert two.run(ids, decode_tokens=3).report.digest == threads_digests(("cpu", "cpu"))[0]
@@ -165,13 +161,9 @@ def test_killed_stage_process_ends_the_run_names_it_and_leaves_nothing(two, ids,
         if ev.kind == "compute" and ev.stage == 0 and ev.chunk == 2:  # stage 1 has computed C0 by then
             os.kill(victim, signal.SIGKILL)
 
-    two.sink = sink
     t0 = time.monotonic()
-    try:
-        with pytest.raises(StageError) as info:
-            two.run(ids)
-    finally:
-        two.sink = None
+    with pytest.raises(StageError) as info:
+        two.run(ids, sink=sink)
     took = time.monotonic() - t0
     msg = str(info.value)
     assert isinstance(info.value.__cause__, StageLost)
@@ -195,13 +187,11 @@ def test_hung_stage_process_ends_the_run_within_the_timeout(two, ids, threads_di
         if ev.kind == "compute" and ev.stage == 1 and ev.chunk == 1:
             os.kill(victim, signal.SIGSTOP)
 
-    two.sink = sink
     t0 = time.monotonic()
     try:
         with pytest.raises(StageError) as info:
-            two.run(ids)
+            two.run(ids, sink=sink)
     finally:
-        two.sink = None
         two.timeout_s = 60.0
         configure(two, pipeline_depth=1)
     took = time.monotonic() - t0

@@ -133,10 +133,9 @@ def test_an_attached_stage_killed_mid_run_is_named_and_the_other_one_ends(demo):
             if ev.kind == "compute" and ev.stage == 0 and ev.chunk == 2:
                 os.kill(victim.pid, signal.SIGKILL)
 
-        sess.sink = sink
         t0 = time.monotonic()
         with pytest.raises(StageError) as info:
-            sess.run(ids)
+            sess.run(ids, sink=sink)
         assert time.monotonic() - t0 < 30
         msg = str(info.value)
         assert isinstance(info.value.__cause__, StageLost)

@@ -46,8 +46,7 @@ def test_an_exception_in_any_stage_at_any_chunk(demo, clean, stage, chunk):
     assert f"stage {stage} (cpu), chunk {chunk}" in str(ei.value) and "injected" in str(ei.value)
     assert settled(sess)
     assert all(st.kvs == [] for st in sess.stages)  # per-run memory released
-    sess.hooks = PipelineHooks()
-    again = sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3).report
+    again = sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3, hooks=PipelineHooks()).report
     assert (again.digest, again.generated) == (clean.digest, clean.generated)
 
 
@@ -99,16 +98,15 @@ def test_cancel_at_load_prefill_and_decode(demo, clean):
                 stop.set()
             if phase == "decode" and chunk == -1:
                 stop.set()
-        sess.hooks = PipelineHooks(after_layer=hook)
         t0 = time.perf_counter()
         with pytest.raises(Cancelled) as ei:
-            sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=50, cancel=stop)
+            sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=50, cancel=stop,
+                     hooks=PipelineHooks(after_layer=hook))
         assert time.perf_counter() - t0 < 10
         report = ei.value.report
         assert report.cancelled
         if phase == "decode":  # the prompt finished: its digest stands, no tokens are claimed
             assert report.digest == clean.digest and report.generated == []
         assert settled(sess)
-    sess.hooks = PipelineHooks()
     again = sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3).report
     assert (again.digest, again.generated) == (clean.digest, clean.generated)

@@ -8,7 +8,7 @@ import threading
 import torch
 
 from engine.gpu_timing import DeferredTimer, GpuInterval
-from engine.pipeline import _Worker
+from engine.stage import _Worker
 
 
 class Event:

@@ -110,8 +110,7 @@ def test_exception_in_a_stage_surfaces_with_context(demo):
     err = ei.value
     assert (err.stage, err.chunk) == (2, 5) and "injected fault" in str(err) and "stage 2 (cpu), chunk 5" in str(err)
     assert sess.in_flight() == 0 and len(sess.worker_threads()) <= len(sess.stages) - 1
-    sess.hooks = PipelineHooks()
-    ok = sess.run(synthetic(128, demo.spec.vocab, nonce=1))
+    ok = sess.run(synthetic(128, demo.spec.vocab, nonce=1), hooks=PipelineHooks())  # this run without the fault
     clean = Session(demo, cfg).run(synthetic(128, demo.spec.vocab, nonce=1))
     assert ok.report.digest == clean.report.digest
 
@@ -129,9 +128,9 @@ def test_cancel_returns_within_one_chunk(demo, depth):
     with pytest.raises(Cancelled) as ei:
         sess.run(synthetic(256, demo.spec.vocab), cancel=cancel)
     assert ei.value.report.cancelled and ei.value.report.per_stage[0].chunks == 4
-    started = compute(sess.events, 0)
+    started = compute(ei.value.events, 0)
     assert max(started) == 3, "no chunk may start after the cancel"
-    assert max(compute(sess.events, 1)) == 3, "chunks in flight were drained"
+    assert max(compute(ei.value.events, 1)) == 3, "chunks in flight were drained"
     assert sess.in_flight() == 0 and len(sess.worker_threads()) <= len(sess.stages) - 1
     sess.run(synthetic(64, demo.spec.vocab))  # the next run works
 
@@ -241,3 +240,31 @@ def test_balanced_schedule_runs_its_planned_chunks_and_keeps_digests(demo):
     assert len(set(seen.values())) == 1, seen
     fixed = Session(demo, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=64, chunk_schedule="fixed")).run(ids)
     assert fixed.report.plan.bounds == () and fixed.report.plan.n_chunks == 8
+
+
+def test_a_run_owns_its_sink_hooks_and_events_and_leaves_the_session_as_it_was(demo):
+    """session.run(sink=, hooks=) applies to that run only: the session's defaults stay, each
+    Run carries its own events (what its sink saw), and a cancel carries its report and events."""
+    sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=16))
+    seen: list = []
+    layers: list = []
+    ids = synthetic(64, demo.spec.vocab, nonce=3)
+    first = sess.run(ids, 2, sink=seen.append, hooks=PipelineHooks(after_layer=lambda s, layer, c: layers.append(c)))
+    assert sess.sink is None and sess.hooks.after_layer is None  # nothing rewired on the session
+    assert first.events == seen and first.report.run_id == first.plan.run_id == first.events[0].run_id
+    assert layers and first.digest == first.report.digest and first.last_logits is not None
+    second = sess.run(ids, 2)
+    assert len(seen) == len(first.events) and not {e.run_id for e in second.events} & {first.run_id}
+    assert second.report.digest == first.report.digest and sess.events is second.events
+    stop = threading.Event()
+
+    def cancel_at(stage, layer, chunk):
+        if chunk == 1:
+            stop.set()
+    with pytest.raises(Cancelled) as ei:
+        sess.run(ids, cancel=stop, hooks=PipelineHooks(after_layer=cancel_at))
+    cancelled = ei.value
+    assert cancelled.report is not None and cancelled.report.cancelled
+    assert cancelled.events and {e.run_id for e in cancelled.events} == {cancelled.report.run_id}
+    assert sess.in_flight() == 0
+    sess.close()

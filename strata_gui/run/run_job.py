@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -186,7 +186,6 @@ class RunJob:
             cold = shape not in warmed
             group = uuid.uuid4().hex[:12]
             repeats = max(int(req.repeats), 1)
-            session.hooks = self.hooks or PipelineHooks()
             self._sampler, self._telemetry_reason = make_sampler(req.config, self.topology)
             if self._sampler is not None:
                 self._sampler.start()
@@ -195,24 +194,23 @@ class RunJob:
             for k in range(repeats):
                 self._measure = {"warmup": bool(req.warmup), "cold": cold and k == 0, "repeat": k + 1,
                                  "repeats": repeats, "repeat_group": group}
-                session.sink = batcher
                 self.out.status(f"planning {len(ids)} prompt tokens on {', '.join(session.device_order)}"
                                 + (f" (repeat {k + 1} of {repeats})" if repeats > 1 else "") + " …")
                 try:  # one sampler: the live plot's samples are the history's
-                    result = session.run(ids, req.decode_tokens, cancel=self.cancel, on_plan=self._on_plan,
+                    result = session.run(ids, req.decode_tokens, sink=batcher, cancel=self.cancel,
+                                         hooks=self.hooks or PipelineHooks(), on_plan=self._on_plan,
                                          sampler=self._sampler)
                 finally:
                     batcher.flush()
                 warmed.add(shape)
-                self._record(session, result.report, "finished")
+                self._record(result.report, result.events, "finished")
                 self.out.measured(RepeatDone(k, repeats, result.report, warmed_up, cold and k == 0))
             self._stop_sources(batcher)
             self.out.finished(result.report)
         except Cancelled as exc:
             self._stop_sources(batcher)
-            partial = getattr(exc, "report", None)
-            if session is not None and isinstance(partial, RunReport) and self._measure:
-                self._record(session, partial, "cancelled")
+            if session is not None and exc.report is not None and self._measure:
+                self._record(exc.report, exc.events, "cancelled")
             self.out.cancelled(str(exc))
         except Exception as exc:
             self._stop_sources(batcher)
@@ -220,28 +218,25 @@ class RunJob:
             session = None
             self.out.failed(*failure.dialog_text(exc, "the run", "Run failed"))
         finally:
-            if session is not None:
-                session.sink = None
             self.out.done()
 
     def _warm_up(self, session: Session, n_tokens: int, decode_tokens: int) -> None:
         """One unmeasured pass of the same shapes (not drawn, not saved); Cancelled propagates."""
         self.out.status(f"warm-up pass: {n_tokens:,} tokens, not measured and not drawn (the first run of a "
                         "shape pays one-off set-up) …")
-        session.sink = None
-        session.hooks = self.hooks or PipelineHooks()
         t0 = time.perf_counter()
-        session.run(prompts.warmup_ids(n_tokens, session.spec.vocab), min(decode_tokens, 2), cancel=self.cancel)
+        session.run(prompts.warmup_ids(n_tokens, session.spec.vocab), min(decode_tokens, 2), cancel=self.cancel,
+                    hooks=self.hooks or PipelineHooks())
         log.info("warm-up pass of %d tokens took %.3f s", n_tokens, time.perf_counter() - t0)
 
-    def _record(self, session: Session, report: RunReport, status: str) -> None:
+    def _record(self, report: RunReport, events: Iterable, status: str) -> None:
         """Save the run to the history; a storage error is reported, never raised."""
         if self.recorder is None:
             return
         req = self.request
         config = record_config(req.config, req.model_label or req.model_path.name, describe_prompt(req),
                                self._n_prompt, req.decode_tokens, self._measure)
-        record = RunRecord(report, list(session.events), config, source="run", status=status)
+        record = RunRecord(report, list(events), config, source="run", status=status)
         try:
             self.out.saved(SaveResult(self.recorder(record), status))
         except Exception as exc:

@@ -1,0 +1,86 @@
+"""A run's plan on a session: chunk size and schedule from the settings and the measured costs.
+
+`choice` applies the prefill and chunk_schedule settings (a user's chunk size, balanced from
+it, or auto: the option `chunking`'s model rates fastest), `plan` turns it into the `RunPlan`
+a run executes.  Both read the session's public side only: its config, devices, stages, layer
+groups, the measured chunk cost (`Session.chunk_cost`) and the hand-off time
+(`Session.hop_s_per_token`).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import chunking
+from .events import RunPlan, StagePlan
+
+if TYPE_CHECKING:
+    from .pipeline import Session
+
+BALANCED_GRAIN_CUDA = 512  # balanced chunk sizes on CUDA: multiples of this, so few distinct sizes (graphs)
+
+
+def grain(session: "Session") -> int:
+    return BALANCED_GRAIN_CUDA if session.devices[0].type == "cuda" else chunking.GRAIN
+
+
+def balanced_floor(session: "Session", chunk: int) -> int:
+    """The smallest balanced chunk from a user's chunk size: the efficient size, but never
+    above the size the user asked for (they asked for that many chunks)."""
+    return min(chunking.efficient_floor(session.chunk_cost()), chunk)
+
+
+def choice(session: "Session", n_tokens: int) -> chunking.Choice:
+    """Chunk size and schedule from the prefill and chunk_schedule settings, with the
+    modelled prefill time (auto: the option the model of `chunking` rates fastest)."""
+    config = session.config
+    c, kind = config.prefill, config.chunk_schedule
+    main_only = config.prefill_main
+    n_dev = 1 if main_only else len(session.devices)
+    v = 1 if main_only else session.interleave
+    g = grain(session)
+    hop = session.hop_s_per_token() if n_dev > 1 and (not isinstance(c, int) or kind != "fixed") else 0.0
+    if isinstance(c, int):
+        if kind in ("balanced", "auto") and c < n_tokens:
+            cost = session.chunk_cost()
+            if kind == "auto":  # a user's chunk size with schedule auto: the cheaper of the two
+                fixed = chunking.bounds_makespan(chunking.chunk_bounds(n_tokens, c), n_dev, cost, v, hop)
+                bal = chunking.bounds_makespan(chunking.schedule(n_tokens, c, "balanced", cost, g,
+                                                                 balanced_floor(session, c)), n_dev, cost, v, hop)
+                if fixed <= bal:
+                    return chunking.Choice(c, "fixed", fixed, f"fixed {c} (schedule auto: balanced models "
+                                                              f"{bal * 1e3:.1f} ms, fixed {fixed * 1e3:.1f} ms)", v)
+            bounds = chunking.schedule(n_tokens, c, "balanced", cost, g, balanced_floor(session, c))
+            est = chunking.bounds_makespan(bounds, n_dev, cost, v, hop)
+            return chunking.Choice(c, "balanced", est, f"balanced from {c}-token chunks: equal modelled cost each", v)
+        # a fixed size needs no measurement: modelled only when the costs are known already
+        known = session.measured_chunk_cost
+        est = chunking.bounds_makespan(chunking.chunk_bounds(n_tokens, c), n_dev, known, v, hop) if known else 0.0
+        return chunking.Choice(c, "fixed", est, f"fixed {c}", v)
+    cuda = session.devices[0].type == "cuda"
+    cands = session.chunk_cost().sizes if cuda else chunking.CPU_CANDIDATES  # the sizes that fit
+    alts: tuple[int, ...] = ()
+    if n_dev > 1 and (config.layer_split == "auto" or v > 1):
+        alts = tuple(k for k in (1, 2, 3, 4) if n_dev * k <= session.spec.n_layers)
+    kinds = ("fixed", "balanced") if kind == "auto" else (kind,)
+    return chunking.choose(n_tokens, n_dev, session.chunk_cost(), cands, kinds, v, hop, g, alts)
+
+
+def plan(session: "Session", n_tokens: int, decode_tokens: int = 0, run_id: str = "") -> RunPlan:
+    config = session.config
+    chosen = choice(session, n_tokens)
+    chunk, kind = chosen.chunk, chosen.kind
+    if kind == "balanced":
+        cost = session.chunk_cost()
+        floor = balanced_floor(session, config.prefill) if isinstance(config.prefill, int) \
+            else chunking.efficient_floor(cost)
+        bounds = chunking.schedule(n_tokens, chunk, kind, cost, grain(session), floor)
+        chunk = max(n for _, n in bounds)  # buffers are sized by the largest chunk
+    else:
+        bounds = chunking.chunk_bounds(n_tokens, chunk)
+    return RunPlan(
+        run_id=run_id,
+        stages=tuple(StagePlan(s.index, s.name, s.first, s.end) for s in session.stages),
+        prompt_tokens=n_tokens, chunk=chunk, n_chunks=len(bounds),
+        decode_tokens=decode_tokens, handoff=session.handoff_kind, prefill_main=config.prefill_main,
+        pf_depth=config.pf_depth, chunk_reason=chosen.reason, schedule=kind, interleave=session.interleave,
+        bounds=tuple(bounds) if kind == "balanced" else (), modelled_s=chosen.modelled_s)
