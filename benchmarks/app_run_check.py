@@ -1,6 +1,6 @@
 """The app's run path without Qt, on real devices: what a click on Run does, checked.
 
-Drives `strata_gui.run_job.RunJob` (the body of the app's run worker thread) with the app's
+Drives `strata_gui.run.run_job.RunJob` (the body of the app's run worker thread) with the app's
 own SessionCache and RunHistory, the built-in demo model and a recording outlet in place of
 the Qt signals.  Checks, per device list:
 
@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import synth  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.pipeline import PipelineHooks  # noqa: E402
-from strata_gui.history import RunHistory  # noqa: E402
-from strata_gui.run_job import RunJob, RunRequest  # noqa: E402
-from strata_gui.session_cache import SessionCache  # noqa: E402
+from strata_gui.history.history_model import RunHistory  # noqa: E402
+from strata_gui.run.run_job import RunJob, RunRequest  # noqa: E402
+from strata_gui.run.session_cache import SessionCache  # noqa: E402
 
 
 class Recorder:
@@ -83,7 +83,8 @@ def check(devices: str, tmp: Path) -> list[str]:
 
     try:
         first = one_run(req, sessions, history)
-        expect(first.kinds() == ["run_started", "saved", "measured", "finished", "done"], f"outcome order {first.kinds()}")
+        expect(first.kinds() == ["run_started", "saved", "measured", "finished", "done"],
+               f"outcome order {first.kinds()}")
         if "finished" in first.kinds():
             report = first.arg("finished")[0]
             computes = sorted((e.stage, e.chunk) for e in first.got if e.kind == "compute")

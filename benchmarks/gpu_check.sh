@@ -3,7 +3,7 @@
 # GPU). Runs, on every visible GPU count (1, and 2 when there are two):
 #   1. tests/test_cuda.py
 #   2. the default `strata-bench run` (chunk auto, CUDA graphs on) as a new user types it
-#   3. the app's run path (strata_gui.run_job, what the Run button drives) without Qt
+#   3. the app's run path (strata_gui.run.run_job, what the Run button drives) without Qt
 #   4. the process executor on CUDA (tests/test_executor_cuda.py; GPU_CHECK_EXECUTOR=0 skips it)
 # and ends with one verdict line: `GPU CHECK PASSED` or `GPU CHECK FAILED: <what>`.
 # Usage on the device machine (carry .whl with gguf and platformdirs wheels):

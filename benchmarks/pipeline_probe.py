@@ -84,7 +84,8 @@ def main() -> int:
         old = sys.getswitchinterval()
         if switch:
             sys.setswitchinterval(switch)
-        sess = cls(model, EngineConfig(devices=devices, gpu_order="configured", prefill=chunk, **kw), telemetry_interval_s=tel)
+        sess = cls(model, EngineConfig(devices=devices, gpu_order="configured", prefill=chunk, **kw),
+                   telemetry_interval_s=tel)
         sess.run(synthetic(min(4096, ns.tokens), model.spec.vocab, nonce=-1))  # warm-up
         rows = []
         for _ in range(ns.repeat):

@@ -65,7 +65,7 @@ def read_log(path: Path, sections: set[str]) -> tuple[list[Row], planner.CostPro
 
 
 def predict(profile: planner.CostProfile, machine: planner.Machine, r: Row) -> planner.Prediction:
-    s = planner.PlanSettings(prompt_tokens=r.prompt, chunk=r.chunk, pf_depth=r.depth)
+    s = planner.PlanSettings(prompt_tokens=r.prompt, chunk_tokens=r.chunk, pipeline_depth=r.depth)
     return planner.simulate(profile, machine, s, devices=r.devices)
 
 
@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"(**{po.prefill_tok_s / over.tok_s - 1:+.1%}**) | {hist(over.busy)} / {hist(po.busy_histogram)} |")
             i += 3
     else:
-        print("| log | prompt | chunk | arm | measured tok/s | predicted tok/s | error | busy 0/1/2 % measured | predicted |")
+        print("| log | prompt | chunk | arm | measured tok/s | predicted tok/s | error "
+              "| busy 0/1/2 % measured | predicted |")
         print("|---|---:|---|---|---:|---:|---:|---|---|")
         for r in rows:
             p = preds[id(r)]
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{worst[2]:.1%}")
     if len(traces) > 1:
         print()
-        print("| profile from | predicted run | measured tok/s | predicted tok/s | error | busy histogram, largest gap |")
+        print("| profile from | predicted run | measured tok/s | predicted tok/s | error "
+              "| busy histogram, largest gap |")
         print("|---|---|---:|---:|---:|---:|")
         for src in traces:
             prof = planner.profile_from_run(src)

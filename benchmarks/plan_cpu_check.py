@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             row(run.name, run, planner.predict_run(prof, run))
     run = measure(["cpu"] * 3, 1)
     pred = planner.simulate(prof, planner.Machine([planner.DeviceSpec("cpu")]),
-                            planner.PlanSettings(prompt_tokens=ns.tokens, chunk=ns.chunk, pf_depth=1, interleave=3))
+                            planner.PlanSettings(prompt_tokens=ns.tokens, chunk_tokens=ns.chunk, pipeline_depth=1,
+                                                 interleave=3))
     row("interleave:3 on one cpu vs cpu,cpu,cpu", run, pred)
     return 0
 

@@ -50,9 +50,9 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="strata-soak-"))
     os.environ["STRATA_GUI_DATA_DIR"] = str(tmp)
     app = QApplication.instance() or QApplication(sys.argv)
-    from strata_gui import theme
-    from strata_gui.mainwindow import MainWindow
-    from strata_gui.run_settings import RunSettings
+    from strata_gui.run.settings_model import RunSettings
+    from strata_gui.views import theme
+    from strata_gui.views.main_window_view import MainWindow
 
     theme.apply(app)
     win = MainWindow(QSettings(str(tmp / "settings.ini"), QSettings.Format.IniFormat), demo_model_path(),

@@ -22,8 +22,8 @@ CHILD = r"""
 import sys, time, json
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
-from strata_gui import run_files
-from strata_gui.history import RunHistory
+from strata_gui.run import run_files
+from strata_gui.history.history_model import RunHistory
 from engine.trace import TraceError
 def rss_kib():
     for line in open("/proc/self/status"):

@@ -77,7 +77,7 @@ def main() -> int:
         with torch.inference_mode():
             for n in sizes:
                 x = torch.tensor([ids[n]], device=dev)
-                run = lambda: model(input_ids=x, logits_to_keep=1)  # noqa: E731
+                run = lambda x=x: model(input_ids=x, logits_to_keep=1)  # noqa: E731
                 run()  # warm-up at this size
                 hf_s[n] = best_of(run, ns.repeat, dev)
                 print(f"HF {n}: {n / hf_s[n]:,.0f} tok/s", flush=True)
@@ -108,7 +108,7 @@ def main() -> int:
     print("|---:|---:|---:|---:|---|---:|---:|")
     for n in sizes:
         flops = spec.prefill_flops(n)
-        mfu = lambda s: f"{flops / s / 1e12 / ns.peak_tflops * 100:.1f}%"  # noqa: E731
+        mfu = lambda s, flops=flops: f"{flops / s / 1e12 / ns.peak_tflops * 100:.1f}%"  # noqa: E731
         h = hf_s.get(n)
         print(f"| {n:,} | {f'{n / h:,.0f}' if h else '—'} | {n / ours[n]:,.0f} | "
               f"{f'{h / ours[n]:.2f}' if h else '—'} | {chunks[n]} | {mfu(h) if h else '—'} | {mfu(ours[n])} |")

@@ -49,7 +49,8 @@ def _engine() -> None:
     from .pipeline import Cancelled, Session, StageError
 
 SETTING_FLAGS = {  # CLI flag -> setting
-    "devices": "devices", "layer_split": "layer_split", "prefill": "prefill", "pf_depth": "pf_depth",
+    "devices": "devices", "layer_split": "layer_split", "chunk_tokens": "chunk_tokens",
+    "pipeline_depth": "pipeline_depth",
     "prefill_main": "prefill_main", "pin_limit_gib": "pin_limit_gib", "gpu_order": "gpu_order",
     "expert_cache": "expert_cache", "handoff": "handoff", "dtype": "dtype", "timing": "timing",
     "check_nan": "check_nan", "cuda_graphs": "cuda_graphs",
@@ -517,8 +518,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--devices", help="comma-separated stage devices, e.g. cuda:0,cuda:1 or cpu,cpu (default: every GPU)")
     r.add_argument("--layer-split", dest="layer_split",
                    help="auto (balanced), counts per device such as 12,12,24, or interleave:V (V groups per device)")
-    r.add_argument("--prefill", help="chunk size: auto or N")
-    r.add_argument("--pf-depth", dest="pf_depth", help="1 overlap (default), 0 join")
+    r.add_argument("--chunk-tokens", dest="chunk_tokens", help="chunk size in tokens: auto or N")
+    r.add_argument("--prefill", dest="chunk_tokens", help=argparse.SUPPRESS)  # the seeds' name
+    r.add_argument("--pipeline-depth", dest="pipeline_depth", help="1 overlap (default), 0 join")
+    r.add_argument("--pf-depth", dest="pipeline_depth", help=argparse.SUPPRESS)  # the seeds' name
     r.add_argument("--prefill-main", dest="prefill_main", nargs="?", const="1", metavar="0|1",
                    help="prefill the whole prompt on the main device, then hand the KV to the stages")
     r.add_argument("--pin-limit-gib", dest="pin_limit_gib", help="GiB of the expert arena to page-lock: auto or N")
@@ -537,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "`strata-bench stage --rendezvous HOST:PORT` attach (default: spawn them here)")
     r.add_argument("--cuda-graphs", dest="cuda_graphs", nargs="?", const="1", metavar="0|1",
                    help="replay layers as CUDA graphs (default 1; 0 runs every op eagerly)")
-    r.add_argument("--arm", action="append", help='settings of one arm, e.g. "pf_depth=0" (repeatable)')
+    r.add_argument("--arm", action="append", help='settings of one arm, e.g. "pipeline_depth=0" (repeatable)')
     r.add_argument("--repeat", type=int, default=1, help="measured runs per arm and prompt size (median and spread)")
     r.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per arm and prompt size")
     r.add_argument("--format", choices=("md", "csv", "json"), default="md",

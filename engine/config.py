@@ -6,6 +6,7 @@ Precedence: explicit (GUI/CLI) > environment > default.  Every invalid value rai
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -36,10 +37,10 @@ class ConfigError(ValueError):
 
 # setting name -> environment variable (DESIGN.md "Settings")
 ENV_NAMES: dict[str, str] = {
-    "pf_depth": "STRATA_PF_DEPTH",
+    "pipeline_depth": "STRATA_PIPELINE_DEPTH",
     "prefill_main": "STRATA_PREFILL_MAIN",
     "pin_limit_gib": "STRATA_PIN_LIMIT_GIB",
-    "prefill": "STRATA_PREFILL",
+    "chunk_tokens": "STRATA_CHUNK_TOKENS",
     "gpu_order": "STRATA_GPU_ORDER",
     "timing": "STRATA_PREFILL_TIMING",
     "check_nan": "STRATA_DBG_NAN",
@@ -49,9 +50,55 @@ ENV_NAMES: dict[str, str] = {
     "rendezvous": "STRATA_RENDEZVOUS",
 }
 
+# the seeds' names, still accepted: environment variables (read when the new one is unset), and
+# setting names (CLI/arm/record keys; `canonical` maps them) written before issue 16
+ENV_ALIASES: dict[str, tuple[str, ...]] = {
+    "pipeline_depth": ("STRATA_PF_DEPTH",),
+    "chunk_tokens": ("STRATA_PREFILL",),
+}
+NAME_ALIASES: dict[str, str] = {"pf_depth": "pipeline_depth", "prefill": "chunk_tokens"}
+
+
+def canonical(name: str) -> str:
+    """A setting's name now (`pf_depth` -> `pipeline_depth`, `prefill` -> `chunk_tokens`)."""
+    return NAME_ALIASES.get(name, name)
+
+
+def env_var(name: str, env: Mapping[str, str]) -> str:
+    """The environment variable that sets `name` in `env`: the new one unless only a seed's alias is set."""
+    var = ENV_NAMES[name]
+    return next((v for v in (var, *ENV_ALIASES.get(name, ())) if env.get(v, "") != ""), var)
+
+
+def migrate_keys(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A settings dict written with the old names (a record, a trace, a saved arm), renamed.  Of
+    an old and a new name given together the later wins, as in `{**base, **arm}`."""
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        out.pop(canonical(k), None)
+        out[canonical(k)] = v
+    return out
+
+
+def old_names_accepted(cls: type) -> type:
+    """Let a dataclass's constructor take the seeds' names too (`EngineConfig(pf_depth=0)`), so
+    code written before issue 16 keeps working; the fields carry the new names only.  An old name
+    wins over its new one (`dataclasses.replace(cfg, pf_depth=0)` passes both)."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        merged = {k: v for k, v in kwargs.items() if k not in NAME_ALIASES}
+        merged.update({canonical(k): v for k, v in kwargs.items() if k in NAME_ALIASES})
+        init(self, *args, **merged)
+
+    cls.__init__ = __init__
+    return cls
+
+
 # every setting `parse_setting` knows, in the order of DESIGN.md's table
 SETTING_NAMES: tuple[str, ...] = (
-    "pf_depth", "prefill_main", "pin_limit_gib", "prefill", "gpu_order", "layer_split", "expert_cache",
+    "pipeline_depth", "prefill_main", "pin_limit_gib", "chunk_tokens", "gpu_order", "layer_split", "expert_cache",
     "timing", "check_nan", "devices", "handoff", "dtype", "cuda_graphs", "chunk_schedule",
     "executor", "rendezvous",
 )
@@ -75,8 +122,8 @@ ALLOWED = {
     "devices": "cpu, cuda or cuda:N",
     "device_list": "a comma-separated device list such as cpu,cpu or cuda:0,cuda:1",
     "layer_split": "auto, comma-separated layer counts such as 12,12,24, or interleave:V (V layer groups per device)",
-    "prefill": f"auto or a chunk size in tokens (1..{MAX_PREFILL})",
-    "pf_depth": "0 (join) or 1 (overlap)",
+    "chunk_tokens": f"auto or a chunk size in tokens (1..{MAX_PREFILL})",
+    "pipeline_depth": "0 (join) or 1 (overlap)",
     "bool": "1/0, true/false, on/off",
     "pin_limit_gib": "auto or a number of GiB >= 0",
     "expert_cache": "auto, all or a number of GiB >= 0",
@@ -86,14 +133,15 @@ ALLOWED = {
 _DEPTH_WHY = "a stage owns ONE set of chunk buffers, so two of its chunks may never be in flight"
 
 
+@old_names_accepted
 @dataclass
 class EngineConfig:
     """Everything that shapes one run. Strings like "auto" are kept as given; see `validate`."""
 
     devices: list[str] = field(default_factory=lambda: ["cpu"])
     layer_split: str | list[int] = "auto"
-    prefill: str | int = "auto"  # chunk size
-    pf_depth: int = 1
+    chunk_tokens: str | int = "auto"  # chunk size in tokens (the seeds' "prefill")
+    pipeline_depth: int = 1  # 1 overlap, 0 join (the seeds' "pf_depth")
     prefill_main: bool = False
     pin_limit_gib: str | float = "auto"
     gpu_order: str = "pcie"
@@ -103,7 +151,7 @@ class EngineConfig:
     timing: bool = False
     check_nan: bool = False
     cuda_graphs: bool = True  # replay each layer's position-independent kernels as CUDA graphs
-    # fixed: every chunk `prefill` tokens; balanced: as many chunks, each of equal modelled cost
+    # fixed: every chunk `chunk_tokens` tokens; balanced: as many chunks, each of equal modelled cost
     # (bigger early, smaller late).  Balanced was slower on H200 (docs/benchmarks.md): opt-in.
     chunk_schedule: str = "fixed"
     # threads: every stage a thread of this process; processes: every stage a process of its
@@ -120,14 +168,16 @@ class EngineConfig:
     ) -> "EngineConfig":
         """Default, then environment, then explicit overrides (None values are ignored)."""
         env = os.environ if env is None else env
-        given = {k for k, v in (overrides or {}).items() if v is not None}
+        overrides = migrate_keys(overrides or {})
+        given = {k for k, v in overrides.items() if v is not None}
         values: dict[str, Any] = {}
         for name, var in ENV_NAMES.items():
             if name in given:  # an explicit value wins; a bad env value it replaces is moot
                 continue
+            var = env_var(name, env)
             if var in env and env[var] != "":
                 values[name] = parse_setting(name, env[var], source=var)
-        for name, raw in (overrides or {}).items():
+        for name, raw in overrides.items():
             if raw is None:
                 continue
             values[name] = parse_setting(name, raw)
@@ -136,7 +186,7 @@ class EngineConfig:
         return cfg
 
     def replace(self, **changes: Any) -> "EngineConfig":
-        parsed = {k: parse_setting(k, v) for k, v in changes.items()}
+        parsed = {k: parse_setting(k, v) for k, v in migrate_keys(changes).items()}
         cfg = dataclasses.replace(self, **parsed)
         cfg.validate()
         return cfg
@@ -151,16 +201,16 @@ class EngineConfig:
         for d in self.devices:
             if not (isinstance(d, str) and _DEVICE_RE.fullmatch(d)):
                 raise ConfigError("devices", d, ALLOWED["devices"])
-        if not _is_int(self.pf_depth) or self.pf_depth not in (0, 1):
-            raise ConfigError("pf_depth", self.pf_depth, ALLOWED["pf_depth"], _DEPTH_WHY)
+        if not _is_int(self.pipeline_depth) or self.pipeline_depth not in (0, 1):
+            raise ConfigError("pipeline_depth", self.pipeline_depth, ALLOWED["pipeline_depth"], _DEPTH_WHY)
         for name in BOOL_SETTINGS:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "True or False")
         if not (self.layer_split == "auto" or interleave_groups(self.layer_split) is not None
                 or (isinstance(self.layer_split, list) and all(_is_int(n) for n in self.layer_split))):
             raise ConfigError("layer_split", self.layer_split, ALLOWED["layer_split"])
-        if not (self.prefill == "auto" or _is_int(self.prefill)):
-            raise ConfigError("prefill", self.prefill, ALLOWED["prefill"])
+        if not (self.chunk_tokens == "auto" or _is_int(self.chunk_tokens)):
+            raise ConfigError("chunk_tokens", self.chunk_tokens, ALLOWED["chunk_tokens"])
         for name, extra in (("pin_limit_gib", ("auto",)), ("expert_cache", ("auto", "all"))):
             v = getattr(self, name)
             if not (v in extra or (_is_real(v) and math.isfinite(v) and v >= 0)):
@@ -174,8 +224,8 @@ class EngineConfig:
             if any(n <= 0 for n in self.layer_split):
                 raise ConfigError("layer_split", _fmt_split(self.layer_split),
                                   "positive counts (an empty stage has nothing to run)")
-        if isinstance(self.prefill, int) and not (1 <= self.prefill <= MAX_PREFILL):
-            raise ConfigError("prefill", self.prefill, f"auto or a chunk size from 1 to {MAX_PREFILL} tokens")
+        if isinstance(self.chunk_tokens, int) and not (1 <= self.chunk_tokens <= MAX_PREFILL):
+            raise ConfigError("chunk_tokens", self.chunk_tokens, f"auto or a chunk size from 1 to {MAX_PREFILL} tokens")
         for name, choices in CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ConfigError(name, getattr(self, name), _or(choices))
@@ -213,6 +263,16 @@ class EngineConfig:
         if isinstance(pin, (int, float)) and not isinstance(pin, bool) and pin * 2**30 > ram_bytes:
             raise ConfigError("pin_limit_gib", pin, f"0 to {ram_bytes / 2**30:.1f} GiB (this machine's RAM)",
                               "more than the machine has cannot be page-locked")
+
+    @property
+    def prefill(self) -> str | int:
+        """The seeds' name of `chunk_tokens` (read-only; for code written before issue 16)."""
+        return self.chunk_tokens
+
+    @property
+    def pf_depth(self) -> int:
+        """The seeds' name of `pipeline_depth` (read-only; for code written before issue 16)."""
+        return self.pipeline_depth
 
     @property
     def interleave(self) -> int:
@@ -288,6 +348,7 @@ def _parse_auto_number(name: str, raw: Any, allowed: str, extra: tuple[str, ...]
 
 def parse_setting(name: str, raw: Any, source: str | None = None) -> Any:
     """Turns a raw value (string from env/CLI/GUI, or a typed value) into the typed setting."""
+    name = canonical(name)
     label = source or name
     try:
         return _parse(name, raw, label)
@@ -300,6 +361,7 @@ def parse_setting(name: str, raw: Any, source: str | None = None) -> Any:
 def format_setting(name: str, value: Any) -> str:
     """The string form of a parsed setting, as environment and CLI take it:
     `parse_setting(name, format_setting(name, v)) == v` for every valid v."""
+    name = canonical(name)
     if name == "devices":
         return ",".join(value)
     if name == "layer_split":
@@ -308,7 +370,7 @@ def format_setting(name: str, value: Any) -> str:
         return "1" if value else "0"
     if name in ("pin_limit_gib", "expert_cache"):
         return value if isinstance(value, str) else repr(float(value))
-    if name in ("prefill", "pf_depth"):
+    if name in ("chunk_tokens", "pipeline_depth"):
         return str(value)
     if name in CHOICES or name == "rendezvous":
         return str(value)
@@ -355,17 +417,17 @@ def _parse(name: str, raw: Any, label: str) -> Any:
         if not counts or any(c <= 0 for c in counts):
             raise ConfigError(label, raw, "positive layer counts (an empty stage has nothing to run)")
         return counts
-    if name == "prefill":
+    if name == "chunk_tokens":
         if isinstance(raw, str) and raw.strip().lower() == "auto":
             return "auto"
-        v = _parse_int(label, raw, ALLOWED["prefill"])
+        v = _parse_int(label, raw, ALLOWED["chunk_tokens"])
         if not 1 <= v <= MAX_PREFILL:
-            raise ConfigError(label, raw, ALLOWED["prefill"])
+            raise ConfigError(label, raw, ALLOWED["chunk_tokens"])
         return v
-    if name == "pf_depth":
-        v = _parse_int(label, raw, ALLOWED["pf_depth"])
+    if name == "pipeline_depth":
+        v = _parse_int(label, raw, ALLOWED["pipeline_depth"])
         if v not in (0, 1):
-            raise ConfigError(label, raw, ALLOWED["pf_depth"], _DEPTH_WHY)
+            raise ConfigError(label, raw, ALLOWED["pipeline_depth"], _DEPTH_WHY)
         return v
     if name in BOOL_SETTINGS:
         return _parse_bool(label, raw)

@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from .config import old_names_accepted
+
 KINDS = ("compute", "wait", "copy", "stream", "decode")
 
 
@@ -48,6 +50,7 @@ class StagePlan:
         return self.end_layer - self.first_layer
 
 
+@old_names_accepted
 @dataclass(frozen=True)
 class RunPlan:
     """What a run is about to do: known before the first chunk, so a GUI can size its progress."""
@@ -60,12 +63,17 @@ class RunPlan:
     decode_tokens: int
     handoff: str
     prefill_main: bool
-    pf_depth: int
+    pipeline_depth: int  # 1 overlap, 0 join (the seeds' pf_depth)
     chunk_reason: str = ""
     schedule: str = "fixed"  # fixed or balanced (see engine.chunking)
     bounds: tuple[tuple[int, int], ...] = ()  # (start, tokens) of every chunk; () = fixed cuts of `chunk`
     interleave: int = 1  # layer groups per device: stages are groups, stage j on device j mod D
     modelled_s: float = 0.0  # the prefill time chunking's model predicted for this plan (0: none)
+
+    @property
+    def pf_depth(self) -> int:
+        """The seeds' name of `pipeline_depth` (read-only; for code written before issue 16)."""
+        return self.pipeline_depth
 
     @property
     def n_lanes(self) -> int:

@@ -76,14 +76,14 @@ def settings_from_args(ns: argparse.Namespace, src: planner.MeasuredRun, n_devic
         s = replace(s, layer_split=None)
     if ns.prompt_tokens:
         s = replace(s, prompt_tokens=int(ns.prompt_tokens))
-    if ns.prefill:
-        s = replace(s, chunk=ns.prefill if ns.prefill == "auto" else int(ns.prefill))
+    if ns.chunk_tokens:
+        s = replace(s, chunk_tokens=ns.chunk_tokens if ns.chunk_tokens == "auto" else int(ns.chunk_tokens))
     if ns.chunk_schedule:
         if ns.chunk_schedule not in ("fixed", "balanced"):
             raise planner.PlanError(f"--chunk-schedule {ns.chunk_schedule!r}: fixed or balanced")
         s = replace(s, schedule=ns.chunk_schedule)
-    if ns.pf_depth is not None:
-        s = replace(s, pf_depth=int(ns.pf_depth))
+    if ns.pipeline_depth is not None:
+        s = replace(s, pipeline_depth=int(ns.pipeline_depth))
     if ns.prefill_main is not None:
         s = replace(s, prefill_main=ns.prefill_main not in ("0", "off", "false"))
     if ns.pin_limit_gib is not None:
@@ -198,9 +198,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--vram-gib", dest="vram_gib", help="VRAM per device: experts resident when they fit")
     p.add_argument("--speed", help="compute speed per device relative to the profile's device (default 1)")
     p.add_argument("--prompt-tokens", dest="prompt_tokens", type=int)
-    p.add_argument("--prefill", help="chunk size: auto or N")
+    p.add_argument("--chunk-tokens", dest="chunk_tokens", help="chunk size in tokens: auto or N")
+    p.add_argument("--prefill", dest="chunk_tokens", help=argparse.SUPPRESS)  # the seeds' name
     p.add_argument("--chunk-schedule", dest="chunk_schedule")
-    p.add_argument("--pf-depth", dest="pf_depth", type=int, choices=(0, 1))
+    p.add_argument("--pipeline-depth", dest="pipeline_depth", type=int, choices=(0, 1), help="1 overlap, 0 join")
+    p.add_argument("--pf-depth", dest="pipeline_depth", type=int, choices=(0, 1), help=argparse.SUPPRESS)
     p.add_argument("--prefill-main", dest="prefill_main", nargs="?", const="1", metavar="0|1")
     p.add_argument("--pin-limit-gib", dest="pin_limit_gib", type=float)
     p.add_argument("--arena-gib", dest="arena_gib", type=float, help="expert arena size (the pin limit's share)")

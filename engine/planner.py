@@ -140,9 +140,9 @@ class Machine:
 @dataclass
 class PlanSettings:
     prompt_tokens: int
-    chunk: int | str = "auto"  # tokens, or auto (chosen from the profile as the engine would)
+    chunk_tokens: int | str = "auto"  # tokens, or auto (chosen from the profile as the engine would)
     schedule: str = "fixed"
-    pf_depth: int = 1
+    pipeline_depth: int = 1
     prefill_main: bool = False
     pin_limit_gib: float | None = None  # None: the whole arena page-locked
     decode_tokens: int = 0
@@ -151,7 +151,7 @@ class PlanSettings:
     arena_gib: float = 0.0  # expert arena size (pin share); 0: every stream at the pinned rate
 
     def describe(self) -> str:
-        parts = [f"chunk {self.chunk}", self.schedule, f"depth {self.pf_depth}"]
+        parts = [f"chunk {self.chunk_tokens}", self.schedule, f"depth {self.pipeline_depth}"]
         if self.prefill_main:
             parts.append("prefill-main")
         if self.pin_limit_gib is not None:
@@ -245,7 +245,7 @@ class Prediction:
         s = self.settings
         return RunPlan(run_id=run_id, stages=tuple(self.stages), prompt_tokens=self.prompt_tokens, chunk=self.chunk,
                        n_chunks=len(self.bounds), decode_tokens=s.decode_tokens, handoff=self.handoff,
-                       prefill_main=s.prefill_main, pf_depth=s.pf_depth,
+                       prefill_main=s.prefill_main, pipeline_depth=s.pipeline_depth,
                        chunk_reason="predicted by engine.planner", schedule=s.schedule,
                        bounds=tuple(self.bounds) if s.schedule == "balanced" else ())
 
@@ -330,7 +330,7 @@ class _Sim:
         if self.s.prefill_main and len(self.stages) > 1:
             return self._prefill_main(bounds)
         S, M = len(self.stages), len(bounds)
-        depth = self.s.pf_depth
+        depth = self.s.pipeline_depth
         ret = [[0.0] * M for _ in range(S)]  # when stage j's run(c) returned (host time)
         submit = [[0.0] * M for _ in range(S)]
         ready_in = [[0.0] * M for _ in range(S)]  # input activations in place
@@ -472,7 +472,7 @@ class _Sim:
 
 def resolve_chunk(profile: CostProfile, settings: PlanSettings, n_stages: int) -> tuple[int, str]:
     """The chunk size and schedule a run with these settings would use (auto as the engine picks)."""
-    c = settings.chunk
+    c = settings.chunk_tokens
     if isinstance(c, int) or (isinstance(c, str) and c.isdigit()):
         c = int(c)
         if c <= 0:
@@ -492,14 +492,14 @@ def simulate(profile: CostProfile, machine: Machine, settings: PlanSettings,
     """Predict one run: its events (marked predicted), prefill time, busy histogram, bottleneck."""
     if settings.prompt_tokens <= 0:
         raise PlanError("prompt tokens: at least one")
-    if settings.pf_depth not in (0, 1):
-        raise PlanError(f"pf_depth {settings.pf_depth}: 0 (join) or 1 (overlap); one buffer set per stage")
+    if settings.pipeline_depth not in (0, 1):
+        raise PlanError(f"pipeline_depth {settings.pipeline_depth}: 0 (join) or 1 (overlap); one buffer set per stage")
     if profile.n_layers <= 0:
         raise PlanError("the profile does not say how many layers the model has")
     names = list(devices) if devices is not None else [d.name for d in machine.devices]
     stages = plan_stages(profile.n_layers, names, settings.layer_split, settings.interleave)
     chunk, kind = resolve_chunk(profile, settings, len(stages))
-    settings = replace(settings, chunk=chunk, schedule=kind)
+    settings = replace(settings, chunk_tokens=chunk, schedule=kind)
     cost = profile.cost()
     bounds = chunking.schedule(settings.prompt_tokens, chunk, kind, cost if kind == "balanced" else None)
     if kind == "balanced":
@@ -570,7 +570,8 @@ def _plan_from(d: dict[str, Any]) -> RunPlan:
     return RunPlan(run_id=str(d.get("run_id", "")), stages=stages, prompt_tokens=int(d["prompt_tokens"]),
                    chunk=int(d["chunk"]), n_chunks=int(d["n_chunks"]), decode_tokens=int(d.get("decode_tokens", 0)),
                    handoff=str(d.get("handoff", "")), prefill_main=bool(d.get("prefill_main", False)),
-                   pf_depth=int(d.get("pf_depth", 1)), chunk_reason=str(d.get("chunk_reason", "")),
+                   pipeline_depth=int(d.get("pipeline_depth", d.get("pf_depth", 1))),
+                   chunk_reason=str(d.get("chunk_reason", "")),
                    schedule=str(d.get("schedule", "fixed")),
                    bounds=tuple((int(a), int(n)) for a, n in d.get("bounds", ()) or ()))
 
@@ -884,7 +885,8 @@ def settings_of_run(run: MeasuredRun) -> PlanSettings:
     """The settings a recorded run ran with: its layer ranges, chunks, depth, prefill-main."""
     p = run.plan
     chunk = p.chunk if p.schedule == "fixed" else -(-p.prompt_tokens // max(p.n_chunks, 1))
-    return PlanSettings(prompt_tokens=p.prompt_tokens, chunk=chunk, schedule=p.schedule, pf_depth=max(p.pf_depth, 0),
+    return PlanSettings(prompt_tokens=p.prompt_tokens, chunk_tokens=chunk, schedule=p.schedule,
+                        pipeline_depth=max(p.pipeline_depth, 0),
                         prefill_main=p.prefill_main, decode_tokens=p.decode_tokens,
                         layer_split=[s.n_layers for s in p.stages])
 
@@ -993,7 +995,7 @@ def sweep(profile: CostProfile, machine: Machine, base: PlanSettings, chunks: It
             continue  # prefill-main runs one stage: depth and balancing do nothing there
         if sched == "balanced" and c >= n:
             continue
-        s = replace(base, chunk=c, schedule=sched, pf_depth=depth, prefill_main=pm, pin_limit_gib=pin,
+        s = replace(base, chunk_tokens=c, schedule=sched, pipeline_depth=depth, prefill_main=pm, pin_limit_gib=pin,
                     layer_split=None if base.layer_split is None else base.layer_split)
         try:
             pred = simulate(profile, machine, s, devices=order)

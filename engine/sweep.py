@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .config import ConfigError, parse_setting
+from .config import ConfigError, canonical, parse_setting
 
 
 def sweep_nonce(prompt_tokens: int, repeat: int) -> int:
@@ -63,16 +63,18 @@ def median_spread(values: Sequence[float]) -> tuple[float, float]:
 
 
 def parse_arm(text: str) -> dict[str, Any]:
-    """`"pf_depth=0 prefill=2048"` -> {"pf_depth": 0, "prefill": 2048} (validated)."""
+    """`"pipeline_depth=0 chunk_tokens=2048"` -> {"pipeline_depth": 0, "chunk_tokens": 2048} (validated;
+    the seeds' names pf_depth and prefill are read as these)."""
     out: dict[str, Any] = {}
     try:
         items = shlex.split(text.replace(";", " "))
     except ValueError as exc:  # an unclosed quote
-        raise ConfigError("arm", text, "space-separated setting=value pairs such as pf_depth=0", str(exc)) from None
+        raise ConfigError("arm", text, "space-separated setting=value pairs such as pipeline_depth=0",
+                          str(exc)) from None
     for item in items:
         k, sep, v = item.partition("=")
-        k = k.strip().replace("-", "_")
+        k = canonical(k.strip().replace("-", "_"))
         if not sep:
-            raise ConfigError("arm", text, "space-separated setting=value pairs such as pf_depth=0")
+            raise ConfigError("arm", text, "space-separated setting=value pairs such as pipeline_depth=0")
         out[k] = parse_setting(k, v)
     return out

@@ -94,7 +94,7 @@ def main() -> int:
     from engine.gguf_model import load
     from engine.synth import ModelRecipe, demo_model_path, write_model
     from strata_gui.app import make_app
-    from strata_gui.selftest import run_selftest
+    from strata_gui.tools.selftest import run_selftest
 
     failures = []
     app = make_app()

@@ -20,9 +20,9 @@ import subprocess
 import sys
 import tempfile
 import venv
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_TORCH = "torch==2.13.0"  # the README's and CI's CPU wheel

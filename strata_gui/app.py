@@ -11,14 +11,15 @@ import argparse
 import logging
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QColor, QFont, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QApplication, QSplashScreen
 
-from . import __version__, theme
+from . import __version__
+from .views import theme
 
 log = logging.getLogger("strata_gui")
 
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if ns.selftest:
         try:
-            from .selftest import run_selftest
+            from .tools.selftest import run_selftest
 
             result = run_selftest(app, demo, ns.screenshot)
             ok, message = result.ok, result.message
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if ok else 1
     splash.showMessage("loading torch and the engine …", SPLASH_ALIGN, QColor("#202124"))
     app.processEvents()
-    from .mainwindow import MainWindow
+    from .views.main_window_view import MainWindow
 
     splash.showMessage("opening the window …", SPLASH_ALIGN, QColor("#202124"))
     app.processEvents()

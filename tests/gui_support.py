@@ -29,7 +29,7 @@ def qt_settings_sandbox(tmp_path_factory: pytest.TempPathFactory):
     QSettings.setDefaultFormat(QSettings.Format.IniFormat)
     QCoreApplication.setOrganizationName("strata-gui-tests")
     QCoreApplication.setApplicationName("strata-gui-tests")
-    from strata_gui.history import ENV_DIR
+    from strata_gui.history.history_model import ENV_DIR
 
     old = os.environ.get(ENV_DIR)
     os.environ[ENV_DIR] = str(tmp_path_factory.mktemp("strata-gui-data"))
@@ -47,7 +47,7 @@ def qsettings(tmp_path):
 
 @pytest.fixture
 def themed_app(qapp):
-    from strata_gui import theme
+    from strata_gui.views import theme
 
     theme.apply(qapp)
     return qapp
@@ -56,7 +56,7 @@ def themed_app(qapp):
 @pytest.fixture
 def window(themed_app, qtbot, qsettings, demo_path, tmp_path):
     """The main window on the demo model (a run history of its own), shown, device discovery done."""
-    from strata_gui.mainwindow import MainWindow
+    from strata_gui.views.main_window_view import MainWindow
 
     win = MainWindow(qsettings, demo_path, history_path=tmp_path / "history.sqlite3")
     qtbot.addWidget(win)
@@ -68,9 +68,14 @@ def window(themed_app, qtbot, qsettings, demo_path, tmp_path):
     assert not win.controller.is_running
 
 
+def wait_model(qtbot, win, timeout_ms: int = 20_000) -> None:
+    """Until the model file the form names is parsed (a background job) and the form revalidated."""
+    qtbot.waitUntil(lambda: not win.model_pending, timeout=timeout_ms)
+
+
 def set_form(win, **values) -> None:
     """Put RunSettings values into the window's panels (as a user would, then revalidate)."""
-    from strata_gui.run_settings import RunSettings
+    from strata_gui.run.settings_model import RunSettings
 
     current = win.current_settings().to_dict()
     current.update(values)

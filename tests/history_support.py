@@ -1,8 +1,8 @@
 """Real runs of the demo model as RunRecords, for the history, export and compare tests.
 
 Two runs on a 2-stage CPU split, the same 128-token prompt in 32-token chunks with 3 decode
-tokens: pf_depth 0 (join) and pf_depth 1 (overlap).  They are recorded the way the app records a
-run (`record_config`), once per test session."""
+tokens: pipeline_depth 0 (join) and pipeline_depth 1 (overlap).  They are recorded the way the app
+records a run (`record_config`), once per test session."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,19 +18,20 @@ DECODE = 3
 
 @dataclass(frozen=True)
 class DemoRuns:
-    join: object  # RunRecord, pf_depth 0
-    overlap: object  # RunRecord, pf_depth 1
+    join: object  # RunRecord, pipeline_depth 0
+    overlap: object  # RunRecord, pipeline_depth 1
 
 
-def record_demo_run(demo_path, pf_depth: int, nonce: int = 0, prompt_tokens: int = PROMPT_TOKENS):
+def record_demo_run(demo_path, pipeline_depth: int, nonce: int = 0, prompt_tokens: int = PROMPT_TOKENS):
     from engine import prompt
     from engine.config import EngineConfig
     from engine.gguf_model import load
     from engine.pipeline import Session
-    from strata_gui.run_record import RunRecord, record_config
+    from strata_gui.run.record_model import RunRecord, record_config
 
     model = load(demo_path)
-    cfg = EngineConfig.from_sources({"devices": "cpu,cpu", "prefill": CHUNK, "pf_depth": pf_depth}, env={})
+    cfg = EngineConfig.from_sources({"devices": "cpu,cpu", "chunk_tokens": CHUNK, "pipeline_depth": pipeline_depth},
+                                    env={})
     sess = Session(model, cfg)
     try:
         res = sess.run(prompt.synthetic(prompt_tokens, model.spec.vocab, nonce), DECODE)
@@ -62,5 +63,5 @@ def run_once(qtbot, win, **form) -> int:
 
 
 # the Run tab's form for small real runs in the window tests: 256 tokens in 8 chunks of 32
-FORM = dict(devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_mode="tokens", prompt_tokens=256,
+FORM = dict(devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="32", prompt_mode="tokens", prompt_tokens=256,
             decode_tokens=3)

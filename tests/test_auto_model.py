@@ -13,7 +13,8 @@ from engine.config import EngineConfig
 from engine.pipeline import PipelineHooks, Session
 from engine.prompt import synthetic
 
-FIXED_S, TOKEN_S, KEY_S = 0.04, 0.8e-3, 0.4e-6  # ~1 s runs: per-run overheads (tens of ms) stay < 5%  # per layer: fixed, per token, per (token x cached key)
+# per layer: fixed, per token, per (token x cached key); ~1 s runs: per-run overheads (tens of ms) stay < 5%
+FIXED_S, TOKEN_S, KEY_S = 0.04, 0.8e-3, 0.4e-6
 
 
 @pytest.fixture(scope="module")

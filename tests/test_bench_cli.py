@@ -27,7 +27,7 @@ def test_make_model_is_deterministic_and_loadable(tmp_path, capsys):
 
 def test_run_json_has_the_fields(demo_path, capsys):
     rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu", "--prompt-tokens", "48",
-                         "--decode-tokens", "4", "--prefill", "16", "--format", "json", "--warmup", "0")
+                         "--decode-tokens", "4", "--chunk-tokens", "16", "--format", "json", "--warmup", "0")
     assert rc == 0
     rows = [json.loads(line) for line in out.splitlines()]
     run = rows[0]
@@ -36,8 +36,8 @@ def test_run_json_has_the_fields(demo_path, capsys):
 
 
 def test_arms_and_sweep_share_prompts(demo_path, capsys):
-    rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu,cpu", "--prefill", "32",
-                         "--prompt-tokens", "64,96", "--arm", "pf_depth=0", "--arm", "pf_depth=1",
+    rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu,cpu", "--chunk-tokens", "32",
+                         "--prompt-tokens", "64,96", "--arm", "pipeline_depth=0", "--arm", "pipeline_depth=1",
                          "--repeat", "2", "--format", "json", "--warmup", "0")
     assert rc == 0
     rows = [json.loads(line) for line in out.splitlines()]
@@ -47,9 +47,9 @@ def test_arms_and_sweep_share_prompts(demo_path, capsys):
     for r in summary:
         assert {"arm", "prompt_tokens", "chunk", "busy_histogram", "per_stage", "ratio"} <= r.keys()
     by = {(r["arm"], r["prompt_tokens"], r["repeat"]): r["digest"] for r in runs}
-    assert by[("pf_depth=0", 64, 0)] == by[("pf_depth=1", 64, 0)]  # arms see identical prompts
-    assert by[("pf_depth=0", 64, 0)] != by[("pf_depth=0", 64, 1)]  # repeats differ (nonce)
-    assert [r["ratio"] for r in summary if r["arm"] == "pf_depth=0"] == [1.0, 1.0]
+    assert by[("pipeline_depth=0", 64, 0)] == by[("pipeline_depth=1", 64, 0)]  # arms see identical prompts
+    assert by[("pipeline_depth=0", 64, 0)] != by[("pipeline_depth=0", 64, 1)]  # repeats differ (nonce)
+    assert [r["ratio"] for r in summary if r["arm"] == "pipeline_depth=0"] == [1.0, 1.0]
 
 
 def test_md_table_and_prompt_ids_and_logits(tmp_path, demo_path, capsys):
@@ -71,10 +71,10 @@ def test_text_prompt_uses_the_files_vocabulary(demo_path, capsys):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--pf-depth", "2"], ["pf_depth", "0 (join) or 1 (overlap)"]),
+    (["--pipeline-depth", "2"], ["pipeline_depth", "0 (join) or 1 (overlap)"]),
     (["--devices", "cpu,cpu", "--layer-split", "1,1"], ["layer_split", "4 layers"]),
     (["--model", "/nonexistent.gguf"], ["/nonexistent.gguf", "file not found"]),
-    (["--arm", "pf_depth"], ["arm", "setting=value"]),
+    (["--arm", "pipeline_depth"], ["arm", "setting=value"]),
 ])
 def test_errors_are_one_clear_line(demo_path, capsys, argv, words):
     base = ["run", "--model", str(demo_path), "--prompt-tokens", "16", "--warmup", "0"]
@@ -87,7 +87,7 @@ def test_errors_are_one_clear_line(demo_path, capsys, argv, words):
 def test_trace_option_writes_a_loadable_trace(tmp_path, demo_path, capsys):
     from engine import trace
     p = tmp_path / "run.json.gz"
-    rc, _, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu,cpu", "--prefill", "16",
+    rc, _, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu,cpu", "--chunk-tokens", "16",
                        "--prompt-tokens", "48", "--trace", str(p), "--warmup", "0")
     assert rc == 0
     events, meta = trace.load(p)
@@ -111,8 +111,8 @@ def test_warm_up_runs_every_prompt_size_unmeasured(demo_path, capsys, monkeypatc
         return real_run(self, ids, *a, **kw)
 
     monkeypatch.setattr(Session, "run", run)
-    rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu", "--prefill", "16",
-                         "--prompt-tokens", "32,48", "--arm", "pf_depth=0", "--arm", "pf_depth=1",
+    rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu", "--chunk-tokens", "16",
+                         "--prompt-tokens", "32,48", "--arm", "pipeline_depth=0", "--arm", "pipeline_depth=1",
                          "--format", "json", "--warmup", "1")
     assert rc == 0
     runs = [json.loads(line) for line in out.splitlines() if json.loads(line)["row"] == "run"]
@@ -180,8 +180,8 @@ def test_an_internal_error_is_one_line_naming_its_log_not_a_traceback(demo_path,
 def test_bad_input_keeps_its_own_exit_code(capsys):
     from engine import failure
 
-    rc, _, err = run_cli(capsys, "run", "--model", "demo", "--devices", "cpu", "--prefill", "abc")
-    assert rc == failure.BAD_INPUT == 2 and err.startswith("strata-bench: error: ") and "prefill" in err
+    rc, _, err = run_cli(capsys, "run", "--model", "demo", "--devices", "cpu", "--chunk-tokens", "abc")
+    assert rc == failure.BAD_INPUT == 2 and err.startswith("strata-bench: error: ") and "chunk_tokens" in err
 
 
 def test_make_model_quant_mix(tmp_path, capsys):

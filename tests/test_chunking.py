@@ -2,8 +2,17 @@
 import pytest
 
 from engine import chunking
-from engine.chunking import (GRAIN, ChunkCost, balanced_bounds, bounds_makespan, choose_chunk, choose_schedule,
-                             chunk_bounds, makespan, schedule)
+from engine.chunking import (
+    GRAIN,
+    ChunkCost,
+    balanced_bounds,
+    bounds_makespan,
+    choose_chunk,
+    choose_schedule,
+    chunk_bounds,
+    makespan,
+    schedule,
+)
 
 CANDS = (1024, 2048, 4096, 8192, 16384)
 # per-layer seconds at each size: small chunks use the GPU less well (not a straight line)
@@ -95,7 +104,8 @@ def _flow_shop(times: list[float], n_dev: int, v: int) -> float:
         def ready(t):
             i, k = t
             return max(done.get((i, k - 1), 0.0) if k else 0.0, done.get((i - 1, k), 0.0) if i else 0.0)
-        cands = [t for t in pending if (t[1] == 0 or (t[0], t[1] - 1) in done) and (t[0] == 0 or (t[0] - 1, t[1]) in done)]
+        cands = [t for t in pending
+                 if (t[1] == 0 or (t[0], t[1] - 1) in done) and (t[0] == 0 or (t[0] - 1, t[1]) in done)]
         i, k = min(cands, key=lambda t: (max(ready(t), free[t[1] % n_dev]), t[0]))
         start = max(ready((i, k)), free[k % n_dev])
         done[(i, k)] = free[k % n_dev] = start + times[i] / v

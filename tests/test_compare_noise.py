@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from history_support import demo_runs  # noqa: F401
 
-from strata_gui.compare import DiffRow, MetricRow, SampleSet, compare, gather_samples, unaffected_reason
-from strata_gui.history import RunHistory
-from strata_gui.spread import Spread, format_spread
+from strata_gui.history.compare_model import DiffRow, MetricRow, SampleSet, compare, gather_samples, unaffected_reason
+from strata_gui.history.history_model import RunHistory
+from strata_gui.run.spread_model import Spread, format_spread
 
 
 def test_spread_median_range_and_relative_half_range():
@@ -36,8 +36,8 @@ def test_ratio_interval_decides_the_colour():
 
 
 def test_decode_is_unaffected_by_prefill_only_settings():
-    depth = [DiffRow("pf_depth", "0", "1")]
-    assert unaffected_reason("decode tok/s", depth).startswith("not affected by pf_depth")
+    depth = [DiffRow("pipeline_depth", "0", "1")]
+    assert unaffected_reason("decode tok/s", depth).startswith("not affected by pipeline_depth")
     assert unaffected_reason("prefill tok/s", depth) == ""
     assert unaffected_reason("decode tok/s", [DiffRow("devices", "cpu", "cpu,cpu")]) == ""
     assert unaffected_reason("prefill tok/s", []) == "no setting differs"

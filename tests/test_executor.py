@@ -45,7 +45,7 @@ def threads_digests(demo, ids):
     def get(devices, split="auto", prefill_main=False):
         key = (tuple(devices), split, prefill_main)
         if key not in cache:
-            sess = Session(demo, EngineConfig(devices=list(devices), prefill=CHUNK, layer_split=split,
+            sess = Session(demo, EngineConfig(devices=list(devices), chunk_tokens=CHUNK, layer_split=split,
                                               prefill_main=prefill_main))
             res = sess.run(ids, decode_tokens=3)
             sess.close()
@@ -58,7 +58,7 @@ def threads_digests(demo, ids):
 @pytest.fixture(scope="module")
 def two(demo):
     """Two CPU stage processes, slowed per layer, shared by the tests below."""
-    sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=CHUNK, executor="processes"),
+    sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=CHUNK, executor="processes"),
                    hooks=PipelineHooks(after_layer=Sleep(SLEEP)))
     yield sess
     pids = sess.stage_pids()
@@ -76,7 +76,8 @@ def compute(events, stage):
 
 def test_the_setting_selects_the_executor(demo):
     assert EngineConfig.from_sources(env={"STRATA_EXECUTOR": "processes"}).executor == "processes"
-    assert EngineConfig.from_sources({"executor": "threads"}, env={"STRATA_EXECUTOR": "processes"}).executor == "threads"
+    cfg = EngineConfig.from_sources({"executor": "threads"}, env={"STRATA_EXECUTOR": "processes"})
+    assert cfg.executor == "threads"
     with pytest.raises(ConfigError, match="STRATA_EXECUTOR.*threads or processes"):
         EngineConfig.from_sources(env={"STRATA_EXECUTOR": "forks"})
     assert type(Session(demo, EngineConfig(devices=["cpu"]))) is Session  # threads stay the default
@@ -84,7 +85,7 @@ def test_the_setting_selects_the_executor(demo):
         stage_timeout({"STRATA_STAGE_TIMEOUT_S": "-1"})
     with pytest.raises(ConfigError, match="picklable"):
         Session(demo, EngineConfig(devices=["cpu", "cpu"], executor="processes"),
-                hooks=PipelineHooks(after_layer=lambda s, l, c: None))
+                hooks=PipelineHooks(after_layer=lambda s, layer, c: None))
 
 
 def test_two_stage_processes_match_threads_at_both_depths_and_prefill_main(two, ids, threads_digests):
@@ -93,13 +94,13 @@ def test_two_stage_processes_match_threads_at_both_depths_and_prefill_main(two, 
     want = threads_digests(("cpu", "cpu"))
     assert want == threads_digests(("cpu",))  # the threaded executor's own identity
     for depth in (1, 0):
-        configure(two, pf_depth=depth, prefill_main=False)
+        configure(two, pipeline_depth=depth, prefill_main=False)
         res = two.run(ids, decode_tokens=3)
         assert (res.report.digest, res.report.generated) == want, f"depth {depth}"
         assert two.in_flight() == 0
         assert {e.stage for e in two.events if e.kind == "compute"} == {0, 1}
         assert {e.run_id for e in two.events} == {res.report.run_id}
-    configure(two, pf_depth=1, prefill_main=True)
+    configure(two, pipeline_depth=1, prefill_main=True)
     res = two.run(ids, decode_tokens=3)
     configure(two, prefill_main=False)
     assert (res.report.digest, res.report.generated) == want
@@ -110,17 +111,18 @@ def test_two_stage_processes_match_threads_at_both_depths_and_prefill_main(two, 
 
 
 def test_join_and_overlap_order_on_the_process_events(two, ids):
-    configure(two, pf_depth=0)
+    configure(two, pipeline_depth=0)
     join = two.run(ids)
     first, last = compute(two.events, 0), compute(two.events, 1)
     assert len(first) == len(last) == TOKENS // CHUNK
     for c in range(len(first) - 1):
         assert first[c + 1].start_ns >= last[c].end_ns, f"join: stage 0 started C{c + 1} before stage 1 ended C{c}"
     assert any(e.kind == "wait" and e.note == "join" for e in two.events)
-    configure(two, pf_depth=1)
+    configure(two, pipeline_depth=1)
     over = two.run(ids)
     s0, s1 = compute(two.events, 0), compute(two.events, 1)
-    overlapping = [c for c in range(len(s0) - 1) if s0[c + 1].start_ns < s1[c].end_ns and s1[c].start_ns < s0[c + 1].end_ns]
+    overlapping = [c for c in range(len(s0) - 1)
+                   if s0[c + 1].start_ns < s1[c].end_ns and s1[c].start_ns < s0[c + 1].end_ns]
     assert overlapping, "overlap: stage 0's C(c+1) never ran beside stage 1's Cc"
     # one-for-one reaping: stage 0 hands C(c+1) over only once stage 1's run of Cc ended
     copies = {e.chunk: e for e in two.events if e.kind == "copy" and e.stage == 0}
@@ -134,7 +136,7 @@ def test_join_and_overlap_order_on_the_process_events(two, ids):
 
 
 def test_cancel_stops_at_a_chunk_boundary_and_the_next_run_works(two, ids, threads_digests):
-    configure(two, pf_depth=1)
+    configure(two, pipeline_depth=1)
     stop = threading.Event()
     seen = []
 
@@ -152,7 +154,7 @@ def test_cancel_stops_at_a_chunk_boundary_and_the_next_run_works(two, ids, threa
 
 
 def test_killed_stage_process_ends_the_run_names_it_and_leaves_nothing(two, ids, threads_digests):
-    configure(two, pf_depth=1)
+    configure(two, pipeline_depth=1)
     old = two.stage_pids()
     victim = old[1]
 
@@ -177,7 +179,7 @@ def test_killed_stage_process_ends_the_run_names_it_and_leaves_nothing(two, ids,
 
 
 def test_hung_stage_process_ends_the_run_within_the_timeout(two, ids, threads_digests):
-    configure(two, pf_depth=0)
+    configure(two, pipeline_depth=0)
     old = two.stage_pids()
     victim = old[1]
     two.timeout_s = 3.0
@@ -192,7 +194,7 @@ def test_hung_stage_process_ends_the_run_within_the_timeout(two, ids, threads_di
             two.run(ids, sink=sink)
     finally:
         two.timeout_s = 60.0
-        configure(two, pf_depth=1)
+        configure(two, pipeline_depth=1)
     took = time.monotonic() - t0
     msg = str(info.value)
     assert "stage 1" in msg and "no progress for 3 s" in msg and "last chunk computed: C1" in msg, msg
@@ -207,12 +209,13 @@ def test_hung_stage_process_ends_the_run_within_the_timeout(two, ids, threads_di
 ])
 def test_three_stages_and_interleaved_groups_match_threads(demo, ids, threads_digests, devices, split):
     want = threads_digests(devices, split)
-    sess = Session(demo, EngineConfig(devices=list(devices), prefill=CHUNK, layer_split=split, executor="processes"))
+    sess = Session(demo, EngineConfig(devices=list(devices), chunk_tokens=CHUNK, layer_split=split,
+                                      executor="processes"))
     try:
         n = len(sess.stages)
         assert len(sess.stage_pids()) == n == (3 if split == "auto" else 4)
         for depth in (1, 0):
-            configure(sess, pf_depth=depth)
+            configure(sess, pipeline_depth=depth)
             res = sess.run(ids, decode_tokens=3)
             assert (res.report.digest, res.report.generated) == want, f"depth {depth}"
             assert {e.stage for e in sess.events if e.kind == "compute"} == set(range(n))
@@ -220,7 +223,7 @@ def test_three_stages_and_interleaved_groups_match_threads(demo, ids, threads_di
                 first, last = compute(sess.events, 0), compute(sess.events, n - 1)
                 assert all(first[c + 1].start_ns >= last[c].end_ns for c in range(len(first) - 1))
         if split == "auto":  # prefill-main hands KV to two stages down the chain
-            configure(sess, pf_depth=1, prefill_main=True)
+            configure(sess, pipeline_depth=1, prefill_main=True)
             res = sess.run(ids, decode_tokens=3)
             assert (res.report.digest, res.report.generated) == want, "prefill-main"
             kv = [e for e in sess.events if e.kind == "copy" and e.chunk == -1]
@@ -239,7 +242,8 @@ from engine.config import EngineConfig
 from engine.pipeline import Session
 
 def main():
-    sess = Session(gguf_model.load({model!r}), EngineConfig(devices=["cpu", "cpu"], prefill=16, executor="processes"))
+    cfg = EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16, executor="processes")
+    sess = Session(gguf_model.load({model!r}), cfg)
     print(" ".join(str(p) for p in sess.stage_pids()), flush=True)
     sys.stdin.read()  # until the test kills this controller
 

@@ -17,13 +17,13 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPU
 
 def _both(demo, devices, backend, **kw):
     ids = synthetic(1024, demo.spec.vocab, nonce=7)
-    cfg = EngineConfig(devices=list(devices), prefill=256, **kw)
+    cfg = EngineConfig(devices=list(devices), chunk_tokens=256, **kw)
     ref = Session(demo, cfg).run(ids, decode_tokens=4).report
     sess = Session(demo, cfg.replace(executor="processes"))
     try:
         assert sess.backend == backend
         for depth in (1, 0):
-            sess.config = sess.config.replace(pf_depth=depth)
+            sess.config = sess.config.replace(pipeline_depth=depth)
             rep = sess.run(ids, decode_tokens=4).report
             assert (rep.digest, rep.generated) == (ref.digest, ref.generated), f"depth {depth}"
             assert rep.handoff == backend and rep.handoff_bytes > 0

@@ -46,7 +46,7 @@ def demo(demo_path):
 
 def test_stages_started_apart_attach_and_match_threads(demo):
     ids = synthetic(64, demo.spec.vocab, nonce=3)
-    want = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=16)).run(ids, decode_tokens=2).report
+    want = Session(demo, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16)).run(ids, decode_tokens=2).report
     port = free_port()
     # rank 0 as torchrun starts it (RANK/WORLD_SIZE), rank 1 with flags
     procs = [subprocess.Popen(stage_command(port, "--timeout", "120"), cwd=ROOT, env=env(RANK="0", WORLD_SIZE="2"),
@@ -54,7 +54,7 @@ def test_stages_started_apart_attach_and_match_threads(demo):
              subprocess.Popen(stage_command(port, "--rank", "1", "--world", "2", "--timeout", "120"), cwd=ROOT,
                               env=env(), stderr=subprocess.PIPE, text=True)]
     try:
-        sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=16, executor="processes",
+        sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16, executor="processes",
                                           rendezvous=f"127.0.0.1:{port}"))
         assert sorted(sess.stage_pids()) == sorted(p.pid for p in procs)
         res = sess.run(ids, decode_tokens=2)
@@ -125,7 +125,7 @@ def test_an_attached_stage_killed_mid_run_is_named_and_the_other_one_ends(demo):
     procs = [subprocess.Popen(stage_command(port, "--rank", str(r), "--world", "2", "--timeout", "120"), cwd=ROOT,
                               env=env(), stderr=subprocess.DEVNULL) for r in range(2)]
     try:
-        sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=16, executor="processes",
+        sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16, executor="processes",
                                           rendezvous=f"127.0.0.1:{port}"))
         victim = procs[1]
 
@@ -150,7 +150,7 @@ def test_an_attached_stage_killed_mid_run_is_named_and_the_other_one_ends(demo):
 
 
 def test_the_app_form_attaches_through_the_environment():
-    from strata_gui.run_settings import RunSettings, validate
+    from strata_gui.run.settings_model import RunSettings, validate
 
     v = validate(RunSettings(executor="processes"), 4, env={"STRATA_RENDEZVOUS": "127.0.0.1:29600"})
     assert v.ok and v.config.executor == "processes" and v.config.rendezvous == "127.0.0.1:29600"

@@ -18,7 +18,6 @@ def demo(demo_path):
 
 def one_layer_of_experts(demo) -> float:
     """GiB of one layer's experts as stored (the cache holds them so)."""
-    s = demo.spec
     return sum(demo.nbytes(f"blk.0.{p}.weight") for p in EXPERT_PARTS) / 2**30
 
 
@@ -65,9 +64,10 @@ def test_lru_hits_and_misses_follow_a_hand_computed_sequence(demo):
 @pytest.mark.parametrize("devices", [["cpu"], ["cpu", "cpu"]])
 def test_cache_smaller_than_a_layer_gives_the_resident_digest(demo, devices):
     ids = synthetic(96, demo.spec.vocab, nonce=4)
-    resident = Session(demo, EngineConfig(devices=devices, prefill=32, expert_cache="all")).run(ids, decode_tokens=4)
+    resident = Session(demo, EngineConfig(devices=devices, chunk_tokens=32, expert_cache="all")).run(ids,
+                                                                                                     decode_tokens=4)
     tiny = 0.4 * one_layer_of_experts(demo)  # 3 of a layer's 8 experts
-    sess = Session(demo, EngineConfig(devices=devices, prefill=32, expert_cache=tiny))
+    sess = Session(demo, EngineConfig(devices=devices, chunk_tokens=32, expert_cache=tiny))
     streamed = sess.run(ids, decode_tokens=4)
     assert streamed.report.digest == resident.report.digest
     assert streamed.report.generated == resident.report.generated
@@ -104,8 +104,8 @@ def test_bad_pin_limits_and_caches_are_refused(demo):
 
 def test_prefill_main_streams_every_layer_through_the_main_cache(demo):
     ids = synthetic(64, demo.spec.vocab, nonce=2)
-    split = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=32)).run(ids, decode_tokens=3)
-    sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=32, prefill_main=True,
+    split = Session(demo, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=32)).run(ids, decode_tokens=3)
+    sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=32, prefill_main=True,
                                       expert_cache=0.4 * one_layer_of_experts(demo)))
     main = sess.run(ids, decode_tokens=3)
     assert main.report.digest == split.report.digest and main.report.generated == split.report.generated

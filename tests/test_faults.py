@@ -22,7 +22,7 @@ def demo(demo_path):
 
 @pytest.fixture(scope="module")
 def clean(demo):
-    return Session(demo, EngineConfig(devices=DEVICES, prefill=16)).run(
+    return Session(demo, EngineConfig(devices=DEVICES, chunk_tokens=16)).run(
         synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3).report
 
 
@@ -39,7 +39,7 @@ def test_an_exception_in_any_stage_at_any_chunk(demo, clean, stage, chunk):
     def boom(s, layer, c):
         if (s, c) == (stage, chunk):
             raise ValueError("injected")
-    sess = Session(demo, EngineConfig(devices=DEVICES, prefill=16), hooks=PipelineHooks(after_layer=boom))
+    sess = Session(demo, EngineConfig(devices=DEVICES, chunk_tokens=16), hooks=PipelineHooks(after_layer=boom))
     with pytest.raises(StageError) as ei:
         sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3)
     assert (ei.value.stage, ei.value.chunk) == (stage, chunk)
@@ -60,7 +60,7 @@ def test_out_of_memory_names_device_what_and_what_to_change(demo, clean, what, w
     def oom(kind, device, nbytes):
         if armed["on"] and kind.startswith(what):
             raise MemoryError("simulated")
-    sess = Session(demo, EngineConfig(devices=DEVICES, prefill=16), hooks=PipelineHooks(before_alloc=oom))
+    sess = Session(demo, EngineConfig(devices=DEVICES, chunk_tokens=16), hooks=PipelineHooks(before_alloc=oom))
     with pytest.raises(DeviceMemoryError) as ei:
         sess.run(synthetic(128, demo.spec.vocab, nonce=8), decode_tokens=3)
     for w in words:
@@ -89,7 +89,7 @@ def test_cancel_at_load_prefill_and_decode(demo, clean):
     with pytest.raises(Cancelled, match="loading cancelled"):
         Session(demo, EngineConfig(devices=DEVICES), cancel=cancel)
 
-    sess = Session(demo, EngineConfig(devices=DEVICES, prefill=16))
+    sess = Session(demo, EngineConfig(devices=DEVICES, chunk_tokens=16))
     for phase in ("prefill", "decode"):
         stop = threading.Event()
 

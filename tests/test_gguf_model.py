@@ -1,8 +1,6 @@
 """Every defect of a model file is a GGUFError naming the file and the problem."""
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 from gguf import GGUFWriter
@@ -66,7 +64,10 @@ def test_unsupported_architecture(tmp_path):
     w = GGUFWriter(p, "mamba")
     w.add_uint32("mamba.block_count", 1)
     w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     _expect(p, "unsupported architecture 'mamba'", "qwen3moe")
 
 
@@ -95,5 +96,8 @@ def test_missing_metadata_key(tmp_path):
     p = tmp_path / "nokey.gguf"
     w = GGUFWriter(p, "qwen3moe")
     w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     _expect(p, "missing metadata key qwen3moe.embedding_length")

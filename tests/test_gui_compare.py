@@ -1,6 +1,6 @@
-"""Compare through the window: two real demo runs (pf_depth 0 and 1 on 2 CPU stages), saved to
+"""Compare through the window: two real demo runs (pipeline_depth 0 and 1 on 2 CPU stages), saved to
 the history when they finish, picked in the History tab, shown on one time axis with their
-ratios, both busy histograms and a config diff that names pf_depth and nothing else."""
+ratios, both busy histograms and a config diff that names pipeline_depth and nothing else."""
 from __future__ import annotations
 
 import pytest
@@ -8,14 +8,15 @@ from gui_support import qsettings, qt_settings_sandbox, themed_app, window  # no
 from history_support import FORM, run_once
 from PySide6.QtCore import Qt
 
-from strata_gui.compare import format_ratio
+from strata_gui.history.compare_model import format_ratio
+
 
 def test_depth_0_vs_1_compare_on_one_axis_with_ratio_and_config_diff(window, qtbot, qsettings, demo_path):
-    from strata_gui.mainwindow import MainWindow
+    from strata_gui.views.main_window_view import MainWindow
 
     win = window
-    join = run_once(qtbot, win, pf_depth=0, **FORM)
-    overlap = run_once(qtbot, win, pf_depth=1, **FORM)
+    join = run_once(qtbot, win, pipeline_depth=0, **FORM)
+    overlap = run_once(qtbot, win, pipeline_depth=1, **FORM)
     assert win.controller.sessions.builds == 2  # a different depth is a different session
 
     panel = win.history_panel
@@ -27,13 +28,13 @@ def test_depth_0_vs_1_compare_on_one_axis_with_ratio_and_config_diff(window, qtb
     assert win.tabs.currentWidget() is win.compare_tab
     c = cv.comparison
     assert c is not None and cv.ids == (join, overlap)  # the older run is "before"
-    assert (c.before.config["pf_depth"], c.after.config["pf_depth"]) == (0, 1)
+    assert (c.before.config["pipeline_depth"], c.after.config["pipeline_depth"]) == (0, 1)
 
-    # config diff: exactly pf_depth
-    assert [(d.setting, d.before, d.after) for d in c.diff] == [("pf_depth", "0", "1")]
+    # config diff: exactly pipeline_depth
+    assert [(d.setting, d.before, d.after) for d in c.diff] == [("pipeline_depth", "0", "1")]
     assert cv.diff.rowCount() == 1
-    assert [cv.diff.item(0, j).text() for j in range(3)] == ["pf_depth", "0", "1"]
-    assert "pf_depth" in cv.headline.text()
+    assert [cv.diff.item(0, j).text() for j in range(3)] == ["pipeline_depth", "0", "1"]
+    assert "pipeline_depth" in cv.headline.text()
 
     # both Gantts on ONE time axis, each run from its own start, the longer run whole
     assert cv.gantt_after.vb.linkedView(0) is cv.gantt_before.vb
@@ -65,7 +66,7 @@ def test_depth_0_vs_1_compare_on_one_axis_with_ratio_and_config_diff(window, qtb
 
     # swap, pick in the combo boxes, a run against itself
     cv.swap()
-    assert cv.ids == (overlap, join) and cv.comparison.before.config["pf_depth"] == 1
+    assert cv.ids == (overlap, join) and cv.comparison.before.config["pipeline_depth"] == 1
     cv.before_box.setCurrentIndex(cv.before_box.findData(join))
     cv.after_box.setCurrentIndex(cv.after_box.findData(join))
     cv.after_box.activated.emit(cv.after_box.currentIndex())
@@ -81,7 +82,7 @@ def test_depth_0_vs_1_compare_on_one_axis_with_ratio_and_config_diff(window, qtb
     try:
         assert {r.id for r in again.history_panel.rows} == {join, overlap}
         assert again.compare_runs(join, overlap)
-        assert [d.setting for d in again.compare_view.comparison.diff] == ["pf_depth"]
+        assert [d.setting for d in again.compare_view.comparison.diff] == ["pipeline_depth"]
     finally:
         again.close()
 
@@ -137,15 +138,15 @@ def test_depth_change_with_repeats_colours_prefill_and_flags_decode_as_unaffecte
     from engine.pipeline import PipelineHooks
 
     win = window
-    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02) if c >= 0 else None)
-    join = _run(qtbot, win, repeats=3, pf_depth=0, **FORM)
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.02) if c >= 0 else None)
+    join = _run(qtbot, win, repeats=3, pipeline_depth=0, **FORM)
     assert len(win.summary.repeats) == 3 and "median of 3" in win.summary.figures.text()
-    overlap = _run(qtbot, win, repeats=3, pf_depth=1, **FORM)
+    overlap = _run(qtbot, win, repeats=3, pipeline_depth=1, **FORM)
     win.controller.hooks = None
     assert win.compare_runs(join[-1], overlap[-1])
     cv = win.compare_view
     c = cv.comparison
-    assert [d.setting for d in c.diff] == ["pf_depth"]
+    assert [d.setting for d in c.diff] == ["pipeline_depth"]
     assert c.before_samples.source == c.after_samples.source == "repeats"
     assert (c.before_samples.n, c.after_samples.n) == (3, 3)
     pre = c.metric("prefill tok/s")
@@ -154,6 +155,6 @@ def test_depth_change_with_repeats_colours_prefill_and_flags_decode_as_unaffecte
     assert pre.judgement.startswith("beyond noise (±")
     assert cv.metrics.item(_prefill_row(cv), 3).foreground().color().name() == "#1b7f3b"
     dec = c.metric("decode tok/s")
-    assert dec.verdict == "" and dec.unaffected.startswith("not affected by pf_depth")
-    assert "not affected by pf_depth" in dec.judgement
-    assert "not affected by pf_depth" in cv.headline.text()
+    assert dec.verdict == "" and dec.unaffected.startswith("not affected by pipeline_depth")
+    assert "not affected by pipeline_depth" in dec.judgement
+    assert "not affected by pipeline_depth" in cv.headline.text()

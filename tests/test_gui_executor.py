@@ -20,8 +20,8 @@ def _run(qtbot, win) -> None:
 
 def test_stage_processes_draw_one_gantt_and_the_summary_names_the_executor(window, qtbot):
     win = window
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_mode="tokens",
-             prompt_tokens=128, decode_tokens=3, pf_depth=1, executor="processes")
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="32", prompt_mode="tokens",
+             prompt_tokens=128, decode_tokens=3, pipeline_depth=1, executor="processes")
     assert win.current_settings().executor == "processes"
     _run(qtbot, win)
     session = win.controller.sessions.session

@@ -11,11 +11,11 @@ import pytest
 
 from engine.events import RunPlan, StageEvent, StagePlan
 from engine.topology import TelemetrySample
-from strata_gui.event_batcher import EventBatcher
-from strata_gui.gantt_model import EventStore
-from strata_gui.run_progress import RunProgress
-from strata_gui.run_settings import RunSettings, validate
-from strata_gui.telemetry_model import TelemetryStore
+from strata_gui.run.event_batcher import EventBatcher
+from strata_gui.run.gantt_model import EventStore
+from strata_gui.run.progress_model import RunProgress
+from strata_gui.run.settings_model import RunSettings, validate
+from strata_gui.run.telemetry_model import TelemetryStore
 
 MS = 1_000_000
 
@@ -27,7 +27,7 @@ def pipeline_events(run_id: str, n_stages: int, n_chunks: int, chunk_ns: int = M
     for c in range(n_chunks):
         for s in range(n_stages):
             start = t0 + (c + s) * (chunk_ns + gap_ns)
-            out.append(StageEvent(run_id, s, f"cpu", c, "compute", start, start + chunk_ns, tokens=256))
+            out.append(StageEvent(run_id, s, "cpu", c, "compute", start, start + chunk_ns, tokens=256))
             if s < n_stages - 1:
                 out.append(StageEvent(run_id, s, "cpu", c, "copy", start + chunk_ns, start + chunk_ns + gap_ns // 2,
                                       tokens=256, nbytes=256 * 512, note="host"))
@@ -190,7 +190,7 @@ def test_progress_with_prefill_main_counts_stage_0():
 
 @pytest.mark.parametrize("changes, field, words", [
     ({"split_mode": "manual", "split_counts": "3,3"}, "layer_split", ["layer_split", "3,3", "4 layers"]),
-    ({"chunk_mode": "fixed", "chunk_size": "abc"}, "prefill", ["prefill", "abc", "chunk size"]),
+    ({"chunk_mode": "fixed", "chunk_tokens": "abc"}, "chunk_tokens", ["chunk_tokens", "abc", "chunk size"]),
     ({"pin_limit_gib": "-1"}, "pin_limit_gib", ["pin_limit_gib", "-1", "negative"]),
     ({"expert_cache": "lots"}, "expert_cache", ["expert_cache", "lots", "auto, all"]),
     ({"devices": "cpu,,cpu"}, "devices", ["devices"]),
@@ -206,8 +206,8 @@ def test_validation_messages_are_the_engines(changes, field, words):
 
 
 def test_validation_ok_gives_the_engine_config_and_env_problems_are_general():
-    v = validate(RunSettings(devices="cpu,cpu", chunk_mode="fixed", chunk_size="64"), 4, env={})
-    assert v.ok and v.config.prefill == 64 and v.config.devices == ["cpu", "cpu"]
+    v = validate(RunSettings(devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="64"), 4, env={})
+    assert v.ok and v.config.chunk_tokens == 64 and v.config.devices == ["cpu", "cpu"]
     v = validate(RunSettings(), 4, env={"STRATA_DBG_NAN": "maybe"})
     assert "STRATA_DBG_NAN" in v.errors["general"]
     v = validate(RunSettings(devices="cuda:0"), 4, env={}, cuda_count=0)
@@ -215,10 +215,12 @@ def test_validation_ok_gives_the_engine_config_and_env_problems_are_general():
 
 
 def test_first_start_takes_valid_environment_values():
-    s = RunSettings.from_env({"STRATA_PF_DEPTH": "0", "STRATA_PREFILL": "512", "STRATA_PREFILL_MAIN": "1",
+    s = RunSettings.from_env({"STRATA_PIPELINE_DEPTH": "0", "STRATA_CHUNK_TOKENS": "512", "STRATA_PREFILL_MAIN": "1",
                               "STRATA_GPU_ORDER": "nonsense"})
-    assert (s.pf_depth, s.chunk_mode, s.chunk_size, s.prefill_main, s.gpu_order) == (0, "fixed", "512", True, "pcie")
-    assert RunSettings.from_dict({"pf_depth": "0", "prefill_main": "true", "decode_tokens": "x"}).pf_depth == 0
+    assert (s.pipeline_depth, s.chunk_mode, s.chunk_tokens, s.prefill_main, s.gpu_order) == \
+        (0, "fixed", "512", True, "pcie")
+    loaded = RunSettings.from_dict({"pipeline_depth": "0", "prefill_main": "true", "decode_tokens": "x"})
+    assert loaded.pipeline_depth == 0
 
 
 def test_telemetry_store_series_on_the_run_clock():

@@ -7,8 +7,8 @@ import pyqtgraph as pg
 from gui_support import qt_settings_sandbox, themed_app  # noqa: F401
 
 from engine.events import StageEvent
-from strata_gui.gantt import GanttView
-from strata_gui.telemetry_view import TelemetryView
+from strata_gui.views.gantt_view import GanttView
+from strata_gui.views.telemetry_view import TelemetryView
 
 MS = 1_000_000
 ORIGIN = 10**12

@@ -14,9 +14,9 @@ from history_support import demo_runs  # noqa: F401
 
 from engine import trace
 from engine.trace import TraceError
-from strata_gui.history import RunHistory
-from strata_gui.run_files import events_csv, export_events_csv, export_trace, import_trace
-from strata_gui.run_record import RunRecord
+from strata_gui.history.history_model import RunHistory
+from strata_gui.run.record_model import RunRecord
+from strata_gui.run.run_files import events_csv, export_events_csv, export_trace, import_trace
 
 
 @pytest.mark.parametrize("name", ["run.json", "run.json.gz"])
@@ -37,7 +37,7 @@ def test_export_then_import_round_trips_the_run_exactly(tmp_path, demo_runs, nam
     assert len(slices) == len(rec.events)
     assert {e["name"] for e in slices if e["cat"] == "compute"} >= {"C0", "C3"}
     assert any(e["ph"] == "s" for e in doc["traceEvents"])
-    assert doc["otherData"]["config"]["pf_depth"] == 0
+    assert doc["otherData"]["config"]["pipeline_depth"] == 0
 
 
 def test_telemetry_becomes_counter_tracks_and_comes_back(tmp_path, demo_runs):
@@ -148,7 +148,7 @@ def test_a_foreign_trace_gets_figures_from_its_events(tmp_path, demo_runs):
     assert r.plan.n_chunks == 4 and r.plan.chunk == 32 and len(r.plan.stages) == 2
     assert r.per_stage == rec.report.per_stage and r.busy_histogram == rec.report.busy_histogram
     assert r.prefill_tok_s > 0 and "derived from the trace's events" in r.notes[0]
-    from strata_gui.compare import compare
+    from strata_gui.history.compare_model import compare
 
     c = compare(RunRecord(rec.report, rec.events, rec.config), imported)
     assert c.metric("prefill tok/s").ratio is not None

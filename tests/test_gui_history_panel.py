@@ -9,9 +9,9 @@ import sqlite3
 import time
 
 from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, window  # noqa: F401
+from history_support import FORM, RUN_TIMEOUT_MS, run_once
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
-from history_support import FORM, RUN_TIMEOUT_MS, run_once
 
 from engine.pipeline import PipelineHooks
 
@@ -23,7 +23,7 @@ def _wait_panel(qtbot, panel) -> None:
 def test_export_import_round_trip_compare_the_imported_run_and_bad_files(window, qtbot, tmp_path):
     win = window
     panel = win.history_panel
-    run = run_once(qtbot, win, pf_depth=1, **FORM)
+    run = run_once(qtbot, win, pipeline_depth=1, **FORM)
     original = win.history.get(run)
     assert original.config["prompt"] == "synthetic, nonce 0" and original.config["prompt_tokens"] == 256
     assert original.events and len(original.events) == len(win.controller.sessions.session.events)
@@ -74,9 +74,9 @@ def test_export_import_round_trip_compare_the_imported_run_and_bad_files(window,
 def test_filter_delete_and_show_a_saved_run(window, qtbot, monkeypatch):
     win = window
     panel = win.history_panel
-    a = run_once(qtbot, win, pf_depth=0, **FORM)
-    b = run_once(qtbot, win, pf_depth=1, **{**FORM, "prompt_tokens": 128})
-    panel.filter.setText("pf_depth=0")
+    a = run_once(qtbot, win, pipeline_depth=0, **FORM)
+    b = run_once(qtbot, win, pipeline_depth=1, **{**FORM, "prompt_tokens": 128})
+    panel.filter.setText("pipeline_depth=0")
     assert [r.id for r in panel.rows] == [a] and panel.table.rowCount() == 1
     panel.filter.setText("")
     panel.source.setCurrentIndex(panel.source.findData("import"))
@@ -101,8 +101,8 @@ def test_filter_delete_and_show_a_saved_run(window, qtbot, monkeypatch):
 
 def test_a_stopped_run_is_saved_with_its_partial_report(window, qtbot):
     win = window
-    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.01))
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=1024, decode_tokens=0)
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.01))
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="32", prompt_tokens=1024, decode_tokens=0)
     qtbot.mouseClick(win.run_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 2,
                     timeout=RUN_TIMEOUT_MS)
@@ -120,8 +120,8 @@ def test_a_stopped_run_is_saved_with_its_partial_report(window, qtbot):
 
 def test_a_history_from_a_newer_version_is_left_alone_and_runs_still_work(themed_app, qtbot, qsettings,
                                                                            demo_path, tmp_path):
-    from strata_gui.history import RunHistory
-    from strata_gui.mainwindow import MainWindow
+    from strata_gui.history.history_model import RunHistory
+    from strata_gui.views.main_window_view import MainWindow
 
     path = tmp_path / "history.sqlite3"
     RunHistory(path).close()
@@ -139,7 +139,7 @@ def test_a_history_from_a_newer_version_is_left_alone_and_runs_still_work(themed
         assert not win.history_panel.unavailable.isHidden()
         assert win.error_box is not None and win.error_box.windowTitle() == "Run history unavailable"
         win.error_box.accept()
-        set_form(win, pf_depth=1, **FORM)
+        set_form(win, pipeline_depth=1, **FORM)
         qtbot.mouseClick(win.run_button, Qt.MouseButton.LeftButton)
         qtbot.waitUntil(lambda: win.last_outcome != "" and not win.controller.is_running, timeout=RUN_TIMEOUT_MS)
         assert win.last_outcome == "finished"

@@ -15,8 +15,15 @@ from pathlib import Path
 import pytest
 from history_support import demo_runs  # noqa: F401
 
-from strata_gui.history import ENV_DIR, SCHEMA_VERSION, HistoryError, RunHistory, SweepMember, default_path
-from strata_gui.run_record import RunRecord
+from strata_gui.history.history_model import (
+    ENV_DIR,
+    SCHEMA_VERSION,
+    HistoryError,
+    RunHistory,
+    SweepMember,
+    default_path,
+)
+from strata_gui.run.record_model import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +42,7 @@ def test_a_run_comes_back_exactly_and_the_file_is_wal(tmp_path, demo_runs):
     assert mode == "wal"
     assert back.events == rec.events and len(back.events) > 0
     assert back.report == rec.report  # every field, telemetry included
-    assert back.config == rec.config and back.config["pf_depth"] == 1
+    assert back.config == rec.config and back.config["pipeline_depth"] == 1
     assert (back.source, back.status) == ("run", "finished")
 
 
@@ -48,13 +55,14 @@ def test_list_filter_relabel_and_delete(tmp_path, demo_runs):
         assert [r.id for r in h.list_runs()] == [i, b, a]  # newest first
         assert [r.id for r in h.list_runs(source="import")] == [i]
         assert [r.id for r in h.list_runs("colleague")] == [i]
-        assert [r.id for r in h.list_runs("pf_depth=0")] == [a]  # a recorded setting
-        assert [r.id for r in h.list_runs("pf_depth=1 colleague")] == [i]  # every word must match
+        assert [r.id for r in h.list_runs("pipeline_depth=0")] == [a]  # a recorded setting
+        assert [r.id for r in h.list_runs("pipeline_depth=1 colleague")] == [i]  # every word must match
         assert len(h.list_runs("devices=cpu,cpu")) == 3
         assert [r.id for r in h.list_runs(f"#{a}")] == [a]
         # the table's column names work as filter keys; keys that name no setting are reported
         from history_support import CHUNK
-        from strata_gui.history import unknown_filter_keys
+
+        from strata_gui.history.history_model import unknown_filter_keys
 
         assert len(h.list_runs(f"chunk={CHUNK}")) == 3 and [r.id for r in h.list_runs("depth=0")] == [a]
         assert unknown_filter_keys(f"chunk={CHUNK} depth=0 devices=cpu") == []
@@ -151,8 +159,8 @@ def test_default_path_is_the_user_data_dir_unless_overridden(monkeypatch, tmp_pa
 
 WRITER = textwrap.dedent("""
     import json, sys, time
-    from strata_gui.history import RunHistory
-    from strata_gui.run_files import import_trace
+    from strata_gui.history.history_model import RunHistory
+    from strata_gui.run.run_files import import_trace
 
     record = import_trace(sys.argv[2])
     history = RunHistory(sys.argv[1])
@@ -175,7 +183,7 @@ WRITER = textwrap.dedent("""
 def test_a_writer_killed_mid_write_leaves_every_finished_run(tmp_path, demo_runs):
     """A subprocess saves real recorded runs (replayed from a trace) and is SIGKILLed in the middle
     of writing the fourth: the file stays readable, with the three finished runs, whole."""
-    from strata_gui.run_files import export_trace
+    from strata_gui.run.run_files import export_trace
 
     trace = export_trace(demo_runs.overlap, tmp_path / "run.json")
     path = tmp_path / "h.sqlite3"

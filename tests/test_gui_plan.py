@@ -1,4 +1,4 @@
-"""The Plan tab through the window: two real demo runs (pf_depth 0 and 1 on 2 CPU stages) in the
+"""The Plan tab through the window: two real demo runs (pipeline_depth 0 and 1 on 2 CPU stages) in the
 history; the tab starts from one, draws the predicted Gantt above the measured one on one time
 axis, answers a changed setting, shows its error on the runs that exist, and Recommend fills the
 Run tab."""
@@ -11,7 +11,7 @@ import pytest
 from gui_support import qsettings, qt_settings_sandbox, themed_app, window  # noqa: F401
 from history_support import demo_runs  # noqa: F401
 
-from strata_gui.plan_model import GpuRow, PlanModel
+from strata_gui.plan.plan_model import GpuRow, PlanModel
 
 
 def test_plan_model_predicts_a_saved_run_and_its_errors(demo_runs):  # noqa: F811
@@ -23,11 +23,11 @@ def test_plan_model_predicts_a_saved_run_and_its_errors(demo_runs):  # noqa: F81
     assert [line.what for line in res.errors] == ["own", "cross", "cross"]
     own = res.errors[0].row
     assert own.measured_tok_s == pytest.approx(demo_runs.overlap.report.prefill_tok_s)
-    m.inputs.pf_depth = 0
+    m.inputs.pipeline_depth = 0
     join = m.predict()
     assert join.prediction.prefill_s > res.prediction.prefill_s  # join inherits the chain's latency
     m.inputs.gpus = [GpuRow("cpu")]
-    m.inputs.chunk = "64"
+    m.inputs.chunk_tokens = "64"
     one = m.predict()
     assert one.prediction.chunk == 64 and {s.device for s in one.prediction.stages} == {"cpu"}
 
@@ -56,7 +56,7 @@ def test_plan_tab_draws_prediction_above_measurement_and_recommends(window, qtbo
     # change a setting: depth 0 is predicted slower
     before = res.prediction.prefill_s
     view.depth.setCurrentIndex(view.depth.findData(0))
-    assert view.result.prediction.settings.pf_depth == 0
+    assert view.result.prediction.settings.pipeline_depth == 0
     assert view.result.prediction.prefill_s > before
     # more GPUs on a slower link: the table follows the count, the prediction has that many stages
     view.gpu_count.setValue(3)
@@ -87,8 +87,8 @@ def test_plan_tab_draws_prediction_above_measurement_and_recommends(window, qtbo
     assert settings is not None
     assert win.tabs.currentWidget() is win.run_tab
     current = win.current_settings()
-    assert current.pf_depth == settings.pf_depth and current.chunk_mode == "fixed"
-    assert current.chunk_size == settings.chunk_size
+    assert current.pipeline_depth == settings.pipeline_depth and current.chunk_mode == "fixed"
+    assert current.chunk_tokens == settings.chunk_tokens
     # no GPU here: the Run tab's two CPU stages stay a choice, and overlap on both wins the sweep
-    assert settings.devices == current.devices == "cpu,cpu" and settings.pf_depth == 1
+    assert settings.devices == current.devices == "cpu,cpu" and settings.pipeline_depth == 1
     assert join_id != over_id

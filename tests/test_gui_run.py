@@ -4,8 +4,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gui_support import (qsettings, qt_settings_sandbox, set_form, themed_app,  # noqa: F401
-                         wait_no_engine_threads, window)
+from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, wait_no_engine_threads, window  # noqa: F401
 from PySide6.QtCore import Qt
 
 from engine.pipeline import PipelineHooks
@@ -25,8 +24,8 @@ def _wait_done(qtbot, win, outcome: str) -> None:
 
 def test_run_demo_on_two_cpu_stages_fills_gantt_summary_and_progress(window, qtbot):
     win = window
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_mode="tokens",
-             prompt_tokens=512, decode_tokens=4, pf_depth=1)
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="64", prompt_mode="tokens",
+             prompt_tokens=512, decode_tokens=4, pipeline_depth=1)
     _click_run(qtbot, win)
     assert win.stop_button.isEnabled() and not win.run_button.isEnabled()
     _wait_done(qtbot, win, "finished")
@@ -65,8 +64,8 @@ def test_run_demo_on_two_cpu_stages_fills_gantt_summary_and_progress(window, qtb
 
 def test_stop_mid_run_leaves_no_thread_and_the_next_run_works(window, qtbot):
     win = window
-    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02))
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=1024, decode_tokens=0)
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.02))
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="32", prompt_tokens=1024, decode_tokens=0)
     _click_run(qtbot, win)
     qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 2,
                     timeout=RUN_TIMEOUT_MS)
@@ -96,7 +95,7 @@ def test_engine_error_shows_a_dialog_and_the_next_run_succeeds(window, qtbot, tm
             raise RuntimeError("injected fault")
 
     win.controller.hooks = PipelineHooks(after_layer=fault)
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_tokens=512, decode_tokens=2)
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="64", prompt_tokens=512, decode_tokens=2)
     _click_run(qtbot, win)
     _wait_done(qtbot, win, "failed")
     box = win.error_box
@@ -122,14 +121,14 @@ def test_engine_error_shows_a_dialog_and_the_next_run_succeeds(window, qtbot, tm
 
 
 def test_closing_the_window_during_a_run_stops_it_cleanly(themed_app, qtbot, qsettings, demo_path):
-    from strata_gui.mainwindow import MainWindow
+    from strata_gui.views.main_window_view import MainWindow
 
     win = MainWindow(qsettings, demo_path)
     qtbot.addWidget(win)
     win.show()
     qtbot.waitUntil(lambda: not win.jobs.busy, timeout=20_000)
-    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02))
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=1024, decode_tokens=0)
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.02))
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="32", prompt_tokens=1024, decode_tokens=0)
     _click_run(qtbot, win)
     qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 1,
                     timeout=RUN_TIMEOUT_MS)
@@ -145,7 +144,7 @@ def test_text_prompt_is_tokenised_with_the_models_vocabulary(window, qtbot):
 
     win = window
     text = "hello world, the pipeline split"
-    set_form(win, devices="cpu,cpu", prompt_mode="text", prompt_text=text, chunk_mode="fixed", chunk_size="4",
+    set_form(win, devices="cpu,cpu", prompt_mode="text", prompt_text=text, chunk_mode="fixed", chunk_tokens="4",
              decode_tokens=2)
     _click_run(qtbot, win)
     _wait_done(qtbot, win, "finished")
@@ -159,7 +158,7 @@ def test_text_prompt_is_tokenised_with_the_models_vocabulary(window, qtbot):
 def test_telemetry_reason_for_a_gpu_run_without_nvml():
     from engine.config import EngineConfig
     from engine.topology import Topology
-    from strata_gui.run_job import make_sampler
+    from strata_gui.run.run_job import make_sampler
 
     sampler, reason = make_sampler(EngineConfig(devices=["cpu", "cpu"]), Topology(reason="no CUDA devices: test"))
     if sampler is None:  # this machine: no NVML
@@ -177,7 +176,7 @@ def test_out_of_memory_shows_what_to_change_and_the_next_run_succeeds(window, qt
             raise MemoryError("simulated")
 
     win.controller.hooks = PipelineHooks(before_alloc=oom)
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_tokens=256, decode_tokens=2)
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="64", prompt_tokens=256, decode_tokens=2)
     _click_run(qtbot, win)
     _wait_done(qtbot, win, "failed")
     box = win.error_box
@@ -193,8 +192,8 @@ def test_out_of_memory_shows_what_to_change_and_the_next_run_succeeds(window, qt
 
 def test_stop_during_decode_keeps_the_prompts_result(window, qtbot):
     win = window
-    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.01) if c == -1 else None)
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_tokens=256, decode_tokens=400)
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.01) if c == -1 else None)
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="64", prompt_tokens=256, decode_tokens=400)
     _click_run(qtbot, win)
     qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 4,
                     timeout=RUN_TIMEOUT_MS)
@@ -212,7 +211,7 @@ def test_balanced_schedule_and_cuda_graphs_settings_reach_the_engine(window, qtb
     """The form's chunk schedule and CUDA-graphs switch become the run's settings; the Gantt
     shows the balanced chunks the plan made."""
     win = window
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", chunk_schedule="balanced",
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="64", chunk_schedule="balanced",
              cuda_graphs=False, prompt_mode="tokens", prompt_tokens=512, decode_tokens=2)
     assert win.settings_panel.chunk_schedule.currentText() == "balanced"
     assert not win.settings_panel.cuda_graphs.isChecked()
@@ -229,7 +228,7 @@ def test_balanced_schedule_and_cuda_graphs_settings_reach_the_engine(window, qtb
 def test_an_interleaved_run_draws_a_row_per_device_with_groups_labelled(window, qtbot):
     win = window
     set_form(win, devices="cpu,cpu", split_mode="interleave", split_counts="2", chunk_mode="fixed",
-             chunk_size="64", prompt_mode="tokens", prompt_tokens=256, decode_tokens=0, pf_depth=1)
+             chunk_tokens="64", prompt_mode="tokens", prompt_tokens=256, decode_tokens=0, pipeline_depth=1)
     _click_run(qtbot, win)
     _wait_done(qtbot, win, "finished")
     plan = win.last_report.plan
@@ -252,11 +251,11 @@ def test_first_run_on_the_demo_shows_the_pipeline(themed_app, qtbot, tmp_path, d
     computing at once for part of the prefill; auto stays the engine's default elsewhere."""
     from PySide6.QtCore import QSettings
 
-    from strata_gui.mainwindow import MainWindow
-    from strata_gui.run_settings import RunSettings
+    from strata_gui.run.settings_model import RunSettings
+    from strata_gui.views.main_window_view import MainWindow
 
     assert RunSettings().chunk_mode == "auto" and RunSettings.from_env({}).chunk_mode == "auto"
-    assert RunSettings.from_env({"STRATA_PREFILL": "auto"}, demo=True).chunk_mode == "auto"
+    assert RunSettings.from_env({"STRATA_CHUNK_TOKENS": "auto"}, demo=True).chunk_mode == "auto"
     fresh = QSettings(str(tmp_path / "first-start.ini"), QSettings.Format.IniFormat)
     win = MainWindow(fresh, demo_path, history_path=tmp_path / "h.sqlite3", env={})
     qtbot.addWidget(win)
@@ -264,7 +263,7 @@ def test_first_run_on_the_demo_shows_the_pipeline(themed_app, qtbot, tmp_path, d
     try:
         qtbot.waitUntil(lambda: not win.jobs.busy, timeout=20_000)
         s = win.current_settings()
-        assert (s.chunk_mode, s.chunk_size, s.prompt_tokens, s.warmup) == ("fixed", "256", 2048, True)
+        assert (s.chunk_mode, s.chunk_tokens, s.prompt_tokens, s.warmup) == ("fixed", "256", 2048, True)
         _click_run(qtbot, win)
         _wait_done(qtbot, win, "finished")
         plan = win.last_report.plan
@@ -278,16 +277,16 @@ def test_first_run_on_the_demo_shows_the_pipeline(themed_app, qtbot, tmp_path, d
 
 def test_showing_a_saved_run_puts_its_settings_in_the_form(window, qtbot):
     win = window
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_mode="tokens", prompt_tokens=256,
-             decode_tokens=2, pf_depth=0, repeats=1)
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="32", prompt_mode="tokens", prompt_tokens=256,
+             decode_tokens=2, pipeline_depth=0, repeats=1)
     _click_run(qtbot, win)
     _wait_done(qtbot, win, "finished")
     qtbot.waitUntil(lambda: win.last_saved is not None, timeout=5_000)
     saved = win.last_saved.run
-    set_form(win, chunk_mode="auto", prompt_tokens=999, decode_tokens=7, pf_depth=1, devices="cpu")
+    set_form(win, chunk_mode="auto", prompt_tokens=999, decode_tokens=7, pipeline_depth=1, devices="cpu")
     assert win.show_history_run(saved)
     s = win.current_settings()
-    assert (s.devices, s.chunk_mode, s.chunk_size, s.prompt_tokens, s.decode_tokens, s.pf_depth) == \
+    assert (s.devices, s.chunk_mode, s.chunk_tokens, s.prompt_tokens, s.decode_tokens, s.pipeline_depth) == \
         ("cpu,cpu", "fixed", "32", 256, 2, 0)
     assert win.validation.ok and "settings are that run's" in win.status_label.text()
     _click_run(qtbot, win)  # Run now repeats the shown run: same plan, same output
@@ -297,7 +296,7 @@ def test_showing_a_saved_run_puts_its_settings_in_the_form(window, qtbot):
 
 def test_a_run_without_warm_up_is_labelled_cold(window, qtbot):
     win = window
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=192, decode_tokens=0,
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="32", prompt_tokens=192, decode_tokens=0,
              warmup=False)
     _click_run(qtbot, win)
     _wait_done(qtbot, win, "finished")
@@ -314,8 +313,8 @@ def test_a_run_without_warm_up_is_labelled_cold(window, qtbot):
 
 def test_a_stopped_run_shown_from_the_history_has_no_prefill_figure(window, qtbot):
     win = window
-    win.controller.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.02))
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=512, decode_tokens=0,
+    win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.02))
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="32", prompt_tokens=512, decode_tokens=0,
              warmup=False)
     _click_run(qtbot, win)
     qtbot.waitUntil(lambda: win.progress_model is not None and win.progress_model.snapshot().chunks_done >= 2,

@@ -10,7 +10,7 @@ from gui_support import qt_settings_sandbox, themed_app  # noqa: F401
 from PySide6.QtGui import QImage
 
 from strata_gui.app import build_parser
-from strata_gui.selftest import run_selftest
+from strata_gui.tools.selftest import run_selftest
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,13 +2,13 @@
 GGUF in the picker, persistence across restarts, GPU ordering preview and drag reordering."""
 from __future__ import annotations
 
-from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, window  # noqa: F401
+from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, wait_model, window  # noqa: F401
 from PySide6.QtCore import QModelIndex, Qt
 from PySide6.QtWidgets import QAbstractItemView
 
 from engine.topology import GpuInfo, Topology
-from strata_gui.devices_panel import DevicesPanel
-from strata_gui.settings_panel import TIPS
+from strata_gui.views.devices_view import DevicesPanel
+from strata_gui.views.settings_view import TIPS
 
 
 def _flagged(win, field: str) -> str:
@@ -44,11 +44,11 @@ def test_invalid_values_are_flagged_in_place_and_block_run(window, qtbot):
     win.settings_panel.split_mode.setCurrentText("auto")
 
     win.settings_panel.chunk_mode.setCurrentText("fixed")
-    win.settings_panel.chunk_size.setText("abc")
-    msg = _flagged(win, "prefill")
-    assert "prefill='abc'" in msg and "auto or a chunk size in tokens" in msg
+    win.settings_panel.chunk_tokens.setText("abc")
+    msg = _flagged(win, "chunk_tokens")
+    assert "chunk_tokens='abc'" in msg and "auto or a chunk size in tokens" in msg
     _run_is_blocked(win, qtbot)
-    win.settings_panel.chunk_size.setText("128")
+    win.settings_panel.chunk_tokens.setText("128")
 
     win.settings_panel.pin_limit.setText("-2")
     msg = _flagged(win, "pin_limit_gib")
@@ -63,7 +63,7 @@ def test_invalid_values_are_flagged_in_place_and_block_run(window, qtbot):
 
     assert win.validation.errors == {} and win.run_button.isEnabled()
     # depth is a combo: only the engine's two values can be chosen
-    depths = [win.settings_panel.pf_depth.itemData(i) for i in range(win.settings_panel.pf_depth.count())]
+    depths = [win.settings_panel.pipeline_depth.itemData(i) for i in range(win.settings_panel.pipeline_depth.count())]
     assert depths == [1, 0]
 
 
@@ -80,14 +80,17 @@ def test_broken_gguf_shows_the_engine_error_and_the_app_stays_usable(window, qtb
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"NOTGGUF" + bytes(100))
     win.settings_panel.set_model_path(str(bad))
+    wait_model(qtbot, win)
     msg = _flagged(win, "model")
     assert str(bad) in msg and "not a GGUF file" in msg
     _run_is_blocked(win, qtbot)
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(win.demo_model.read_bytes()[:5000])
     win.settings_panel.set_model_path(str(truncated))
+    wait_model(qtbot, win)
     assert "truncated" in _flagged(win, "model") or "corrupt" in _flagged(win, "model")
     win.settings_panel.set_model_path("")  # back to the demo model
+    wait_model(qtbot, win)
     assert _flagged(win, "model") == "" and win.run_button.isEnabled()
     assert "qwen3moe: 4 layers" in win.settings_panel.model_info.text()
     assert "8 experts" in win.settings_panel.model_info.text()
@@ -102,18 +105,18 @@ def test_every_setting_has_a_tooltip(window):
 
 
 def test_settings_persist_across_restarts(themed_app, qtbot, qsettings, demo_path):
-    from strata_gui.mainwindow import MainWindow
+    from strata_gui.views.main_window_view import MainWindow
 
     first = MainWindow(qsettings, demo_path)
     qtbot.addWidget(first)
-    set_form(first, devices="cpu,cpu,cpu", chunk_mode="fixed", chunk_size="96", pf_depth=0, prefill_main=True,
+    set_form(first, devices="cpu,cpu,cpu", chunk_mode="fixed", chunk_tokens="96", pipeline_depth=0, prefill_main=True,
              pin_limit_gib="12", expert_cache="all", prompt_mode="text", prompt_text="hello pipeline",
              decode_tokens=7, split_mode="manual", split_counts="1,1,2", gpu_order="configured")
     first.close()
     second = MainWindow(qsettings, demo_path)
     qtbot.addWidget(second)
     s = second.current_settings()
-    assert (s.devices, s.chunk_mode, s.chunk_size, s.pf_depth, s.prefill_main, s.pin_limit_gib, s.expert_cache,
+    assert (s.devices, s.chunk_mode, s.chunk_tokens, s.pipeline_depth, s.prefill_main, s.pin_limit_gib, s.expert_cache,
             s.prompt_mode, s.prompt_text, s.decode_tokens, s.split_mode, s.split_counts, s.gpu_order) == \
         ("cpu,cpu,cpu", "fixed", "96", 0, True, "12", "all", "text", "hello pipeline", 7, "manual", "1,1,2",
          "configured")
@@ -160,9 +163,9 @@ def test_pcie_ordering_preview_and_drag_reordering(themed_app, qtbot):
 
 def test_a_pin_limit_above_ram_is_flagged_under_its_field_before_run(window, qtbot):
     """The form applies the engine's own machine check (EngineConfig.check_machine)."""
-    from engine.experts import physical_ram
-
     from gui_support import set_form
+
+    from engine.experts import physical_ram
 
     win = window
     too_much = f"{physical_ram() / 2**30 * 2:.0f}"
@@ -173,7 +176,7 @@ def test_a_pin_limit_above_ram_is_flagged_under_its_field_before_run(window, qtb
     assert win.validation.ok and win.run_button.isEnabled()
 
 
-def test_model_quant_mix_and_memory_plan_are_shown_before_run(window, tmp_path):
+def test_model_quant_mix_and_memory_plan_are_shown_before_run(window, qtbot, tmp_path):
     """The model line names its quant mix; the memory plan follows the settings (per device,
     and the host arena once experts are streamed)."""
     from engine import synth
@@ -185,6 +188,7 @@ def test_model_quant_mix_and_memory_plan_are_shown_before_run(window, tmp_path):
     p = synth.write_model(tmp_path / "q4km.gguf", synth.recipe_from_args(
         "demo", quant="q4_k_m", hidden=256, head_dim=64, n_experts=16, expert_ffn=256))
     win.settings_panel.set_model_path(str(p))
+    wait_model(qtbot, win)
     info = win.settings_panel.model_info.text()
     assert "Q4_K 7" in info and "Q6_K" in info and "F32" in info
     plan = win.settings_panel.memory_plan.text()
@@ -225,20 +229,22 @@ def test_devices_panel_shows_driver_models_and_what_follows_from_a_fake_nvml(the
     assert panel.table.isColumnHidden(col) and panel.facts.isHidden()
 
 
-def test_errors_lead_with_the_fields_name_not_the_engines(window, tmp_path):
+def test_errors_lead_with_the_fields_name_not_the_engines(window, qtbot, tmp_path):
     win = window
     win.settings_panel.chunk_mode.setCurrentText("fixed")
-    win.settings_panel.chunk_size.setText("abc")
-    msg = _flagged(win, "prefill")
+    win.settings_panel.chunk_tokens.setText("abc")
+    msg = _flagged(win, "chunk_tokens")
     assert msg.startswith("Chunk size: 'abc' is invalid; allowed: auto or a chunk size in tokens")
-    assert msg.endswith("(setting prefill='abc')")  # the name the CLI and the environment use, last
-    win.settings_panel.chunk_size.setText("128")
+    assert msg.endswith("(setting chunk_tokens='abc')")  # the name the CLI and the environment use, last
+    win.settings_panel.chunk_tokens.setText("128")
     bad = tmp_path / "hello.gguf"
     bad.write_bytes(b"hello world" + bytes(64))
     win.settings_panel.set_model_path(str(bad))
+    wait_model(qtbot, win)
     msg = _flagged(win, "model")
     assert "not a GGUF file" in msg and "bad magic" not in msg and "b'hell'" not in msg
     win.settings_panel.set_model_path("")
+    wait_model(qtbot, win)
 
 
 def test_menu_shortcuts_and_cuda_graphs_greyed_for_cpu_runs(window, qtbot):
@@ -247,7 +253,7 @@ def test_menu_shortcuts_and_cuda_graphs_greyed_for_cpu_runs(window, qtbot):
     win = window
     assert win.run_action.shortcut() == QKeySequence("Ctrl+R") and win.quit_action.shortcut() == QKeySequence("Ctrl+Q")
     assert [a.text() for a in win.menuBar().actions()] == ["&File", "&Run", "&View"]
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="64", prompt_tokens=128, decode_tokens=0)
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="64", prompt_tokens=128, decode_tokens=0)
     assert not win.settings_panel.cuda_graphs.isEnabled()
     assert win.settings_panel.cuda_graphs.text() == "not used: no CUDA device"
     win.tabs.setCurrentIndex(1)

@@ -7,14 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import ConfigError, parse_setting
-from strata_gui.run_settings import RunSettings, validate
+from strata_gui.run.settings_model import RunSettings, validate
 
 N_LAYERS = 4  # the demo model
 TEXT = st.one_of(st.text(max_size=12),
                  st.from_regex(r"-?[0-9]{0,6}(\.[0-9]{0,3})?", fullmatch=True),
                  st.sampled_from(["auto", "all", "AUTO", " 2 ", "1e3", "nan", "inf", "-1", "0"]))
 
-FIELD_TO_SETTING = {"chunk_size": "prefill", "pin_limit_gib": "pin_limit_gib", "expert_cache": "expert_cache"}
+FIELD_TO_SETTING = {"chunk_tokens": "chunk_tokens", "pin_limit_gib": "pin_limit_gib", "expert_cache": "expert_cache"}
 
 
 def _check(field: str, text: str, **extra) -> None:
@@ -36,7 +36,7 @@ def _check(field: str, text: str, **extra) -> None:
 @settings(max_examples=150, deadline=None)
 @given(TEXT)
 def test_chunk_size_field(text):
-    _check("chunk_size", text, chunk_mode="fixed")
+    _check("chunk_tokens", text, chunk_mode="fixed")
 
 
 @settings(max_examples=150, deadline=None)

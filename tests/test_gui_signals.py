@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from PySide6.QtWidgets import QApplication, QLabel
 
 from engine.events import StageEvent
-from strata_gui.event_batcher import EventBatcher
+from strata_gui.run.event_batcher import EventBatcher
 
 N = 20_000
 

@@ -9,18 +9,17 @@ import threading
 import time
 
 import pytest
-from gui_support import (qsettings, qt_settings_sandbox, set_form, themed_app,  # noqa: F401
-                         wait_no_engine_threads, window)
+from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, wait_no_engine_threads, window  # noqa: F401
 from PySide6.QtCore import Qt
 
 from engine import prompt as prompts
 from engine.bench import Point
 from engine.config import ConfigError
 from engine.pipeline import PipelineHooks
-from strata_gui.sweep import SweepArm, SweepPlan, SweepResults, arm_config, format_tokens, parse_sizes
+from strata_gui.sweep.sweep_model import SweepArm, SweepPlan, SweepResults, arm_config, format_tokens, parse_sizes
 
-BASE = {"devices": "cpu,cpu", "prefill": "32", "pf_depth": 1, "layer_split": "auto", "gpu_order": "pcie"}
-ARMS = (SweepArm("join", "pf_depth=0"), SweepArm("overlap", "pf_depth=1"))
+BASE = {"devices": "cpu,cpu", "chunk_tokens": "32", "pipeline_depth": 1, "layer_split": "auto", "gpu_order": "pcie"}
+ARMS = (SweepArm("join", "pipeline_depth=0"), SweepArm("overlap", "pipeline_depth=1"))
 SWEEP_TIMEOUT_MS = 90_000
 
 
@@ -43,22 +42,23 @@ def test_plan_runs_every_arm_on_the_same_prompt_in_the_bench_order():
     # arms share the nonce of (size, repeat): identical prompts; repeats differ (engine/bench.py's scheme)
     assert steps[0].nonce == steps[1].nonce == prompts.sweep_nonce(64, 0)
     assert steps[2].nonce == prompts.sweep_nonce(64, 1) != steps[0].nonce
-    cfg = arm_config(BASE, SweepArm("x", "pf_depth=0 prefill=64"), env={})
-    assert (cfg.pf_depth, cfg.prefill, cfg.devices) == (0, 64, ["cpu", "cpu"])
-    with pytest.raises(ConfigError, match="pf_depth"):
-        arm_config(BASE, SweepArm("bad", "pf_depth=5"), env={})
+    cfg = arm_config(BASE, SweepArm("x", "pipeline_depth=0 chunk_tokens=64"), env={})
+    assert (cfg.pipeline_depth, cfg.chunk_tokens, cfg.devices) == (0, 64, ["cpu", "cpu"])
+    with pytest.raises(ConfigError, match="pipeline_depth"):
+        arm_config(BASE, SweepArm("bad", "pipeline_depth=5"), env={})
     with pytest.raises(ConfigError, match="a name used by one arm only"):
-        SweepPlan((64,), (SweepArm("a", ""), SweepArm("a", "pf_depth=0"))).validate()
+        SweepPlan((64,), (SweepArm("a", ""), SweepArm("a", "pipeline_depth=0"))).validate()
     cmd = SweepPlan((8192, 16384), ARMS, repeats=3, base=BASE).bench_command("demo")
     assert cmd == ("strata-bench run --model demo --prompt-tokens 8192,16384 --devices cpu,cpu "
-                   "--prefill 32 --pf-depth 1 --arm pf_depth=0 --arm pf_depth=1 --repeat 3 --warmup 1")
+                   "--chunk-tokens 32 --pipeline-depth 1 --arm pipeline_depth=0 --arm pipeline_depth=1 "
+                   "--repeat 3 --warmup 1")
 
 
 def test_a_real_sweep_worker_run_matches_the_bench_table(demo_path):
     """The worker, run in this thread on real demo runs: the table's median and spread are
     strata-bench's (engine.bench.Point) over the same reports; digests agree across arms."""
-    from strata_gui.sweep import SweepSample
-    from strata_gui.sweep_worker import SweepRequest, SweepWorker
+    from strata_gui.sweep.sweep_model import SweepSample
+    from strata_gui.sweep.sweep_worker import SweepRequest, SweepWorker
 
     plan = SweepPlan((64, 128), ARMS, repeats=2, warmup=0, model="demo", base=BASE)
     configs = tuple(arm_config(BASE, a, env={}) for a in ARMS)
@@ -97,12 +97,12 @@ def test_a_real_sweep_worker_run_matches_the_bench_table(demo_path):
 
 def _start_sweep(qtbot, win, sizes: str, repeats: int) -> None:
     view = win.sweep_view
-    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_size="32", prompt_tokens=256, decode_tokens=0)
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="32", prompt_tokens=256, decode_tokens=0)
     win.tabs.setCurrentWidget(view)
     view.sizes.setText(sizes)
     view.repeats.setValue(repeats)
     view.warmup.setValue(0)
-    view.set_arms([("join", "pf_depth=0"), ("overlap", "pf_depth=1")])
+    view.set_arms([("join", "pipeline_depth=0"), ("overlap", "pipeline_depth=1")])
     assert view.start_button.isEnabled()
     qtbot.mouseClick(view.start_button, Qt.MouseButton.LeftButton)
     assert win.sweeps.is_running, view.errors.text()
@@ -134,7 +134,7 @@ def test_a_2_size_2_arm_sweep_charts_4_points_and_exports(window, qtbot, tmp_pat
     assert view.export("csv", tmp_path / "s.csv") and view.export("md", tmp_path / "s.md")
     assert (tmp_path / "s.csv").read_text() == view.results.to_csv()
     assert len(list(csv.reader((tmp_path / "s.csv").open()))) == 5
-    assert "| overlap | pf_depth=1 | 128 |" in (tmp_path / "s.md").read_text()
+    assert "| overlap | pipeline_depth=1 | 128 |" in (tmp_path / "s.md").read_text()
     # reopened from the history, the same table
     view.show_results(None)
     assert view.chart_points() == []
@@ -151,16 +151,16 @@ def test_bad_plans_are_refused_then_a_stopped_sweep_keeps_its_finished_points(wi
     assert not win.start_sweep()
     assert "prompt sizes" in view.errors.text() and "lots" in view.errors.text()
     view.sizes.setText("64")
-    view.set_arms([("a", "pf_depth=0"), ("b", "pf_depth=7")])
+    view.set_arms([("a", "pipeline_depth=0"), ("b", "pipeline_depth=7")])
     assert not win.start_sweep()
-    assert "arm b" in view.errors.text() and "pf_depth" in view.errors.text()
+    assert "arm b" in view.errors.text() and "pipeline_depth" in view.errors.text()
     view.set_arms([("a", "layer_split=1,1,1")])
     set_form(win, devices="cpu,cpu")
     assert not win.start_sweep()
     assert "arm a" in view.errors.text() and "layer_split" in view.errors.text()
     assert not win.sweeps.is_running and win.history.list_sweeps() == []
 
-    win.sweeps.hooks = PipelineHooks(after_layer=lambda s, l, c: time.sleep(0.005))
+    win.sweeps.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.005))
     _start_sweep(qtbot, win, "64, 128, 256", 2)
     qtbot.waitUntil(lambda: view.results is not None and len(view.results) >= 2, timeout=SWEEP_TIMEOUT_MS)
     qtbot.mouseClick(view.stop_button, Qt.MouseButton.LeftButton)
@@ -178,7 +178,7 @@ def test_bad_plans_are_refused_then_a_stopped_sweep_keeps_its_finished_points(wi
 def test_sweep_worker_warms_up_every_size_like_the_bench(demo_path, monkeypatch):
     """Each prompt size gets its unmeasured warm-up runs (one per arm) before its first point."""
     from engine.pipeline import Session
-    from strata_gui.sweep_worker import SweepRequest, SweepWorker
+    from strata_gui.sweep.sweep_worker import SweepRequest, SweepWorker
 
     sizes: list[int] = []
     real_run = Session.run
@@ -208,7 +208,7 @@ def test_sweep_tab_before_any_sweep_says_not_started_and_explains_digests(window
 
 
 def test_a_sweep_ratio_inside_the_repeats_noise_is_not_judged():
-    from strata_gui.sweep import SweepRow, ratio_noise
+    from strata_gui.sweep.sweep_model import SweepRow, ratio_noise
 
     def row(arm: int, tok: tuple[float, ...]) -> SweepRow:
         med = sorted(tok)[len(tok) // 2]
@@ -229,9 +229,9 @@ def test_a_sweep_ratio_inside_the_repeats_noise_is_not_judged():
 def test_the_cli_and_the_app_walk_one_sweep():
     """engine.sweep is the one order and statistic: strata-bench's and the Sweep tab's."""
     from engine import sweep as engine_sweep
-    from strata_gui.sweep import SweepArm, SweepPlan
+    from strata_gui.sweep.sweep_model import SweepArm, SweepPlan
 
-    plan = SweepPlan(sizes=(64, 128), arms=(SweepArm("a", ""), SweepArm("b", "pf_depth=0")), repeats=2)
+    plan = SweepPlan(sizes=(64, 128), arms=(SweepArm("a", ""), SweepArm("b", "pipeline_depth=0")), repeats=2)
     assert plan.steps() == engine_sweep.steps((64, 128), 2, 2)
     firsts = [s for s in plan.steps() if s.first_of_size]
     assert [(s.prompt_tokens, s.repeat, s.arm) for s in firsts] == [(64, 0, 0), (128, 0, 0)]

@@ -5,7 +5,7 @@ from gui_support import qsettings, qt_settings_sandbox, themed_app  # noqa: F401
 
 
 def test_a_remembered_window_larger_than_the_screen_opens_inside_it(themed_app, qtbot, qsettings, demo_path, tmp_path):
-    from strata_gui.mainwindow import MainWindow
+    from strata_gui.views.main_window_view import MainWindow
 
     first = MainWindow(qsettings, demo_path, history_path=tmp_path / "h.sqlite3")
     qtbot.addWidget(first)

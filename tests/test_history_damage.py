@@ -15,10 +15,10 @@ from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app  # 
 from history_support import FORM, RUN_TIMEOUT_MS, demo_runs  # noqa: F401
 from PySide6.QtCore import Qt
 
-from strata_gui import run_files
-from strata_gui.background import BackgroundJobs
-from strata_gui.history import UNSAVED_DIR, HistoryError, RunHistory, UnsavedRuns, open_history
-from strata_gui.history_panel import LABEL_COL, HistoryPanel
+from strata_gui.history.history_model import UNSAVED_DIR, HistoryError, RunHistory, UnsavedRuns, open_history
+from strata_gui.run import run_files
+from strata_gui.run.background import BackgroundJobs
+from strata_gui.views.history_view import LABEL_COL, HistoryPanel
 
 PAGE = 4096
 
@@ -56,7 +56,7 @@ def test_a_report_with_many_prompt_tokens_is_not_stored_as_is(tmp_path, demo_run
 
 def test_a_row_poisoned_behind_the_apps_back_shows_as_unreadable(themed_app, qtbot, qsettings, demo_path,
                                                                  tmp_path, demo_runs):
-    from strata_gui.mainwindow import MainWindow
+    from strata_gui.views.main_window_view import MainWindow
 
     path = _history(tmp_path / "history.sqlite3", [demo_runs.join, demo_runs.overlap], 2)
     con = sqlite3.connect(path)
@@ -150,7 +150,7 @@ def test_fuzz_random_page_corruption_the_history_view_starts_and_says_what_is_wr
 
 def test_the_app_starts_on_a_damaged_history_and_keeps_its_runs_as_traces(themed_app, qtbot, qsettings, demo_path,
                                                                           tmp_path, demo_runs):
-    from strata_gui.mainwindow import MainWindow
+    from strata_gui.views.main_window_view import MainWindow
 
     path = _history(tmp_path / "history.sqlite3", [demo_runs.join, demo_runs.overlap])
     n_pages = path.stat().st_size // PAGE
@@ -164,7 +164,7 @@ def test_the_app_starts_on_a_damaged_history_and_keeps_its_runs_as_traces(themed
         assert "is damaged" in win.history_panel.unavailable.text()
         assert win.error_box is not None and "Move the file aside" in win.error_box.text()
         win.error_box.accept()
-        set_form(win, pf_depth=1, **FORM)
+        set_form(win, pipeline_depth=1, **FORM)
         qtbot.mouseClick(win.run_button, Qt.MouseButton.LeftButton)
         qtbot.waitUntil(lambda: win.last_outcome != "" and not win.controller.is_running, timeout=RUN_TIMEOUT_MS)
         assert win.last_outcome == "finished"

@@ -23,7 +23,7 @@ def deep(make_arch):
 
 def session(model, devices, v: int, depth: int = 1, chunk: int = 16, hooks=None) -> Session:
     cfg = EngineConfig.from_sources({"devices": ",".join(devices), "layer_split": f"interleave:{v}",
-                                     "pf_depth": str(depth), "prefill": str(chunk)})
+                                     "pipeline_depth": str(depth), "chunk_tokens": str(chunk)})
     return Session(model, cfg, hooks=hooks)
 
 
@@ -35,7 +35,7 @@ def computes(events, stage):
 def test_groups_visit_each_device_v_times_with_the_contiguous_digest(deep, n_dev, v):
     devices = ["cpu"] * n_dev
     ids = synthetic(96, deep.spec.vocab, nonce=4)
-    contiguous = Session(deep, EngineConfig(devices=devices, prefill=16)).run(ids, 3).report
+    contiguous = Session(deep, EngineConfig(devices=devices, chunk_tokens=16)).run(ids, 3).report
     sess = session(deep, devices, v)
     rep = sess.run(ids, 3).report
     plan = rep.plan
@@ -78,7 +78,8 @@ def test_a_fault_in_any_group_names_device_group_and_chunk(deep, group, chunk):
         sess.run(synthetic(96, deep.spec.vocab, nonce=1))
     assert (ei.value.stage, ei.value.chunk, ei.value.device) == (group, chunk, "cpu")
     assert sess.in_flight() == 0
-    assert sess.run(synthetic(32, deep.spec.vocab), hooks=PipelineHooks()).report.plan.n_chunks == 2  # the next run works
+    # the next run works
+    assert sess.run(synthetic(32, deep.spec.vocab), hooks=PipelineHooks()).report.plan.n_chunks == 2
     sess.close()
     assert not [t for t in sess.worker_threads() if t.is_alive()]
 

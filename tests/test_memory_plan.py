@@ -18,7 +18,7 @@ def _held(st) -> tuple[int, int]:
     """(dense bytes, resident expert bytes) a stage holds."""
     dense = experts = 0
     for layer in st.layers:
-        for k, t in vars(layer.w).items():
+        for t in vars(layer.w).values():
             if isinstance(t, QTensor):
                 experts += t.nbytes
             elif isinstance(t, torch.Tensor):
@@ -36,7 +36,7 @@ def test_plan_matches_what_the_session_holds(make_arch, cache):
     model = gguf_model.load(make_arch("qwen3moe", quant="q4_k_m", **K_SHAPES))
     one = sum(model.nbytes(f"blk.0.{p}.weight") for p in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")) / 16
     expert_cache = "all" if cache == "all" else 6.5 * one / 2**30
-    cfg = EngineConfig(devices=["cpu", "cpu"], prefill=16, expert_cache=expert_cache)
+    cfg = EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16, expert_cache=expert_cache)
     plan = plan_memory(model, cfg, tokens=80)
     sess = Session(model, cfg)
     try:
@@ -46,7 +46,8 @@ def test_plan_matches_what_the_session_holds(make_arch, cache):
             assert (d.first, d.end) == (st.first, st.end)
             assert d.dense == dense
             if plan.streamed:
-                assert d.experts == st.cache.pool.numel() and d.expert_slots == st.cache.n_slots == 5  # slots hold the largest row (Q6_K down)
+                # the slots hold the largest row (Q6_K down)
+                assert d.experts == st.cache.pool.numel() and d.expert_slots == st.cache.n_slots == 5
             else:
                 assert d.experts == experts
             assert d.kv == 2 * (st.end - st.first) * 2 * 64 * 80 * 4
@@ -71,7 +72,7 @@ def test_dense_model_plan_has_no_experts(make_arch):
 def test_float_experts_are_expanded_once(make_arch):
     """f16-stored experts are expanded at load like dense weights: no per-call scratch."""
     model = gguf_model.load(make_arch("qwen3moe", quant="f16"))
-    cfg = EngineConfig(devices=["cpu"], prefill=16)
+    cfg = EngineConfig(devices=["cpu"], chunk_tokens=16)
     plan = plan_memory(model, cfg, tokens=20)
     sess = Session(model, cfg)
     try:

@@ -27,7 +27,7 @@ def _poisoned(tmp_path, target: str):
 
 
 def _run(path, **settings):
-    cfg = EngineConfig.from_sources({"devices": "cpu,cpu", "prefill": 16, **settings}, env={})
+    cfg = EngineConfig.from_sources({"devices": "cpu,cpu", "chunk_tokens": 16, **settings}, env={})
     sess = Session(load(path), cfg)
     try:
         return sess.run(prompt.synthetic(48, sess.spec.vocab, 0), 2)
@@ -87,8 +87,9 @@ def test_an_f32_tensor_relabelled_q4_0_leaks_no_warning_and_no_silent_table(make
     with the non-finite error or is finite garbage, and numpy never warns on the way."""
     import struct
 
-    from engine import gguf_model
     from gguf.constants import GGMLQuantizationType
+
+    from engine import gguf_model
 
     demo_path = make_arch("qwen3moe", quant="f32")  # float embeddings (the demo's are Q8_0, as llama.cpp's)
     data = demo_path.read_bytes()

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_reference import hf_model
 
 from engine import gguf_model
 from engine.config import EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
-from hf_reference import hf_model
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -22,7 +22,7 @@ def test_logits_and_greedy_match_transformers(make_arch, arch):
     path = make_arch(arch)
     model = gguf_model.load(path)
     ids = synthetic(PROMPT, model.spec.vocab, nonce=7)
-    sess = Session(model, EngineConfig(devices=["cpu"], prefill=PROMPT))
+    sess = Session(model, EngineConfig(devices=["cpu"], chunk_tokens=PROMPT))
     res = sess.run(ids, decode_tokens=GEN, logits_all=True)
     ref_model = hf_model(path, model.spec)
     with torch.no_grad():
@@ -37,8 +37,8 @@ def test_logits_and_greedy_match_transformers(make_arch, arch):
 def test_chunked_prefill_equals_one_shot(demo_path):
     model = gguf_model.load(demo_path)
     ids = synthetic(160, model.spec.vocab, nonce=3)
-    one = Session(model, EngineConfig(prefill=160)).run(ids, decode_tokens=6, logits_all=True)
-    chunked = Session(model, EngineConfig(prefill=16)).run(ids, decode_tokens=6, logits_all=True)
+    one = Session(model, EngineConfig(chunk_tokens=160)).run(ids, decode_tokens=6, logits_all=True)
+    chunked = Session(model, EngineConfig(chunk_tokens=16)).run(ids, decode_tokens=6, logits_all=True)
     assert chunked.report.plan.n_chunks == 10
     assert (one.logits - chunked.logits).abs().max().item() <= 1e-5
     assert one.report.generated == chunked.report.generated
@@ -46,7 +46,7 @@ def test_chunked_prefill_equals_one_shot(demo_path):
 
 def test_digest_identifies_output(demo_path):
     model = gguf_model.load(demo_path)
-    sess = Session(model, EngineConfig(prefill=32))
+    sess = Session(model, EngineConfig(chunk_tokens=32))
     a = sess.run(synthetic(96, model.spec.vocab, nonce=1)).report.digest
     b = sess.run(synthetic(96, model.spec.vocab, nonce=1)).report.digest
     c = sess.run(synthetic(96, model.spec.vocab, nonce=2)).report.digest

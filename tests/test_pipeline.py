@@ -40,7 +40,7 @@ def compute(events, stage):
 
 
 def run(demo, depth, devices=("cpu", "cpu"), tokens=128, chunk=16, hooks=None, **kw):
-    cfg = EngineConfig(devices=list(devices), pf_depth=depth, prefill=chunk, **kw)
+    cfg = EngineConfig(devices=list(devices), pipeline_depth=depth, chunk_tokens=chunk, **kw)
     sess = Session(demo, cfg, hooks=hooks)
     t0 = time.perf_counter()
     res = sess.run(synthetic(tokens, demo.spec.vocab, nonce=5))
@@ -52,7 +52,8 @@ def test_join_waits_for_the_whole_chain(demo):
     first, last = compute(events, 0), compute(events, 2)
     assert len(first) == len(last) == 8
     for c in range(7):
-        assert first[c + 1].start_ns >= last[c].end_ns, f"join: stage 0 started C{c + 1} before the last stage ended C{c}"
+        assert first[c + 1].start_ns >= last[c].end_ns, \
+            f"join: stage 0 started C{c + 1} before the last stage ended C{c}"
     assert any(e.kind == "wait" and e.note == "join" for e in events)
 
 
@@ -86,8 +87,8 @@ def test_digests_identical_across_depth_stages_and_prefill_main(demo):
 
 def test_prefill_main_then_split_decode_matches_split(demo):
     ids = synthetic(80, demo.spec.vocab, nonce=9)
-    split = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=16)).run(ids, decode_tokens=5)
-    sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=16, prefill_main=True))
+    split = Session(demo, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16)).run(ids, decode_tokens=5)
+    sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16, prefill_main=True))
     main = sess.run(ids, decode_tokens=5)
     assert main.report.generated == split.report.generated
     assert main.report.digest == split.report.digest
@@ -102,7 +103,7 @@ def test_exception_in_a_stage_surfaces_with_context(demo):
     def boom(stage, layer, chunk):
         if stage == 2 and chunk == 5:
             raise RuntimeError("injected fault")
-    cfg = EngineConfig(devices=["cpu", "cpu", "cpu"], prefill=16)
+    cfg = EngineConfig(devices=["cpu", "cpu", "cpu"], chunk_tokens=16)
     sess = Session(demo, cfg, hooks=PipelineHooks(after_layer=boom))
     with pytest.raises(StageError) as ei:
         sess.run(synthetic(128, demo.spec.vocab, nonce=1))
@@ -122,7 +123,7 @@ def test_cancel_returns_within_one_chunk(demo, depth):
         time.sleep(SLEEP)
         if stage == 0 and chunk == 3:
             cancel.set()
-    sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=8, pf_depth=depth),
+    sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=8, pipeline_depth=depth),
                    hooks=PipelineHooks(after_layer=hook))
     with pytest.raises(Cancelled) as ei:
         sess.run(synthetic(256, demo.spec.vocab), cancel=cancel)
@@ -136,7 +137,7 @@ def test_cancel_returns_within_one_chunk(demo, depth):
 
 def test_finish_guard_never_returns_with_chunks_in_flight(demo):
     """Every compute event of every stage is recorded before prefill returns."""
-    sess = Session(demo, EngineConfig(devices=["cpu"] * 3, prefill=16), hooks=sleepy())
+    sess = Session(demo, EngineConfig(devices=["cpu"] * 3, chunk_tokens=16), hooks=sleepy())
     sess.run(synthetic(128, demo.spec.vocab, nonce=5))
     for s in range(3):
         assert sorted(compute(sess.events, s)) == list(range(8))
@@ -145,7 +146,7 @@ def test_finish_guard_never_returns_with_chunks_in_flight(demo):
 
 def test_stage_workers_are_kept_between_runs_and_stopped_by_close(demo):
     """A fresh thread pays CUDA's per-thread set-up inside its first chunk: workers are kept."""
-    sess = Session(demo, EngineConfig(devices=["cpu"] * 3, prefill=16))
+    sess = Session(demo, EngineConfig(devices=["cpu"] * 3, chunk_tokens=16))
     sess.run(synthetic(64, demo.spec.vocab, nonce=5))
     threads = sess.worker_threads()
     assert [t.name for t in threads] == ["strata-stage1", "strata-stage2"]
@@ -156,7 +157,7 @@ def test_stage_workers_are_kept_between_runs_and_stopped_by_close(demo):
 
 
 def test_an_unclosed_session_does_not_keep_its_workers(demo):
-    sess = Session(demo, EngineConfig(devices=["cpu"] * 2, prefill=16))
+    sess = Session(demo, EngineConfig(devices=["cpu"] * 2, chunk_tokens=16))
     sess.run(synthetic(64, demo.spec.vocab, nonce=5))
     (thread,) = sess.worker_threads()
     del sess
@@ -166,11 +167,11 @@ def test_an_unclosed_session_does_not_keep_its_workers(demo):
 
 
 @pytest.mark.parametrize("settings, words", [
-    (dict(pf_depth=2), ["pf_depth=2", "0 (join) or 1 (overlap)", "ONE set of chunk buffers"]),
+    (dict(pipeline_depth=2), ["pipeline_depth=2", "0 (join) or 1 (overlap)", "ONE set of chunk buffers"]),
     (dict(layer_split="2,3", devices="cpu,cpu"), ["layer_split='2,3'", "summing to the model's 4 layers"]),
     (dict(layer_split="4,0", devices="cpu,cpu"), ["layer_split", "positive"]),
     (dict(layer_split="2,2", devices="cpu"), ["layer_split", "one per device"]),
-    (dict(prefill="abc"), ["prefill='abc'", "chunk size"]),
+    (dict(chunk_tokens="abc"), ["chunk_tokens='abc'", "chunk size"]),
 ])
 def test_impossible_settings_are_refused(demo, settings, words):
     with pytest.raises(ConfigError) as ei:
@@ -180,16 +181,16 @@ def test_impossible_settings_are_refused(demo, settings, words):
 
 
 def test_env_settings_and_precedence(demo):
-    env = {"STRATA_PF_DEPTH": "0", "STRATA_PREFILL_MAIN": "1", "STRATA_PREFILL": "64"}
-    cfg = EngineConfig.from_sources({"pf_depth": "1"}, env=env)
-    assert (cfg.pf_depth, cfg.prefill_main, cfg.prefill) == (1, True, 64)
-    with pytest.raises(ConfigError, match="STRATA_PF_DEPTH"):
-        EngineConfig.from_sources({}, env={"STRATA_PF_DEPTH": "3"})
-    assert EngineConfig.from_sources({"pf_depth": 0}, env={"STRATA_PF_DEPTH": "3"}).pf_depth == 0
+    env = {"STRATA_PIPELINE_DEPTH": "0", "STRATA_PREFILL_MAIN": "1", "STRATA_CHUNK_TOKENS": "64"}
+    cfg = EngineConfig.from_sources({"pipeline_depth": "1"}, env=env)
+    assert (cfg.pipeline_depth, cfg.prefill_main, cfg.chunk_tokens) == (1, True, 64)
+    with pytest.raises(ConfigError, match="STRATA_PIPELINE_DEPTH"):
+        EngineConfig.from_sources({}, env={"STRATA_PIPELINE_DEPTH": "3"})
+    assert EngineConfig.from_sources({"pipeline_depth": 0}, env={"STRATA_PIPELINE_DEPTH": "3"}).pipeline_depth == 0
 
 
 def test_check_nan_names_stage_layer_and_chunk(demo):
-    sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=16, check_nan=True))
+    sess = Session(demo, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16, check_nan=True))
     lay = sess.stages[1].layers[1]
     # poison layer 3's FFN norm in a copy: weights are views of the file's (copy-on-write) mapping,
     # which every session of this LoadedModel shares
@@ -225,7 +226,8 @@ def test_balanced_schedule_runs_its_planned_chunks_and_keeps_digests(demo):
     ids = synthetic(512, demo.spec.vocab, nonce=9)
     seen = {}
     for devices, depth in ((["cpu"], 1), (["cpu", "cpu"], 1), (["cpu", "cpu"], 0), (["cpu"] * 3, 1)):
-        sess = Session(demo, EngineConfig(devices=devices, prefill=64, pf_depth=depth, chunk_schedule="balanced"))
+        cfg = EngineConfig(devices=devices, chunk_tokens=64, pipeline_depth=depth, chunk_schedule="balanced")
+        sess = Session(demo, cfg)
         res = sess.run(ids, decode_tokens=3)
         plan = res.report.plan
         assert plan.schedule == "balanced" and plan.n_chunks <= 8 and len(plan.bounds) == plan.n_chunks
@@ -236,7 +238,7 @@ def test_balanced_schedule_runs_its_planned_chunks_and_keeps_digests(demo):
         seen[(len(devices), depth)] = (plan.bounds, res.report.digest, tuple(res.report.generated))
         sess.close()
     assert len(set(seen.values())) == 1, seen
-    fixed = Session(demo, EngineConfig(devices=["cpu", "cpu"], prefill=64, chunk_schedule="fixed")).run(ids)
+    fixed = Session(demo, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=64, chunk_schedule="fixed")).run(ids)
     assert fixed.report.plan.bounds == () and fixed.report.plan.n_chunks == 8
 
 
@@ -247,7 +249,7 @@ def test_a_run_owns_its_sink_hooks_and_events_and_leaves_the_session_as_it_was(d
     seen: list = []
     layers: list = []
     ids = synthetic(64, demo.spec.vocab, nonce=3)
-    first = sess.run(ids, 2, sink=seen.append, hooks=PipelineHooks(after_layer=lambda s, l, c: layers.append(c)))
+    first = sess.run(ids, 2, sink=seen.append, hooks=PipelineHooks(after_layer=lambda s, layer, c: layers.append(c)))
     assert sess.sink is None and sess.hooks.after_layer is None  # nothing rewired on the session
     assert first.events == seen and first.report.run_id == first.plan.run_id == first.events[0].run_id
     assert layers and first.digest == first.report.digest and first.last_logits is not None

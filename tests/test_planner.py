@@ -44,7 +44,7 @@ def measure(demo, devices, depth, repeat=3, **kw) -> planner.MeasuredRun:
     def hook(stage, layer, chunk):
         time.sleep(SLEEP)
 
-    cfg = EngineConfig(devices=list(devices), pf_depth=depth, prefill=CHUNK, **kw)
+    cfg = EngineConfig(devices=list(devices), pipeline_depth=depth, chunk_tokens=CHUNK, **kw)
     sess = Session(demo, cfg, hooks=PipelineHooks(after_layer=hook), telemetry_interval_s=None)
     best = None
     try:
@@ -80,7 +80,7 @@ def test_prediction_within_the_bar_of_measured(demo, profile, n_stages, depth):
 def test_interleaved_groups_predict_stages_sharing_a_device(demo, profile):
     run = measure(demo, ["cpu", "cpu", "cpu"], 1)
     machine = planner.Machine([planner.DeviceSpec("cpu")])
-    settings = planner.PlanSettings(prompt_tokens=TOKENS, chunk=CHUNK, pf_depth=1, interleave=3)
+    settings = planner.PlanSettings(prompt_tokens=TOKENS, chunk_tokens=CHUNK, pipeline_depth=1, interleave=3)
     pred = planner.simulate(profile, machine, settings)
     assert [(s.device, s.first_layer, s.end_layer) for s in pred.stages] == \
         [(s.device, s.first_layer, s.end_layer) for s in run.plan.stages]
@@ -90,9 +90,10 @@ def test_interleaved_groups_predict_stages_sharing_a_device(demo, profile):
 
 def test_overlap_beats_join_and_events_keep_the_seeds_order(profile):
     machine = planner.Machine([planner.DeviceSpec("cpu")])
-    s = planner.PlanSettings(prompt_tokens=TOKENS, chunk=CHUNK, pf_depth=0, layer_split=[2, 1, 1])
+    s = planner.PlanSettings(prompt_tokens=TOKENS, chunk_tokens=CHUNK, pipeline_depth=0, layer_split=[2, 1, 1])
     join = planner.simulate(profile, machine, s, devices=["cpu"] * 3)
-    over = planner.simulate(profile, machine, planner.PlanSettings(**{**s.__dict__, "pf_depth": 1}), devices=["cpu"] * 3)
+    over = planner.simulate(profile, machine, planner.PlanSettings(**{**s.__dict__, "pipeline_depth": 1}),
+                            devices=["cpu"] * 3)
     assert over.prefill_s < join.prefill_s
     comp = {(e.stage, e.chunk): e for e in join.events if e.kind == "compute"}
     for c in range(len(join.bounds) - 1):  # join: stage 0 starts C(c+1) only after the last stage ended Cc

@@ -29,9 +29,9 @@ def test_plan_predicts_the_source_run_and_prints_its_error(capsys):
 
 
 def test_a_slow_host_link_without_peer_access_costs_time(capsys):
-    bench.main(["plan", "--from-run", str(TRACE), "--prefill", "1024"])
+    bench.main(["plan", "--from-run", str(TRACE), "--chunk-tokens", "1024"])
     peer = tok_s(capsys.readouterr().out)
-    bench.main(["plan", "--from-run", str(TRACE), "--prefill", "1024", "--peer", "none", "--link", "gen5x16,0.5"])
+    bench.main(["plan", "--from-run", str(TRACE), "--chunk-tokens", "1024", "--peer", "none", "--link", "gen5x16,0.5"])
     out = capsys.readouterr().out
     assert tok_s(out) < peer
     assert "host" in out or re.search(r"copy ms", out)
@@ -55,11 +55,11 @@ def test_bad_input_is_refused_with_a_message(capsys, tmp_path):
 
 
 def test_plan_from_a_history_run(capsys, tmp_path, demo_runs):  # noqa: F811
-    from strata_gui.history import RunHistory
+    from strata_gui.history.history_model import RunHistory
 
     with RunHistory(tmp_path / "h.sqlite3") as h:
         run = h.add(demo_runs.overlap)
     assert bench.main(["plan", "--from-run", str(run), "--history", str(tmp_path / "h.sqlite3"),
-                       "--pf-depth", "0"]) == 0
+                       "--pipeline-depth", "0"]) == 0
     out = capsys.readouterr().out
     assert "depth 0" in out and tok_s(out) > 0

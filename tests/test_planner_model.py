@@ -32,8 +32,9 @@ def test_interleave_puts_group_j_on_device_j_mod_d():
 
 
 def test_stages_on_one_gpu_serialise_there():
-    prof, s = gpu_profile(), planner.PlanSettings(prompt_tokens=16384, chunk=2048)
-    shared = planner.simulate(prof, two_gpus(), planner.PlanSettings(prompt_tokens=16384, chunk=2048, interleave=2),
+    prof, s = gpu_profile(), planner.PlanSettings(prompt_tokens=16384, chunk_tokens=2048)
+    shared = planner.simulate(prof, two_gpus(),
+                              planner.PlanSettings(prompt_tokens=16384, chunk_tokens=2048, interleave=2),
                               devices=["cuda:0"])
     one = planner.simulate(prof, two_gpus(), s, devices=["cuda:0"])
     two = planner.simulate(prof, two_gpus(), s, devices=["cuda:0", "cuda:1"])
@@ -46,7 +47,7 @@ def test_stages_on_one_gpu_serialise_there():
 
 def test_host_staged_hand_off_on_a_slow_link_shows_as_copies():
     prof = gpu_profile()
-    s = planner.PlanSettings(prompt_tokens=16384, chunk=4096)
+    s = planner.PlanSettings(prompt_tokens=16384, chunk_tokens=4096)
     peer = planner.simulate(prof, two_gpus(peer=300.0), s)
     slow = planner.simulate(prof, two_gpus(link=0.5), s)
     assert peer.handoff == "peer" and slow.handoff == "host"
@@ -57,7 +58,7 @@ def test_host_staged_hand_off_on_a_slow_link_shows_as_copies():
 
 def test_streaming_follows_link_pin_share_and_vram():
     prof = gpu_profile(stream_bytes_per_layer_chunk=1.2e9, expert_layer_bytes=1.2e9)
-    s = planner.PlanSettings(prompt_tokens=16384, chunk=4096, arena_gib=18, pin_limit_gib=18)
+    s = planner.PlanSettings(prompt_tokens=16384, chunk_tokens=4096, arena_gib=18, pin_limit_gib=18)
     fast = planner.simulate(prof, two_gpus(link=55.0), s)
     slow = planner.simulate(prof, two_gpus(link=5.3), s)
     half = planner.simulate(prof, two_gpus(link=55.0), planner.PlanSettings(**{**s.__dict__, "pin_limit_gib": 9}))
@@ -72,7 +73,7 @@ def test_streaming_follows_link_pin_share_and_vram():
 
 def test_prefill_main_copies_the_kv_of_later_stages():
     prof = gpu_profile(kv_bytes_per_token_layer=2048.0)
-    s = planner.PlanSettings(prompt_tokens=8192, chunk=4096, prefill_main=True)
+    s = planner.PlanSettings(prompt_tokens=8192, chunk_tokens=4096, prefill_main=True)
     pred = planner.simulate(prof, two_gpus(link=5.3), s)
     kv = [e for e in pred.events if e.kind == "copy"]
     assert [(e.stage, e.chunk) for e in kv] == [(1, -1)] and kv[0].nbytes == 2048 * 8192 * 8
@@ -85,7 +86,7 @@ def test_the_fit_of_one_stage_totals_recovers_the_costs_it_came_from():
     points = []
     for n in (8192, 16384, 32768, 65536):
         for c in (1024, 2048, 4096):
-            p = planner.simulate(truth, machine, planner.PlanSettings(prompt_tokens=n, chunk=c))
+            p = planner.simulate(truth, machine, planner.PlanSettings(prompt_tokens=n, chunk_tokens=c))
             points.append(planner.MeasuredTotal(n, c, 16, p.prefill_s))
     fit = planner.profile_from_totals(points)
     for c, v in truth.layer_s.items():
@@ -122,7 +123,7 @@ def test_another_recorded_configuration_from_a_different_trace_within_10_percent
 def test_interleaved_groups_on_two_gpus_shrink_the_fill_without_overlapping_a_device():
     prof = planner.CostProfile(layer_s={1024: 1e-3}, n_layers=16, device_kind="cuda", handoff_bytes_per_token=4096)
     m = planner.Machine([planner.DeviceSpec("cuda:0"), planner.DeviceSpec("cuda:1")], peer_gbs=300.0)
-    s = planner.PlanSettings(prompt_tokens=6 * 1024, chunk=1024)
+    s = planner.PlanSettings(prompt_tokens=6 * 1024, chunk_tokens=1024)
     flat = planner.simulate(prof, m, s)
     inter = planner.simulate(prof, m, planner.PlanSettings(**{**s.__dict__, "interleave": 2}))
     assert len(inter.stages) == 4 and [st.device for st in inter.stages] == ["cuda:0", "cuda:1"] * 2

@@ -50,7 +50,7 @@ m.tensor("blk.0.attn_q.weight")
 before = rss()
 t0 = time.perf_counter()
 cache = sys.argv[2] if sys.argv[2] in ("all", "auto") else float(sys.argv[2])
-sess = Session(m, EngineConfig(devices=["cpu"], prefill=16, expert_cache=cache))
+sess = Session(m, EngineConfig(devices=["cpu"], chunk_tokens=16, expert_cache=cache))
 load_s = time.perf_counter() - t0
 after_load = rss()
 res = sess.run(synthetic(32, m.spec.vocab, nonce=1), decode_tokens=2)
@@ -81,7 +81,8 @@ def test_loading_a_q4_k_m_file_raises_rss_by_at_most_1_2x_its_size(big_q4, exper
     experts = sum(m.nbytes(n) for n in m.tensor_names() if "_exps" in n)
     assert experts > 0.9 * size and size > 100 * 2**20
     r = _measure(big_q4, expert_cache)
-    print(f"{size / 2**20:.0f} MiB file, expert_cache={expert_cache}: RSS +{(r['after_load'] - r['before']) / 2**20:.0f} "
+    loaded = (r['after_load'] - r['before']) / 2**20
+    print(f"{size / 2**20:.0f} MiB file, expert_cache={expert_cache}: RSS +{loaded:.0f} "
           f"MiB after load ({r['load_s']:.2f} s), +{(r['after_run'] - r['before']) / 2**20:.0f} MiB after a run")
     grew = max(r["after_load"], r["after_run"]) - r["before"]
     # 1.2x the file, plus a fixed 32 MiB that does not scale with it: glibc keeps freed

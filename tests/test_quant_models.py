@@ -9,12 +9,12 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
+from hf_reference import hf_model
 
 from engine import gguf_model, quant_recipe, synth
 from engine.config import EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
-from hf_reference import hf_model
 
 # rows of 256 values so the K-quants apply (the demo's 128 would fall back to legacy types)
 K_SHAPES = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
@@ -90,7 +90,7 @@ def test_quantized_logits_match_transformers(quant_model, arch, quant):
     if quant == "q4_k_m":
         assert "Q6_K" in mix
     ids = synthetic(64, model.spec.vocab, nonce=7)
-    res = Session(model, EngineConfig(devices=["cpu"], prefill=32)).run(ids, decode_tokens=4, logits_all=True)
+    res = Session(model, EngineConfig(devices=["cpu"], chunk_tokens=32)).run(ids, decode_tokens=4, logits_all=True)
     ref_model = hf_model(path, model.spec)
     with torch.no_grad():
         ref = ref_model(torch.tensor([ids])).logits[0]
@@ -113,7 +113,7 @@ def test_synthetic_source_generates_quantized_blocks():
     ref = gguf_quants.dequantize(raw.numpy().reshape(16, 256, -1), T.Q6_K)
     assert np.array_equal(src.tensor(name).numpy(), ref)
     assert torch.equal(src.raw(name), raw)  # deterministic
-    res = Session(src, EngineConfig(devices=["cpu"], prefill=16)).run(synthetic(32, src.spec.vocab, nonce=1),
+    res = Session(src, EngineConfig(devices=["cpu"], chunk_tokens=16)).run(synthetic(32, src.spec.vocab, nonce=1),
                                                                       logits_all=True)
     assert torch.isfinite(res.logits).all()
 
@@ -129,10 +129,10 @@ def test_streamed_quantized_experts_match_resident_and_transformers(quant_model)
     ids = synthetic(64, model.spec.vocab, nonce=7)
     one_expert = sum(model.nbytes(f"blk.3.{p}.weight") for p in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
     one_expert /= model.spec.n_experts
-    cfg = EngineConfig(devices=["cpu", "cpu"], prefill=32, expert_cache=5.5 * one_expert / 2**30)
+    cfg = EngineConfig(devices=["cpu", "cpu"], chunk_tokens=32, expert_cache=5.5 * one_expert / 2**30)
     sess = Session(model, cfg)
     streamed = sess.run(ids, decode_tokens=4, logits_all=True)
-    resident = Session(model, EngineConfig(devices=["cpu", "cpu"], prefill=32)).run(ids, decode_tokens=4,
+    resident = Session(model, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=32)).run(ids, decode_tokens=4,
                                                                                    logits_all=True)
     st = streamed.report.expert_stats[0]
     assert st["slots"] == 5 and st["misses"] > 0 and not st["resident"]

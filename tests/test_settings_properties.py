@@ -25,8 +25,16 @@ from hypothesis import strategies as st
 
 from engine import bench
 from engine.config import (
-    BOOL_SETTINGS, CHOICES, ENV_NAMES, MAX_PREFILL, MAX_SHOWN_VALUE, SETTING_NAMES, ConfigError, EngineConfig,
-    format_setting, parse_setting,
+    BOOL_SETTINGS,
+    CHOICES,
+    ENV_NAMES,
+    MAX_PREFILL,
+    MAX_SHOWN_VALUE,
+    SETTING_NAMES,
+    ConfigError,
+    EngineConfig,
+    format_setting,
+    parse_setting,
 )
 
 PROPS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
@@ -72,10 +80,10 @@ def _device_ok(d: str) -> bool:
 def expected(name: str, s: str) -> Any:
     """What a string must parse to, or None where it must be refused (DESIGN.md, "Settings")."""
     low = s.strip().lower()
-    if name == "pf_depth":
+    if name == "pipeline_depth":
         v = _int_or_none(s)
         return v if v in (0, 1) else None
-    if name == "prefill":
+    if name == "chunk_tokens":
         if low == "auto":
             return "auto"
         v = _int_or_none(s)
@@ -111,9 +119,9 @@ def _rendezvous_ok(text: str) -> bool:
 def in_domain(name: str, v: Any) -> bool:
     """A parsed value has the setting's type and range."""
     is_int = isinstance(v, int) and not isinstance(v, bool)
-    if name == "pf_depth":
+    if name == "pipeline_depth":
         return is_int and v in (0, 1)
-    if name == "prefill":
+    if name == "chunk_tokens":
         return v == "auto" or (is_int and 1 <= v <= MAX_PREFILL)
     if name in BOOL_SETTINGS:
         return isinstance(v, bool)
@@ -134,8 +142,8 @@ def in_domain(name: str, v: Any) -> bool:
 # ------------------------------------------------------------------------------ strategies
 _float = st.floats(min_value=0, allow_nan=False, allow_infinity=False)
 VALID: dict[str, st.SearchStrategy[Any]] = {
-    "pf_depth": st.sampled_from([0, 1]),
-    "prefill": st.one_of(st.just("auto"), st.integers(1, MAX_PREFILL)),
+    "pipeline_depth": st.sampled_from([0, 1]),
+    "chunk_tokens": st.one_of(st.just("auto"), st.integers(1, MAX_PREFILL)),
     "pin_limit_gib": st.one_of(st.just("auto"), _float),
     "expert_cache": st.one_of(st.sampled_from(["auto", "all"]), _float),
     "layer_split": st.one_of(st.just("auto"), st.lists(st.integers(1, 10**6), min_size=1, max_size=12)),
@@ -263,7 +271,7 @@ def test_defects_found_by_the_properties_stay_fixed(raw, words):
 
 @pytest.mark.parametrize("name, raw", [
     ("layer_split", [2.5, 2]), ("layer_split", [True, 3]), ("layer_split", "8,٨"), ("devices", "cuda:٣"),
-    ("devices", "gpu"), ("prefill", "1_024"), ("pf_depth", "١"), ("pin_limit_gib", "١"),
+    ("devices", "gpu"), ("chunk_tokens", "1_024"), ("pipeline_depth", "١"), ("pin_limit_gib", "١"),
 ])
 def test_values_once_accepted_by_mistake_are_refused(name, raw):
     with pytest.raises(ConfigError) as ei:
@@ -272,8 +280,9 @@ def test_values_once_accepted_by_mistake_are_refused(name, raw):
 
 
 @pytest.mark.parametrize("changes", [
-    dict(prefill="big"), dict(prefill=True), dict(pin_limit_gib="lots"), dict(pin_limit_gib=float("nan")),
-    dict(expert_cache="x"), dict(layer_split="8,8"), dict(pf_depth="1"), dict(timing="yes"), dict(devices=["gpu"]),
+    dict(chunk_tokens="big"), dict(chunk_tokens=True), dict(pin_limit_gib="lots"),
+    dict(pin_limit_gib=float("nan")), dict(expert_cache="x"), dict(layer_split="8,8"), dict(pipeline_depth="1"),
+    dict(timing="yes"), dict(devices=["gpu"]),
 ])
 def test_a_config_built_directly_is_validated_too(changes):
     name = next(iter(changes))
@@ -366,5 +375,5 @@ def test_invalid_arm_values_are_one_clear_line(name, s):
 
 
 def test_an_arm_with_an_unclosed_quote_is_one_clear_line():
-    rc, err = _main(["--arm", 'pf_depth="1'])
+    rc, err = _main(["--arm", 'pipeline_depth="1'])
     assert rc == 2 and "arm" in err

@@ -537,7 +537,7 @@ def test_a_run_keeps_exactly_the_samples_its_caller_showed(two_gpus_swapped, dem
     from engine.prompt import synthetic
 
     sampler = TelemetrySampler([0, 1], interval_s=0.005, capacity=10_000)
-    sess = Session(gguf_model.load(demo_path), EngineConfig(devices=["cpu"], prefill=16),
+    sess = Session(gguf_model.load(demo_path), EngineConfig(devices=["cpu"], chunk_tokens=16),
                    hooks=PipelineHooks(after_layer=lambda *a: time.sleep(0.01)))
     res = sess.run(synthetic(64, sess.spec.vocab), 0, sampler=sampler)
     assert not sampler.running  # the run stopped it

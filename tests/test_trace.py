@@ -15,7 +15,7 @@ from engine.prompt import synthetic
 @pytest.fixture(scope="module")
 def run_events(demo_path):
     model = gguf_model.load(demo_path)
-    sess = Session(model, EngineConfig(devices=["cpu", "cpu"], prefill=16))
+    sess = Session(model, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16))
     res = sess.run(synthetic(64, model.spec.vocab), decode_tokens=3)
     return sess.events, res.report
 

@@ -38,7 +38,7 @@ def test_a_huge_pid_is_refused_at_once_and_nothing_is_sized_from_it(tmp_path):
     """The 84-byte trace that took all memory: one slice with pid 10^9 and no report."""
     p = tmp_path / "pid.json"
     p.write_bytes(b'{"traceEvents":[{"ph":"X","ts":0,"dur":1,"pid":1000000000,"cat":"compute"}]}')
-    from strata_gui import run_files
+    from strata_gui.run import run_files
 
     t0 = time.perf_counter()
     with pytest.raises(TraceError, match="slice 0 is malformed: pid - 1 .* outside 0..255"):
@@ -102,8 +102,8 @@ CHILD = r"""
 import json, sys
 sys.path.insert(0, sys.argv[3])
 from pathlib import Path
-from strata_gui import run_files
-from strata_gui.history import RunHistory
+from strata_gui.run import run_files
+from strata_gui.history.history_model import RunHistory
 def status(key):  # VmHWM, not ru_maxrss: that one keeps the forking parent's peak across exec
     for line in open("/proc/self/status"):
         if line.startswith(key):
@@ -172,7 +172,7 @@ _plan = st.fixed_dictionaries({
     "run_id": _scalar, "prompt_tokens": st.one_of(st.integers(0, 10**6), _scalar), "chunk": st.integers(0, 64),
     "n_chunks": st.one_of(st.integers(0, 9), _scalar), "decode_tokens": st.integers(0, 4),
     "handoff": st.one_of(st.just("host"), _scalar), "prefill_main": st.one_of(st.booleans(), _scalar),
-    "pf_depth": st.one_of(st.sampled_from([0, 1]), _scalar),
+    "pipeline_depth": st.one_of(st.sampled_from([0, 1]), _scalar),
     "stages": st.one_of(st.lists(st.fixed_dictionaries({"stage": st.integers(0, 3), "device": st.just("cpu"),
                                                          "first_layer": st.integers(0, 4),
                                                          "end_layer": st.one_of(st.integers(0, 4), _scalar)}),
@@ -188,7 +188,7 @@ _report = st.one_of(_json, st.fixed_dictionaries(
 def _valid_report() -> dict:
     """The JSON form of a real report (stages 0-3, so every valid slice above fits its plan)."""
     from engine.events import StageEvent
-    from strata_gui.run_record import report_from_events
+    from strata_gui.run.record_model import report_from_events
 
     events = [StageEvent("r1", s, "cpu", 0, "compute", 10 * s, 10 * s + 5, 4) for s in range(4)]
     return report_from_events(events, "r1").to_dict()
@@ -196,7 +196,7 @@ def _valid_report() -> dict:
 
 _VALID_REPORT = _valid_report()
 _REPORT_PATHS = [("run_id",), ("prefill_tok_s",), ("digest",), ("generated",), ("busy_histogram",), ("notes",),
-                 ("plan", "prompt_tokens"), ("plan", "chunk"), ("plan", "pf_depth"), ("plan", "stages"),
+                 ("plan", "prompt_tokens"), ("plan", "chunk"), ("plan", "pipeline_depth"), ("plan", "stages"),
                  ("plan", "handoff"), ("per_stage",), ("device_order",), ("cancelled",)]
 
 
@@ -222,7 +222,7 @@ _doc = st.one_of(
 
 @pytest.fixture(scope="module")
 def prop_history(tmp_path_factory):
-    from strata_gui.history import RunHistory
+    from strata_gui.history.history_model import RunHistory
 
     h = RunHistory(tmp_path_factory.mktemp("prop") / "history.sqlite3")
     yield h
@@ -233,8 +233,8 @@ def prop_history(tmp_path_factory):
                                                                    HealthCheck.too_slow])
 @given(doc=_doc)
 def test_any_trace_document_imports_or_raises_traceerror_and_the_history_still_lists(doc, tmp_path, prop_history):
-    from strata_gui import run_files
-    from strata_gui.history import RunHistory
+    from strata_gui.history.history_model import RunHistory
+    from strata_gui.run import run_files
 
     p = tmp_path / "doc.json"
     p.write_text(json.dumps(doc))

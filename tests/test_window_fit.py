@@ -1,5 +1,5 @@
 """The main window's place on the screen: remembered, clamped, and a default that fits."""
-from strata_gui.window_fit import TITLE_BAR, Rect, fit
+from strata_gui.views.window_fit import TITLE_BAR, Rect, fit
 
 FULL_HD_150 = Rect(0, 0, 1280, 672)  # 1920x1080 at 150%, less a 48 px task bar
 

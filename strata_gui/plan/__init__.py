@@ -1,0 +1,1 @@
+"""Predictions of a saved run on other hardware or settings (no Qt)."""

@@ -1,0 +1,265 @@
+"""What the settings form holds, and its validation with the engine's own rules (no Qt).
+
+`RunSettings` keeps each field as the user typed it.  `validate` runs every value through
+`engine.config.parse_setting`, then `EngineConfig.from_sources` (cross-field rules, environment)
+and `check_layers` (rules that need the model), so every message is the engine's: it names the
+setting, the value and what is allowed.  The GUI only decides which field shows it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from engine.config import ENV_NAMES, ConfigError, EngineConfig, env_var, migrate_keys, parse_setting
+
+from .messages import config_error_text
+
+log = logging.getLogger(__name__)
+
+# field names of the form (one error slot each); "general" takes what no field owns
+FIELDS = ("model", "devices", "gpu_order", "layer_split", "chunk_tokens", "chunk_schedule", "pipeline_depth",
+          "prefill_main", "cuda_graphs", "executor",
+          "pin_limit_gib", "expert_cache", "prompt", "decode_tokens", "repeats", "general")
+
+MAX_PROMPT_TOKENS = 1 << 20
+MAX_DECODE_TOKENS = 4096
+MAX_REPEATS = 20
+# The demo's first-start chunk: auto (the engine's default, right for real models) picks ONE
+# 2048-token chunk for the demo on a CPU, which shows no pipeline; 256 makes C0..C7 on two stages
+# with the overlap visible (73% of the prefill with both stages computing, 2 CPU cores).
+DEMO_CHUNK = 256
+# the form's field names before issue 16 (saved settings) -> now
+FORM_ALIASES = {"chunk_size": "chunk_tokens", "pf_depth": "pipeline_depth"}
+
+
+@dataclass
+class RunSettings:
+    model_path: str = ""  # "" : the built-in demo model
+    devices: str = "cpu,cpu"
+    gpu_order: str = "pcie"
+    split_mode: str = "auto"  # auto | manual | interleave (split_counts then holds V)
+    split_counts: str = ""
+    chunk_mode: str = "auto"  # auto | fixed
+    chunk_tokens: str = "256"
+    chunk_schedule: str = "fixed"  # fixed | balanced
+    pipeline_depth: int = 1
+    prefill_main: bool = False
+    pin_limit_gib: str = "auto"
+    expert_cache: str = "auto"
+    prompt_mode: str = "tokens"  # tokens | text
+    prompt_tokens: int = 2048
+    prompt_text: str = ""
+    decode_tokens: int = 16
+    cuda_graphs: bool = True
+    warmup: bool = True  # an unmeasured pass before the first measured run of each new shape
+    repeats: int = 1  # measured runs per press of Run; the summary shows their median and spread
+    executor: str = "threads"  # threads | processes
+
+    def overrides(self) -> dict[str, Any]:
+        """The engine settings as raw values for `EngineConfig.from_sources` (GUI > env > default)."""
+        return {
+            "devices": self.devices,
+            "gpu_order": self.gpu_order,
+            "layer_split": (self.split_counts if self.split_mode == "manual"
+                            else f"interleave:{self.split_counts.strip()}" if self.split_mode == "interleave"
+                            else "auto"),
+            "chunk_tokens": self.chunk_tokens if self.chunk_mode == "fixed" else "auto",
+            "chunk_schedule": self.chunk_schedule,
+            "cuda_graphs": self.cuda_graphs,
+            "executor": self.executor,
+            "pipeline_depth": self.pipeline_depth,
+            "prefill_main": self.prefill_main,
+            "pin_limit_gib": self.pin_limit_gib,
+            "expert_cache": self.expert_cache,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunSettings:
+        """Known keys with a value of the right type; anything else keeps its default.  Settings
+        saved before issue 16 name two fields `chunk_size` and `pf_depth`: read as the new names."""
+        data = {FORM_ALIASES.get(k, k): v for k, v in data.items() if k in FORM_ALIASES} | \
+            {k: v for k, v in data.items() if k not in FORM_ALIASES}
+        base = cls()
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                continue
+            default = getattr(base, f.name)
+            value = data[f.name]
+            try:
+                if isinstance(default, bool):
+                    value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+                elif isinstance(default, int):
+                    value = int(value)
+                else:
+                    value = str(value)
+            except (TypeError, ValueError):
+                log.warning("stored setting %s=%r ignored (not a %s)", f.name, value, type(default).__name__)
+                continue
+            kw[f.name] = value
+        return cls(**kw)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, devices: str = "cpu,cpu",
+                 demo: bool = False) -> RunSettings:
+        """Defaults for a first start: the environment's valid values (DESIGN.md "Settings").
+
+        demo: the first start opens the built-in demo model; its chunk is fixed at DEMO_CHUNK
+        (unless STRATA_CHUNK_TOKENS or STRATA_PREFILL says otherwise) so the first Run shows the pipeline."""
+        env = os.environ if env is None else env
+        s = cls(devices=devices)
+        if demo:
+            s.chunk_mode, s.chunk_tokens = "fixed", str(DEMO_CHUNK)
+        for name in ENV_NAMES:
+            var = env_var(name, env)
+            raw = env.get(var, "")
+            if raw == "":
+                continue
+            try:
+                value = parse_setting(name, raw, source=var)
+            except ConfigError as exc:
+                log.warning("ignoring %s for the form's defaults: %s", var, exc)
+                continue
+            if name == "pipeline_depth":
+                s.pipeline_depth = value
+            elif name == "prefill_main":
+                s.prefill_main = value
+            elif name == "chunk_schedule":
+                s.chunk_schedule = value
+            elif name == "cuda_graphs":
+                s.cuda_graphs = value
+            elif name == "executor":
+                s.executor = value
+            elif name == "gpu_order":
+                s.gpu_order = value
+            elif name == "pin_limit_gib":
+                s.pin_limit_gib = raw.strip()
+            elif name == "chunk_tokens":
+                if value == "auto":
+                    s.chunk_mode = "auto"
+                else:
+                    s.chunk_mode, s.chunk_tokens = "fixed", str(value)
+        return s
+
+
+def settings_from_config(config: Mapping[str, Any], current: RunSettings) -> tuple[RunSettings, list[str]]:
+    """The form's values that reproduce a recorded run (`record_config`'s flat dict), and what
+    could not be restored (kept at `current`): a model file that is gone, a text prompt (the
+    history keeps only its head)."""
+    s = RunSettings.from_dict(current.to_dict())
+    config = migrate_keys(config)
+    kept: list[str] = []
+    model = str(config.get("model", ""))
+    if model.startswith("built-in demo"):
+        s.model_path = ""
+    elif model and os.path.isfile(model):
+        s.model_path = model
+    elif model:
+        kept.append(f"model ({model} is not a file here)")
+    simple = {"devices": "devices", "gpu_order": "gpu_order", "chunk_schedule": "chunk_schedule",
+              "expert_cache": "expert_cache"}
+    for key, attr in simple.items():
+        if key in config and config[key] is not None:
+            setattr(s, attr, str(config[key]))
+    if "layer_split" in config:
+        split = str(config["layer_split"])
+        s.split_mode, s.split_counts = ("auto", s.split_counts) if split == "auto" else ("manual", split)
+    if "chunk_tokens" in config:
+        chunk = str(config["chunk_tokens"])
+        s.chunk_mode, s.chunk_tokens = ("auto", s.chunk_tokens) if chunk == "auto" else ("fixed", chunk)
+    if "pin_limit_gib" in config:
+        pin = config["pin_limit_gib"]
+        s.pin_limit_gib = f"{pin:g}" if isinstance(pin, float) else str(pin)
+    for key in ("pipeline_depth", "decode_tokens", "repeats"):
+        if isinstance(config.get(key), int) and not isinstance(config.get(key), bool):
+            setattr(s, key, config[key])
+    for key in ("prefill_main", "cuda_graphs", "warmup"):
+        if isinstance(config.get(key), bool):
+            setattr(s, key, config[key])
+    prompt = str(config.get("prompt", ""))
+    if prompt.startswith("synthetic") and isinstance(config.get("prompt_tokens"), int):
+        s.prompt_mode, s.prompt_tokens = "tokens", config["prompt_tokens"]
+    elif prompt:
+        kept.append("prompt text (the history keeps only its first characters)")
+    return s, kept
+
+
+@dataclass
+class Validation:
+    errors: dict[str, str] = field(default_factory=dict)
+    config: EngineConfig | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and self.config is not None
+
+
+def _field_for(setting: str) -> str:
+    """Which form field shows a ConfigError about `setting` (a name or an env variable)."""
+    if setting in FIELDS:
+        return setting
+    if setting in ("prompt_tokens", "prompt_ids"):
+        return "prompt"
+    return "general"  # e.g. an invalid STRATA_* variable the form does not show
+
+
+def check_machine(cfg: EngineConfig, cuda_count: int) -> None:
+    """The machine check `Session` makes when it starts (`EngineConfig.check_machine`: devices
+    that exist, a pin limit within RAM), made before Run so the form flags it under its field."""
+    from engine.experts import physical_ram
+
+    cfg.check_machine(cuda_count, physical_ram())
+
+
+def validate(settings: RunSettings, n_layers: int | None, model_error: str = "",
+             env: Mapping[str, str] | None = None, cuda_count: int | None = None) -> Validation:
+    """Every problem, one message per field; `config` is set only when all is valid.
+
+    n_layers None: the model is unknown (not loaded), model-dependent checks are skipped.
+    cuda_count: how many CUDA devices torch sees (None: not checked here)."""
+    v = Validation()
+    if model_error:
+        v.errors["model"] = model_error
+    raw = settings.overrides()
+    for name, value in raw.items():
+        try:
+            parse_setting(name, value)
+        except ConfigError as exc:
+            v.errors.setdefault(_field_for(name), config_error_text(exc))
+    if settings.prompt_mode == "text":
+        if not settings.prompt_text.strip():
+            v.errors["prompt"] = config_error_text(ConfigError("prompt", settings.prompt_text,
+                                                                "text that yields at least one token"))
+    elif not 1 <= settings.prompt_tokens <= MAX_PROMPT_TOKENS:
+        v.errors["prompt"] = config_error_text(ConfigError("prompt_tokens", settings.prompt_tokens,
+                                             f"a token count from 1 to {MAX_PROMPT_TOKENS}"))
+    if not 1 <= settings.repeats <= MAX_REPEATS:
+        v.errors["repeats"] = config_error_text(ConfigError("repeats", settings.repeats,
+                                                            f"an integer from 1 to {MAX_REPEATS}"))
+    if not 0 <= settings.decode_tokens <= MAX_DECODE_TOKENS:
+        v.errors["decode_tokens"] = config_error_text(ConfigError("decode_tokens", settings.decode_tokens,
+                                                    f"an integer from 0 to {MAX_DECODE_TOKENS}"))
+    if any(k in v.errors for k in raw):
+        return v
+    try:
+        cfg = EngineConfig.from_sources(raw, env)
+    except ConfigError as exc:
+        v.errors.setdefault(_field_for(exc.setting), config_error_text(exc))
+        return v
+    try:
+        if cuda_count is not None:
+            check_machine(cfg, cuda_count)
+        if n_layers is not None:
+            cfg.check_layers(n_layers)
+    except ConfigError as exc:
+        v.errors.setdefault(_field_for(exc.setting), config_error_text(exc))
+        return v
+    if not v.errors:
+        v.config = cfg
+    return v

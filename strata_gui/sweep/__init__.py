@@ -1,0 +1,1 @@
+"""Sweeps from the app: the model (no Qt), its worker and controller."""

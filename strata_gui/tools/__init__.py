@@ -1,0 +1,1 @@
+"""Developer tools: the self-test, screenshots, the Gantt redraw benchmark."""

@@ -1,0 +1,156 @@
+"""The documentation screenshots, all of real runs of the demo model on a 2-stage CPU split (no
+slowed-down hooks: the prompts are simply long enough to watch), in a temporary run history:
+
+- main-during-run.png, main-after-run.png: the Run tab during and after a run;
+- compare.png: pipeline_depth 0 (join) against pipeline_depth 1 (overlap) on the same prompt, three repeats each;
+- sweep.png: join vs overlap over four prompt sizes, five repeats each;
+- plan.png: the Plan tab predicting a pipeline_depth 1 run from its own measured costs, the predicted
+  Gantt above the measured one (after a warm-up run: the planner's error is the point);
+- history.png: the History tab holding all of those runs.
+
+    QT_QPA_PLATFORM=offscreen python -m strata_gui.tools.screenshots docs/screenshots
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from PySide6.QtCore import QSettings
+
+from ..run.settings_model import RunSettings
+
+log = logging.getLogger(__name__)
+
+SETTINGS = RunSettings(model_path="", devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="256", pipeline_depth=1,
+                       prompt_mode="tokens", prompt_tokens=8192, decode_tokens=16)
+# three repeats per arm: Compare then judges the ratio against their spread
+COMPARE_SETTINGS = RunSettings(model_path="", devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="256",
+                               pipeline_depth=0, prompt_mode="tokens", prompt_tokens=4096, decode_tokens=8, repeats=3)
+SWEEP_SIZES = "1K, 2K, 4K, 8K"
+SWEEP_ARMS = (("join", "pipeline_depth=0"), ("overlap", "pipeline_depth=1"))
+SWEEP_REPEATS = 5
+VIEWS = ("main", "compare", "sweep", "plan", "history")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m strata_gui.tools.screenshots", description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="folder for the PNG files")
+    ap.add_argument("--width", type=int, default=1600)
+    ap.add_argument("--height", type=int, default=1000)
+    ap.add_argument("--during-at", type=float, default=0.45, help="share of the chunks done at the first shot")
+    ap.add_argument("--views", default=",".join(VIEWS), help=f"comma-separated, of {', '.join(VIEWS)}")
+    ns = ap.parse_args(argv)
+    views = [v.strip() for v in ns.views.split(",") if v.strip()]
+    unknown = sorted(set(views) - set(VIEWS))
+    if unknown:
+        ap.error(f"unknown view(s) {', '.join(unknown)}: allowed {', '.join(VIEWS)}")
+    from engine.synth import demo_model_path
+
+    from ..app import make_app
+    from ..views.main_window_view import MainWindow
+    from .selftest import wait_until
+
+    app = make_app()
+    ns.out.mkdir(parents=True, exist_ok=True)
+
+    def pump(until: Callable[[], bool], timeout_s: float) -> bool:
+        return wait_until(app, until, timeout_s)
+
+    written: list[Path] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        win = MainWindow(QSettings(str(Path(tmp) / "s.ini"), QSettings.Format.IniFormat), demo_model_path(),
+                         history_path=Path(tmp) / "history.sqlite3")
+        win.resize(ns.width, ns.height)
+        win.show()
+        pump(lambda: not win.jobs.busy, 30)
+
+        def run(settings: RunSettings, during: Path | None = None) -> int | None:
+            """One run from the Run tab; its id in the history."""
+            win.tabs.setCurrentWidget(win.run_tab)
+            win.apply_settings(settings)
+            saved_before = win.history.count()
+            if not win.start_run():
+                sys.stderr.write(f"cannot start: {win.validation.errors}\n")
+                return None
+            if during is not None:
+                def far_enough() -> bool:
+                    snap = win.progress_model.snapshot() if win.progress_model else None
+                    return snap is not None and snap.chunks_done >= ns.during_at * snap.n_chunks
+
+                if not pump(far_enough, 120):
+                    sys.stderr.write("the run did not get far enough for the first screenshot\n")
+                    return None
+                win.grab().save(str(during))
+                written.append(during)
+            if not pump(lambda: not win.controller.is_running, 300) or win.last_outcome != "finished":
+                sys.stderr.write(f"the run did not finish: {win.status_label.text()}\n")
+                return None
+            pump(lambda: win.history.count() > saved_before, 10)
+            return win.history.list_runs(limit=1)[0].id
+
+        def shot(name: str) -> None:
+            app.processEvents()
+            path = ns.out / name
+            win.grab().save(str(path))
+            written.append(path)
+
+        try:
+            if "main" in views:
+                if run(SETTINGS, ns.out / "main-during-run.png") is None:
+                    return 1
+                # Rendering the whole window holds the GIL for ~0.1 s, which shows as a gap in a CPU run's
+                # timeline; the "after" shot is of a second, unobserved run (the loaded model is reused).
+                if run(SETTINGS) is None:
+                    return 1
+                shot("main-after-run.png")
+            if "compare" in views:
+                join = run(COMPARE_SETTINGS)
+                overlap = run(RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "pipeline_depth": 1}))
+                if join is None or overlap is None:
+                    return 1
+                win.compare_runs(join, overlap)
+                shot("compare.png")
+            if "sweep" in views:
+                view = win.sweep_view
+                win.tabs.setCurrentWidget(win.run_tab)
+                win.apply_settings(RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "decode_tokens": 0}))
+                win.tabs.setCurrentWidget(view)
+                view.sizes.setText(SWEEP_SIZES)
+                view.repeats.setValue(SWEEP_REPEATS)
+                view.warmup.setValue(1)
+                view.set_arms(SWEEP_ARMS)
+                if not win.start_sweep():
+                    sys.stderr.write(f"cannot start the sweep: {view.errors.text()}\n")
+                    return 1
+                if not pump(lambda: not win.sweeps.is_running, 600) or not view.results.complete:
+                    sys.stderr.write(f"the sweep did not finish: {view.progress_label.text()}\n")
+                    return 1
+                shot("sweep.png")
+            if "plan" in views:
+                settings = RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "pipeline_depth": 1})
+                if run(settings) is None:  # warm-up: the planner's start run should not be a cold one
+                    return 1
+                source = run(settings)
+                if source is None:
+                    return 1
+                win.tabs.setCurrentWidget(win.plan_tab)
+                if not win.plan_tab.plan_from(source):
+                    sys.stderr.write(f"cannot plan from run #{source}: {win.plan_tab.view.headline.text()}\n")
+                    return 1
+                shot("plan.png")
+            if "history" in views:
+                win.tabs.setCurrentWidget(win.history_panel)
+                win.history_panel.refresh()
+                shot("history.png")
+        finally:
+            win.close()
+    sys.stdout.write("wrote " + ", ".join(str(p) for p in written) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The widgets: the main window, its panels and tabs, and their styling helpers."""
