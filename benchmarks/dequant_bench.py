@@ -122,7 +122,7 @@ def bench_type(qtype: T, device: torch.device, paths: list[str], warmup: int, re
         print(f"| {path} | {t * 1e3:.3f} | {gbps(out_bytes, t)} | {gbps(in_bytes, t)} | {vs} |")
     if same:
         print(f"\nsame bits (Triton vs torch): {same}")
-    del raws, outs
+    raws = outs = None  # noqa: F841  (free the device memory before the next type)
     if cuda:
         torch.cuda.empty_cache()
 

@@ -10,8 +10,9 @@ import functools
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 MAX_SHOWN_VALUE = 80  # characters of a value's repr quoted in a message
 
@@ -165,7 +166,7 @@ class EngineConfig:
     @classmethod
     def from_sources(
         cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
-    ) -> "EngineConfig":
+    ) -> EngineConfig:
         """Default, then environment, then explicit overrides (None values are ignored)."""
         env = os.environ if env is None else env
         overrides = migrate_keys(overrides or {})
@@ -185,7 +186,7 @@ class EngineConfig:
         cfg.validate()
         return cfg
 
-    def replace(self, **changes: Any) -> "EngineConfig":
+    def replace(self, **changes: Any) -> EngineConfig:
         parsed = {k: parse_setting(k, v) for k, v in migrate_keys(changes).items()}
         cfg = dataclasses.replace(self, **parsed)
         cfg.validate()

@@ -16,7 +16,7 @@ these torch expressions everywhere (an A/B switch); the CPU always uses them.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from gguf import GGMLQuantizationType as T

@@ -2,7 +2,8 @@
 value, an out-of-memory that names its device.  Re-exported by engine.pipeline."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .events import RunReport, StageEvent
@@ -15,11 +16,11 @@ class Cancelled(Exception):
     (a run cancelled in prefill or decode carries them; a cancelled load, or a cancel inside a
     stage, carries None and no events)."""
 
-    report: "RunReport | None"
-    events: "tuple[StageEvent, ...]"
+    report: RunReport | None
+    events: tuple[StageEvent, ...]
 
-    def __init__(self, message: str = "", report: "RunReport | None" = None,
-                 events: "Sequence[StageEvent]" = ()) -> None:
+    def __init__(self, message: str = "", report: RunReport | None = None,
+                 events: Sequence[StageEvent] = ()) -> None:
         super().__init__(message)
         self.report = report
         self.events = tuple(events)

@@ -8,8 +8,8 @@ experts, or a decode step.  Times are host
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
 from .config import old_names_accepted
 

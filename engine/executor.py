@@ -24,15 +24,16 @@ import signal
 import socket
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from .config import ConfigError, rendezvous_address
 from .chunk_cost import Measured, probe_shape
+from .config import ConfigError, rendezvous_address
 from .errors import Cancelled, NonFiniteError, StageError
 from .events import StageEvent
 from .experts import ExpertStats, arena_bytes, resolve_pin_limit
@@ -236,7 +237,7 @@ def _kill_all(members: list[_Member]) -> None:
 class _Job:
     """The stage processes of one session, their pipes and the rendezvous store."""
 
-    def __init__(self, session: "ProcessSession") -> None:
+    def __init__(self, session: ProcessSession) -> None:
         import torch.distributed as dist
         import torch.multiprocessing as mp
 
@@ -552,7 +553,7 @@ class _Job:
                 self.inbox.pongs.pop(m.rank, None)
                 t0 = time.perf_counter_ns()
                 self.send(m.rank, ("ping",))
-                self.pump(lambda: m.rank in self.inbox.pongs, f"measuring the clock of stage {m.rank}")
+                self.pump(lambda: m.rank in self.inbox.pongs, f"measuring the clock of stage {m.rank}")  # noqa: B023  (called before the loop moves on)
                 t1 = time.perf_counter_ns()
                 cand = (t1 - t0, self.inbox.pongs[m.rank] - (t0 + t1) // 2)
                 best = cand if best is None or cand[0] < best[0] else best
@@ -700,7 +701,7 @@ class ProcessSession(Session):
                 self.prepare(int(ids.numel()) + 1, max(n for _, n in bounds))
             order = RunOrder(run_id=ctx.run_id, ids=[int(t) for t in ids.tolist()], bounds=list(bounds),
                              capacity=max(self._capacity, int(ids.numel()) + 1), chunk=max(n for _, n in bounds),
-                             depth=ctx.pf_depth, logits_all=run.logits_all, events=ctx.events_on,
+                             depth=ctx.pipeline_depth, logits_all=run.logits_all, events=ctx.events_on,
                              check_nan=ctx.check_nan, prefill_main=self.config.prefill_main,
                              graph_sizes=tuple(sorted(ctx.graph_sizes)))
             box = job.inbox
@@ -715,7 +716,7 @@ class ProcessSession(Session):
                         raise Cancelled()
                     self._in_flight += 1
                     job.send(0, ("chunk", c))
-                    job.pump(lambda: box.returned >= c, f"waiting for chunk {c} to return from stage 0")
+                    job.pump(lambda: box.returned >= c, f"waiting for chunk {c} to return from stage 0")  # noqa: B023  (called before the loop moves on)
             finally:  # the finish guard: drain the split (unless the job was torn down)
                 if self._job is job:
                     job.send(0, ("end",))
@@ -742,7 +743,7 @@ class ProcessSession(Session):
                 if cancel is not None and cancel.is_set():
                     raise Cancelled()
                 job.send(0, ("decode", i, tok, pos))
-                job.pump(lambda: i in job.inbox.tokens, f"waiting for decode step {i}")
+                job.pump(lambda: i in job.inbox.tokens, f"waiting for decode step {i}")  # noqa: B023  (called before the loop moves on)
                 tok = job.inbox.tokens.pop(i)
                 out.append(tok)
                 pos += 1

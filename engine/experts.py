@@ -14,8 +14,8 @@ import math
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
 
 import torch
 from gguf import GGMLQuantizationType
@@ -84,7 +84,7 @@ class ExpertLayout:
         return sum(p.nbytes for p in self.parts)
 
     @staticmethod
-    def of(source, spec: ModelSpec, layer: int) -> "ExpertLayout":
+    def of(source, spec: ModelSpec, layer: int) -> ExpertLayout:
         f, d, e = spec.expert_ffn, spec.hidden, spec.n_experts
         parts, offset = [], 0
         for part, shape in zip(EXPERT_PARTS, ((f, d), (f, d), (d, f))):
@@ -300,7 +300,7 @@ class ExpertCache:
         self.cuda = device.type == "cuda"
         self.seq = 0  # bumps once per layer call; a slot used at seq s is free after done[s]
         self.slot_seq = [-1] * n_slots
-        self.done: dict[int, "torch.cuda.Event"] = {}
+        self.done: dict[int, torch.cuda.Event] = {}
         self.pending: list[tuple[int, int, object, object, int, int, int]] = []  # stream timing to resolve
         if self.cuda:
             self.copy_stream = torch.cuda.Stream(device)

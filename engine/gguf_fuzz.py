@@ -35,9 +35,9 @@ import threading
 import time
 import warnings
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
@@ -396,7 +396,8 @@ class Mutator:
         buf = bytearray(self.base)
         self._put(buf, "Q", t.dims_at, a)
         self._put(buf, "Q", t.dims_at + 8, b)
-        return f"dimensions of {t.name} {list(t.dims)} -> [{a}, {b}, ...] (product {a * b} wraps to {(a * b) % (1 << 64)})", bytes(buf)
+        wrapped = (a * b) % (1 << 64)
+        return f"dimensions of {t.name} {list(t.dims)} -> [{a}, {b}, ...] (product {a * b} wraps to {wrapped})", bytes(buf)
 
     def tensor_type(self, rng: random.Random) -> tuple[str, bytes]:
         t = self._tensor(rng)
@@ -429,13 +430,14 @@ class Mutator:
             ("general.alignment = 64", entry("general.alignment", u32, struct.pack("<I", 64)), 64),
             ("general.alignment = 16 (offsets written for 32)", entry("general.alignment", u32, struct.pack("<I", 16)), 16),
             ("general.alignment = 32 as UINT64", entry("general.alignment", GGUFValueType.UINT64, struct.pack("<Q", 32)), None),
-            ("general.alignment as a string", entry("general.alignment", GGUFValueType.STRING, struct.pack("<Q", 2) + b"32"), None),
+            ("general.alignment as a string",
+             entry("general.alignment", GGUFValueType.STRING, struct.pack("<Q", 2) + b"32"), None),
             ("a nested array", entry("x.nested", GGUFValueType.ARRAY,
                                      struct.pack("<IQ", GGUFValueType.ARRAY, 1) + struct.pack("<IQ", u32, 1) + b"\0" * 4), None),
             ("an array of 2**40 uint8 (nothing after it)", entry("x.big", GGUFValueType.ARRAY,
                                                                  struct.pack("<IQ", GGUFValueType.UINT8, 1 << 40)), None),
-            ("a 70000-item uint8 array (over the reader budget)", entry("x.many", GGUFValueType.ARRAY,
-                                                                        struct.pack("<IQ", GGUFValueType.UINT8, 70000) + b"\0" * 70000), None),
+            ("a 70000-item uint8 array (over the reader budget)",
+             entry("x.many", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.UINT8, 70000) + b"\0" * 70000), None),
             ("a 1 MiB string value", entry("x.long", GGUFValueType.STRING, struct.pack("<Q", MiB) + b"a" * MiB), None),
             ("a key 'GGUF.version' (reserved by gguf's reader)", entry("GGUF.version", u32, struct.pack("<I", 3)), None),
             ("general.architecture as UINT32", None, None),  # handled below: replaces the original entry

@@ -21,12 +21,11 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
+from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUFValueType
 
 from . import dequant
-from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUFValueType
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +197,7 @@ class LoadedModel:
                                     KIND_TRUNCATED)
                 got += k
 
-    def _mapped(self, name: str) -> "MappedTensor":
+    def _mapped(self, name: str) -> MappedTensor:
         t = self._tensors.get(name)
         if t is None:
             raise GGUFError(self.path, f"missing tensor {name}", KIND_TENSOR)

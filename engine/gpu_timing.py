@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -36,12 +36,12 @@ class DeviceClock:
         ev.synchronize()
         self.anchors[device] = (ev, time.perf_counter_ns())
 
-    def to_host_ns(self, device: torch.device, ev: "torch.cuda.Event") -> int:
+    def to_host_ns(self, device: torch.device, ev: torch.cuda.Event) -> int:
         a, host = self.anchors[device]
         return host + int(a.elapsed_time(ev) * 1e6)
 
 
-def timing_event(device: torch.device, stream: "torch.cuda.Stream | None" = None) -> "torch.cuda.Event":
+def timing_event(device: torch.device, stream: torch.cuda.Stream | None = None) -> torch.cuda.Event:
     """A timing event recorded now on `stream` (the device's current stream when None)."""
     ev = torch.cuda.Event(enable_timing=True)
     with torch.cuda.device(device):
@@ -54,9 +54,9 @@ class GpuInterval:
     """One interval of GPU work: start and end events, each on its own device's clock."""
 
     start_device: torch.device
-    start: "torch.cuda.Event"
+    start: torch.cuda.Event
     end_device: torch.device
-    end: "torch.cuda.Event"
+    end: torch.cuda.Event
     deliver: Callable[[int, int], None]  # (start_ns, end_ns) on the host clock
     min_ns: int = 0  # when set, shorter intervals are dropped (idle gaps of a few microseconds)
 
@@ -68,7 +68,7 @@ class DeferredTimer:
     `flush()` returns once every interval submitted before it was delivered (it queues a marker
     behind them on the helper's FIFO and waits for it)."""
 
-    def __init__(self, clock: DeviceClock, start_worker: Callable[[], "object"]) -> None:
+    def __init__(self, clock: DeviceClock, start_worker: Callable[[], object]) -> None:
         self.clock = clock
         self._start_worker = start_worker  # makes the thread lazily: CPU-only sessions never need it
         self._worker = None

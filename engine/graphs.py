@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -37,7 +37,7 @@ _streams = threading.local()
 CAPTURE_LOCK = threading.RLock()
 
 
-def capture_stream(device: torch.device) -> "torch.cuda.Stream":
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
     """This thread's capture stream for a device.  Reused: libraries keep a workspace per stream
     they run on (measured 256 MiB per new stream on H200), so a fresh stream per capture would
     leave one behind every time.  High priority: torch hands out streams of each priority from
@@ -61,8 +61,8 @@ class _LayerGraph:
     v: torch.Tensor
     o_in: torch.Tensor  # attention output, copied in before `post`
     out: torch.Tensor
-    pre: "torch.cuda.CUDAGraph"
-    post: "torch.cuda.CUDAGraph"
+    pre: torch.cuda.CUDAGraph
+    post: torch.cuda.CUDAGraph
 
 
 class GraphedLayers:

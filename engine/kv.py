@@ -33,7 +33,7 @@ class LayerKV:
         self.length = pos + n
         return self.k[: pos + n], self.v[: pos + n]
 
-    def copy_from(self, other: "LayerKV") -> int:
+    def copy_from(self, other: LayerKV) -> int:
         """Copy another cache's contents (any device) into this one; returns bytes moved."""
         n = other.length
         if n > self.capacity:

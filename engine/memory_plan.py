@@ -14,8 +14,15 @@ from dataclasses import dataclass
 import torch
 
 from .config import EngineConfig
-from .experts import (DEQUANT_STEP_BYTES, EXPAND_SCRATCH_BYTES, ExpertLayout, arena_bytes, expert_elems,
-                      plan_experts, resolve_pin_limit)
+from .experts import (
+    DEQUANT_STEP_BYTES,
+    EXPAND_SCRATCH_BYTES,
+    ExpertLayout,
+    arena_bytes,
+    expert_elems,
+    plan_experts,
+    resolve_pin_limit,
+)
 from .gguf_model import expected_shapes
 from .model import resolve_dtype
 from .pipeline import split_layers

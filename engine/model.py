@@ -16,10 +16,10 @@ import torch.nn.functional as F
 
 from . import moe_kernels
 from .attention import chunk_attention, kernel_for
-from .gguf_model import ModelSpec
-from .qk_rope import qk_norm_rope
-from .kv import LayerKV
 from .experts import EXPAND_SCRATCH_BYTES
+from .gguf_model import ModelSpec
+from .kv import LayerKV
+from .qk_rope import qk_norm_rope
 from .qtensor import QTensor, has_blocks, stored
 
 if TYPE_CHECKING:
@@ -229,7 +229,7 @@ class Layer:
     """One transformer block on one device."""
 
     def __init__(self, spec: ModelSpec, index: int, weights: LayerWeights, rope: Rope,
-                 cache: "ExpertCache | None" = None) -> None:
+                 cache: ExpertCache | None = None) -> None:
         self.spec, self.index, self.w, self.rope = spec, index, weights, rope
         self.cache = cache  # streamed experts (None: resident in self.w)
         self.prefetch_next: int | None = None  # the layer whose experts to fetch while this one computes

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 ENV = "STRATA_MOE_KERNELS"  # "torch": never the Triton kernels
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernels():
     """The compiled-on-demand Triton kernels, or None where Triton is missing."""
     if os.environ.get(ENV, "").strip().lower() == "torch":

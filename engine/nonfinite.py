@@ -38,7 +38,7 @@ def _finite(t: torch.Tensor) -> bool:
     return bool(np.isfinite(t.detach().numpy()).all())
 
 
-def check_prefill(run: "Run") -> None:
+def check_prefill(run: Run) -> None:
     """Raise StageError naming where non-finite values first appear, if the run's logits hold any."""
     from .errors import NonFiniteError, StageError
 
@@ -62,7 +62,7 @@ def check_prefill(run: "Run") -> None:
                     f"the logits are not finite; the first non-finite value is in the output of layer "
                     f"{exc.layer} (the model's weights there hold NaN or inf?)"))
                 located.__suppress_context__ = True  # the cause is the NonFiniteError, not the re-run's error
-                raise located
+                raise located  # noqa: B904  (its __cause__ is the located NonFiniteError)
             raise
         finally:
             run.logits_all = logits_all

@@ -27,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,15 +37,23 @@ from .attention import kernel_for
 from .config import ConfigError, EngineConfig
 from .errors import Cancelled, DeviceMemoryError, NonFiniteError, StageError
 from .events import EventSink, RunPlan, StageEvent
-from .experts import ExpertCache, ExpertLayout, ExpertStats, HostArena, arena_bytes, physical_ram, plan_experts, \
-    resolve_pin_limit
+from .experts import (
+    ExpertCache,
+    ExpertLayout,
+    ExpertStats,
+    HostArena,
+    arena_bytes,
+    physical_ram,
+    plan_experts,
+    resolve_pin_limit,
+)
 from .gpu_timing import DeferredTimer, DeviceClock
 from .kv import LayerKV
 from .model import Head, Layer, Rope, WeightSource, load_head, load_layer_weights, resolve_dtype
 from .run import Run, _Digest
-from .stage_graphs import MAX_GRAPHED_SIZES
 from .split import Split
 from .stage import IDLE_MIN_NS, PipelineHooks, Stage, StageContext, _Worker
+from .stage_graphs import MAX_GRAPHED_SIZES
 
 if TYPE_CHECKING:
     from .topology import TelemetrySampler
@@ -157,7 +166,7 @@ class Session:
         for st, n_slots in zip(self.stages, self.expert_plan.slots_per_stage):
             st.cache = self._alloc(f"an expert cache of {n_slots} slots", st.device,
                                    n_slots * self.arena.expert_bytes, "lower --expert-cache",
-                                   lambda: ExpertCache(self.arena, st.device, n_slots, ExpertStats(st.index, st.name)))
+                                   lambda: ExpertCache(self.arena, st.device, n_slots, ExpertStats(st.index, st.name)))  # noqa: B023  (_alloc calls it now)
 
     def _new_layer(self, i: int, st: Stage, rope: Rope, hooks: PipelineHooks | None = None) -> Layer:
         streamed = self.arena is not None
@@ -328,7 +337,7 @@ class Session:
     # -------------------------------------------------------------------- running
     def run(self, prompt_ids: Sequence[int] | torch.Tensor, decode_tokens: int = 0, *,
             sink: EventSink | None = None, cancel: threading.Event | None = None,
-            hooks: PipelineHooks | None = None, sampler: "TelemetrySampler | None" = None,
+            hooks: PipelineHooks | None = None, sampler: TelemetrySampler | None = None,
             logits_all: bool = False, on_plan: Callable[[RunPlan], None] | None = None) -> Run:
         """Prefill the prompt through the split, then greedily decode `decode_tokens` tokens.
 

@@ -59,8 +59,8 @@ def machine_from_args(ns: argparse.Namespace, src: planner.MeasuredRun, profile:
     pageable = _list(ns.pageable, len(unique), "pageable", planner.parse_link) or [0.0] * len(unique)
     vram = _list(ns.vram_gib, len(unique), "vram-gib") or [0.0] * len(unique)
     speed = _list(ns.speed, len(unique), "speed") or [1.0] * len(unique)
-    devs = [planner.DeviceSpec(n, link_gbs=l, pageable_gbs=p, vram_gib=v, speed=s)
-            for n, l, p, v, s in zip(unique, links, pageable, vram, speed)]
+    devs = [planner.DeviceSpec(n, link_gbs=lk, pageable_gbs=p, vram_gib=v, speed=s)
+            for n, lk, p, v, s in zip(unique, links, pageable, vram, speed)]
     if ns.peer is None:
         peer = base.peer_gbs
     elif ns.peer.lower() in ("none", "0", "host"):

@@ -22,7 +22,8 @@ The simulation follows `engine.pipeline` one call at a time:
 * GPU stages ("async"): the thread launches (host time, serialised across stage threads: one
   interpreter), the device computes in launch order on its ONE stream (stages sharing a device
   serialise there; runs are walked in about their threads' order, chunk c at stage j at step
-  c + j, and placed first-fit on the device — an approximation of one stream's launch order), the copy to the next GPU starts once this chunk's compute ended and the
+  c + j, and placed first-fit on the device — an approximation of one stream's launch order), the copy to the
+  next GPU starts once this chunk's compute ended and the
   successor's stream is past its previous chunk, and a stage keeps at most two chunks queued on
   its device (`Stage.throttle`);
 * expert misses stream at the pinned rate for the pinned share of the arena and at the pageable
@@ -43,9 +44,10 @@ import logging
 import math
 import re
 import sqlite3
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from . import chunking
 from .events import RunPlan, StageEvent, StagePlan, StageTotals, busy_histogram, stage_totals
@@ -100,7 +102,7 @@ class CostProfile:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CostProfile":
+    def from_dict(cls, d: dict[str, Any]) -> CostProfile:
         if not isinstance(d, dict) or not d.get("layer_s"):
             raise PlanError("a cost profile needs layer_s: {chunk tokens: seconds per layer}")
         known = {f for f in cls.__dataclass_fields__}

@@ -32,7 +32,7 @@ def _kernel():
     return _compiled()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled():
     try:
         import triton

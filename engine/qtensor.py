@@ -35,7 +35,7 @@ class QTensor:
     def device(self) -> torch.device:
         return self.raw.device
 
-    def expert(self, e: int) -> "QTensor":
+    def expert(self, e: int) -> QTensor:
         """Row e of the leading dimension (an expert), as a view of the same bytes."""
         per = self.raw.numel() // self.shape[0]
         return QTensor(self.raw[e * per:(e + 1) * per], self.qtype, self.shape[1:])
@@ -43,7 +43,7 @@ class QTensor:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return dequant.dequantize(self.raw, self.qtype, self.shape, dtype)
 
-    def to(self, device: torch.device | str) -> "QTensor":
+    def to(self, device: torch.device | str) -> QTensor:
         return QTensor(self.raw.to(device), self.qtype, self.shape)
 
 

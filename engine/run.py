@@ -19,16 +19,26 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from . import nonfinite, planner, stage_graphs
 from .config import ConfigError
 from .errors import Cancelled
-from .events import (EventSink, RunPlan, RunReport, StageEvent, busy_histogram, by_device, format_timing,
-                     handoff_cost, stage_totals)
+from .events import (
+    EventSink,
+    RunPlan,
+    RunReport,
+    StageEvent,
+    busy_histogram,
+    by_device,
+    format_timing,
+    handoff_cost,
+    stage_totals,
+)
 from .experts import ExpertStats
 from .model import Head
 from .stage import PipelineHooks, Stage, StageContext
@@ -55,7 +65,7 @@ class _Digest:
     On CUDA the bytes leave the GPU on a side stream into pinned memory and are hashed by a
     helper thread, so hashing never stalls the last stage (it cost 64% of a chunk inline)."""
 
-    def __init__(self, streams: "dict[torch.device, torch.cuda.Stream]") -> None:
+    def __init__(self, streams: dict[torch.device, torch.cuda.Stream]) -> None:
         self.md5 = hashlib.md5()
         self.pool: ThreadPoolExecutor | None = None
         self.streams = streams  # the session's: one side stream per device for its whole life
@@ -82,7 +92,7 @@ class _Digest:
         x.record_stream(stream)
         self.pending.append(self.pool.submit(self._hash, host, done))
 
-    def _hash(self, host: torch.Tensor, done: "torch.cuda.Event") -> None:
+    def _hash(self, host: torch.Tensor, done: torch.cuda.Event) -> None:
         done.synchronize()
         self.md5.update(host.view(torch.uint8).numpy())
 
@@ -117,9 +127,9 @@ class Run:
     After a finished run: `report`, `logits` ([prompt_tokens, vocab] float32 on CPU when asked
     for), `last_logits` ([vocab] float32 on CPU), `events`, `plan`, `digest`."""
 
-    def __init__(self, session: "Session", prompt_ids: Sequence[int] | torch.Tensor, decode_tokens: int = 0, *,
+    def __init__(self, session: Session, prompt_ids: Sequence[int] | torch.Tensor, decode_tokens: int = 0, *,
                  sink: EventSink | None = None, hooks: PipelineHooks | None = None,
-                 cancel: threading.Event | None = None, sampler: "TelemetrySampler | None" = None,
+                 cancel: threading.Event | None = None, sampler: TelemetrySampler | None = None,
                  logits_all: bool = False, on_plan: Callable[[RunPlan], None] | None = None) -> None:
         self.session = session
         self.ids = prompt_tensor(prompt_ids, session.spec.vocab)
@@ -146,7 +156,7 @@ class Run:
         self.generated: list[int] = []
         self.report: RunReport | None = None
         self._given_sampler = sampler
-        self.sampler: "TelemetrySampler | None" = None
+        self.sampler: TelemetrySampler | None = None
         self.telemetry_status = ""
         self._t0_ns = 0
         self._prefilled = False  # the last prefill pass ran to its end
@@ -171,11 +181,11 @@ class Run:
     def context(self, check_nan: bool | None = None) -> StageContext:
         s = self.session
         return StageContext(self.run_id, self.emit, self.notes.append, s.timer, s.clock, s.events_on, self.hooks,
-                            s.config.check_nan if check_nan is None else check_nan, s.config.pf_depth,
+                            s.config.check_nan if check_nan is None else check_nan, s.config.pipeline_depth,
                             self.graph_sizes, finish_chunk=self.finish_chunk)
 
     # --------------------------------------------------------------------- running
-    def execute(self) -> "Run":
+    def execute(self) -> Run:
         s = self.session
         s.timer.flush()  # a failed run's late GPU timings reach its own events before this run's start
         for st in s.stages:
@@ -200,7 +210,7 @@ class Run:
                 self.sampler.stop()
         return self
 
-    def _start_telemetry(self) -> "tuple[TelemetrySampler | None, str]":
+    def _start_telemetry(self) -> tuple[TelemetrySampler | None, str]:
         """A GPU sampler for the run's CUDA devices (started and stopped with the run): the
         caller's when given (the app's live plot: the report keeps exactly the samples shown),
         else one of the run's own at the session's `telemetry_interval_s`."""

@@ -19,21 +19,21 @@ if TYPE_CHECKING:
 BALANCED_GRAIN_CUDA = 512  # balanced chunk sizes on CUDA: multiples of this, so few distinct sizes (graphs)
 
 
-def grain(session: "Session") -> int:
+def grain(session: Session) -> int:
     return BALANCED_GRAIN_CUDA if session.devices[0].type == "cuda" else chunking.GRAIN
 
 
-def balanced_floor(session: "Session", chunk: int) -> int:
+def balanced_floor(session: Session, chunk: int) -> int:
     """The smallest balanced chunk from a user's chunk size: the efficient size, but never
     above the size the user asked for (they asked for that many chunks)."""
     return min(chunking.efficient_floor(session.chunk_cost()), chunk)
 
 
-def choice(session: "Session", n_tokens: int) -> chunking.Choice:
+def choice(session: Session, n_tokens: int) -> chunking.Choice:
     """Chunk size and schedule from the prefill and chunk_schedule settings, with the
     modelled prefill time (auto: the option the model of `chunking` rates fastest)."""
     config = session.config
-    c, kind = config.prefill, config.chunk_schedule
+    c, kind = config.chunk_tokens, config.chunk_schedule
     main_only = config.prefill_main
     n_dev = 1 if main_only else len(session.devices)
     v = 1 if main_only else session.interleave
@@ -65,13 +65,13 @@ def choice(session: "Session", n_tokens: int) -> chunking.Choice:
     return chunking.choose(n_tokens, n_dev, session.chunk_cost(), cands, kinds, v, hop, g, alts)
 
 
-def plan(session: "Session", n_tokens: int, decode_tokens: int = 0, run_id: str = "") -> RunPlan:
+def plan(session: Session, n_tokens: int, decode_tokens: int = 0, run_id: str = "") -> RunPlan:
     config = session.config
     chosen = choice(session, n_tokens)
     chunk, kind = chosen.chunk, chosen.kind
     if kind == "balanced":
         cost = session.chunk_cost()
-        floor = balanced_floor(session, config.prefill) if isinstance(config.prefill, int) \
+        floor = balanced_floor(session, config.chunk_tokens) if isinstance(config.chunk_tokens, int) \
             else chunking.efficient_floor(cost)
         bounds = chunking.schedule(n_tokens, chunk, kind, cost, grain(session), floor)
         chunk = max(n for _, n in bounds)  # buffers are sized by the largest chunk
@@ -82,5 +82,5 @@ def plan(session: "Session", n_tokens: int, decode_tokens: int = 0, run_id: str 
         stages=tuple(StagePlan(s.index, s.name, s.first, s.end) for s in session.stages),
         prompt_tokens=n_tokens, chunk=chunk, n_chunks=len(bounds),
         decode_tokens=decode_tokens, handoff=session.handoff_kind, prefill_main=config.prefill_main,
-        pf_depth=config.pf_depth, chunk_reason=chosen.reason, schedule=kind, interleave=session.interleave,
+        pipeline_depth=config.pipeline_depth, chunk_reason=chosen.reason, schedule=kind, interleave=session.interleave,
         bounds=tuple(bounds) if kind == "balanced" else (), modelled_s=chosen.modelled_s)

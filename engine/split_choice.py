@@ -47,7 +47,7 @@ def applies(config: EngineConfig) -> bool:
     return config.layer_split == "auto" and len(config.devices) > 1 and not config.prefill_main
 
 
-def choose_split(session: "Session", config: EngineConfig, n_tokens: int) -> SplitChoice | None:
+def choose_split(session: Session, config: EngineConfig, n_tokens: int) -> SplitChoice | None:
     """The V the model rates fastest for `n_tokens` under the user's `config` (None: the
     settings fix the split), from the costs `session` measured.  The session's own split wins
     ties within GAIN, so a close call never costs a rebuild."""
@@ -64,8 +64,8 @@ def choose_split(session: "Session", config: EngineConfig, n_tokens: int) -> Spl
     for v in range(1, MAX_V + 1):
         if n_dev * v > session.spec.n_layers:
             break
-        if isinstance(config.prefill, int):
-            bounds = chunking.schedule(n_tokens, config.prefill, kinds[0], cost, grain, chunking.efficient_floor(cost))
+        if isinstance(config.chunk_tokens, int):
+            bounds = chunking.schedule(n_tokens, config.chunk_tokens, kinds[0], cost, grain, chunking.efficient_floor(cost))
             modelled[v] = chunking.bounds_makespan(bounds, n_dev, cost, v, hop)
         else:
             modelled[v] = chunking.choose(n_tokens, n_dev, cost, cands, kinds, v, hop, grain).modelled_s
@@ -85,7 +85,7 @@ def split_config(config: EngineConfig, choice: SplitChoice) -> EngineConfig:
     return dataclasses.replace(config, layer_split=choice.layer_split)
 
 
-def note(session: "Session", choice: SplitChoice) -> None:
+def note(session: Session, choice: SplitChoice) -> None:
     """Say the choice in the session's set-up notes (every run's report carries them)."""
     session.setup_notes[:] = [n for n in session.setup_notes if not n.startswith("layer split auto:")]
     session.setup_notes.append(choice.reason)

@@ -14,9 +14,9 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 
@@ -24,9 +24,9 @@ from .errors import Cancelled, NonFiniteError, StageError
 from .events import StageEvent
 from .experts import ExpertCache
 from .gpu_timing import DeferredTimer, DeviceClock, GpuInterval, timing_event
-from .stage_graphs import StageGraphs
 from .kv import LayerKV
 from .model import Head, Layer
+from .stage_graphs import StageGraphs
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +62,13 @@ class StageContext:
     events_on: bool
     hooks: PipelineHooks
     check_nan: bool
-    pf_depth: int  # 1 overlap, 0 join
+    pipeline_depth: int  # 1 overlap, 0 join
     graph_sizes: frozenset[int] = frozenset()  # chunk sizes this run replays as CUDA graphs
     prompt_ids: torch.Tensor | None = None  # on the first stage's device
     finish_chunk: FinishChunk | None = None  # the last stage's output: norm, digest, logits
 
 
-def _work(jobs: "queue.SimpleQueue", busy: threading.Event) -> None:
+def _work(jobs: queue.SimpleQueue, busy: threading.Event) -> None:
     """A stage worker's loop; holds no reference to its stage, so an unclosed session is freed."""
     while True:
         job = jobs.get()
@@ -129,16 +129,16 @@ class Stage:
         self.layers: list[Layer] = []
         self.kvs: list[LayerKV] = []
         self.head: Head | None = None
-        self.successor: "Stage | None" = None
+        self.successor: Stage | None = None
         self.pending: Future | None = None
         self.worker: _Worker | None = None  # runs this stage's chunks (stages after the first)
         self.input_buf: torch.Tensor | None = None  # this stage's ONE chunk input buffer
         # CUDA: the stream all of this stage's compute runs on (every thread's default stream of
         # the device), a stream for hand-offs to the next GPU, and the end of the last compute
         self.stream = torch.cuda.default_stream(device) if device.type == "cuda" else None
-        self.copy_stream: "torch.cuda.Stream | None" = None
-        self.done: "torch.cuda.Event | None" = None
-        self.prev_end: "torch.cuda.Event | None" = None  # for the idle gap before the next compute
+        self.copy_stream: torch.cuda.Stream | None = None
+        self.done: torch.cuda.Event | None = None
+        self.prev_end: torch.cuda.Event | None = None  # for the idle gap before the next compute
         self.host_buf: torch.Tensor | None = None  # pinned staging for a host hand-off to the successor
         self.handoff = "none"
         self.cache: ExpertCache | None = None  # streamed experts of this stage's device
@@ -154,8 +154,8 @@ class Stage:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _gpu_event(self, ctx: StageContext, chunk: int, kind: str, start: "torch.cuda.Event",
-                   end: "torch.cuda.Event", end_device: torch.device | None = None, tokens: int = 0,
+    def _gpu_event(self, ctx: StageContext, chunk: int, kind: str, start: torch.cuda.Event,
+                   end: torch.cuda.Event, end_device: torch.device | None = None, tokens: int = 0,
                    nbytes: int = 0, note: str = "", min_ns: int = 0) -> None:
         """An event timed by CUDA events, delivered once the GPU has passed `end` (never blocks)."""
         emit, run_id, index, name = ctx.emit, ctx.run_id, self.index, self.name
@@ -190,7 +190,7 @@ class Stage:
         self.emit_streams(ctx)
         return x
 
-    def throttle(self, prev: "torch.cuda.Event | None") -> None:
+    def throttle(self, prev: torch.cuda.Event | None) -> None:
         """Wait (off the GPU's critical path: the next chunk is already queued behind it) until
         the chunk before last has finished: at most two chunks queued on a device."""
         if prev is not None:
@@ -291,7 +291,7 @@ class Stage:
         x = self.compute(ctx, x, self.layers, self.kvs, pos, chunk, n)
         if self.successor is None:
             ctx.finish_chunk(self, x, chunk, pos, n, None)
-            if ctx.pf_depth == 0:
+            if ctx.pipeline_depth == 0:
                 self.throttle(self.done)  # join: the chain returns once the last GPU finished the chunk
             else:
                 self.throttle(prev)
@@ -299,7 +299,7 @@ class Stage:
         self.reap(ctx, chunk)
         self.hand_off(ctx, x, chunk, n)
         self.pending = self.successor.worker.submit(self.successor.run, ctx, chunk, pos, n)
-        if ctx.pf_depth == 0:
+        if ctx.pipeline_depth == 0:
             self.reap(ctx, chunk, note="join")
         else:
             self.throttle(prev)

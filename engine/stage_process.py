@@ -189,7 +189,7 @@ def attach(rendezvous: str, rank: int, world: int, timeout_s: float) -> int:
         try:
             conn = Client(addr, authkey=authkey())
             break
-        except (ConnectionRefusedError, socket.gaierror, socket.timeout, OSError) as exc:
+        except (TimeoutError, ConnectionRefusedError, socket.gaierror, OSError) as exc:
             if time.monotonic() > deadline:
                 raise AttachError(f"cannot reach the controller at {rendezvous} within {timeout_s:g} s: "
                                   f"{exc}") from None

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import shlex
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .config import ConfigError, canonical, parse_setting
 

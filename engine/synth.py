@@ -11,14 +11,13 @@ import logging
 import os
 import tempfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
-
-import numpy as np
-import torch
 
 import gguf
+import numpy as np
+import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from . import dequant, quant_recipe

@@ -26,8 +26,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -405,7 +406,7 @@ def _measure_bandwidth(device_index: int, nbytes: int, reps: int = 3) -> tuple[f
         with torch.cuda.stream(stream):
             h2d = _best_copy_gbs(lambda: buf.copy_(host, non_blocking=True), stream, nbytes, reps)
             d2h = _best_copy_gbs(lambda: host.copy_(buf, non_blocking=True), stream, nbytes, reps)
-        del buf, host
+        buf = host = None  # noqa: F841  (freed before the cache is emptied)
         torch.cuda.empty_cache()  # give the probe's VRAM back before caches are sized
     return h2d, d2h
 

@@ -12,14 +12,15 @@ import gzip
 import json
 import logging
 import math
-import re
 import os
+import re
 import sys
 import tempfile
 import zlib
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from .events import KINDS, StageEvent
 

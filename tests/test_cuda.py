@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dequant_support import ALL_TYPES, check_type
+from hf_reference import hf_model
 
 from engine import gguf_model
 from engine.config import EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
-from dequant_support import ALL_TYPES, check_type
-from hf_reference import hf_model
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
@@ -179,7 +179,7 @@ def _check_gpu_timeline(sess, n_chunks: int, join: bool) -> None:
     assert len(comp) == n_stages * n_chunks
     for st in range(n_stages):
         ends = [comp[st, c] for c in range(n_chunks)]
-        for (a0, a1), (b0, b1) in zip(ends, ends[1:]):
+        for (_a0, a1), (b0, _b1) in zip(ends, ends[1:]):
             assert a1 <= b0, f"stage {st}: two chunks computing at once"
     slack = 50_000  # 50 us: anchors of two devices are taken one after the other
     for st in range(n_stages - 1):
@@ -423,10 +423,10 @@ def test_cuda_quantized_q4_k_m_resident_and_streamed(make_arch):
 def test_cuda_dequant_in_steps_into_bf16(monkeypatch):
     """Large tensors expand in steps on the GPU; the bf16 scratch is the cast of the exact
     float32 values."""
+    from dequant_support import random_blocks
     from gguf import GGMLQuantizationType as T
     from gguf import quants as gguf_quants
 
-    from dequant_support import random_blocks
     from engine import dequant
 
     monkeypatch.setattr(dequant, "CHUNK_BLOCKS_CUDA", 7)
@@ -452,10 +452,10 @@ def test_cuda_triton_dequant_bit_exact_casts_strided_and_graphed(monkeypatch, na
     fp16 outputs the casts of it, the torch path's bits, a strided [rows, bytes] slice read in
     place, and a CUDA-graph replay (no host synchronisation in the launch)."""
     pytest.importorskip("triton")
+    from dequant_support import assert_bit_exact, random_blocks
     from gguf import GGMLQuantizationType as T
     from gguf import quants as gguf_quants
 
-    from dequant_support import assert_bit_exact, random_blocks
     from engine import dequant, dequant_triton
 
     qtype = T[name]

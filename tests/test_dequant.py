@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from dequant_support import ALL_TYPES, check_type, random_blocks
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
-from dequant_support import ALL_TYPES, check_type, random_blocks
 from engine import dequant
 
 # random bytes include NaN/inf scales: numpy warns while computing the reference

@@ -10,10 +10,10 @@ import os
 import numpy as np
 import pytest
 import torch
+from dequant_support import assert_bit_exact, random_blocks
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
-from dequant_support import assert_bit_exact, random_blocks
 from engine import dequant
 
 if not torch.cuda.is_available():  # interpret the kernels here; a CUDA machine compiles them

@@ -113,7 +113,7 @@ def test_the_chunk_cost_probe_of_a_stage_process_times_graph_replays(demo_path):
         job = sess._job_or_start()
         eager = job.measure((256, 1024), 1024, 256, 2, False)
         graphed = job.measure((256, 1024), 1024, 256, 2, True)
-        for layer_s, attn_s, host_s in (eager, graphed):
+        for layer_s, _attn_s, host_s in (eager, graphed):
             assert set(layer_s) == {256, 1024} and all(v > 0 for v in layer_s.values()) and host_s > 0
         assert graphed[2] < eager[2], f"graph replay launch {graphed[2] * 1e6:.0f} us, eager {eager[2] * 1e6:.0f} us"
         cost = sess.chunk_cost()  # prefill auto's path: graphs on, measured in the stage process
