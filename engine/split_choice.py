@@ -42,9 +42,16 @@ class SplitChoice:
         return "auto" if self.interleave == 1 else f"interleave:{self.interleave}"
 
 
+def distinct_devices(config: EngineConfig) -> int:
+    """How many different devices the stages run on (cpu,cpu and cuda:0,cuda:0 are one)."""
+    return len(set(config.devices))
+
+
 def applies(config: EngineConfig) -> bool:
-    """Whether the user's settings leave the split to auto (more than one device, no prefill-main)."""
-    return config.layer_split == "auto" and len(config.devices) > 1 and not config.prefill_main
+    """Whether the user's settings leave the split to auto, over at least two different devices
+    (no prefill-main).  Stages sharing one device serialise their work whatever the split, so
+    interleave's shorter fill/drain buys nothing there (the demo's cpu,cpu keeps two stages)."""
+    return config.layer_split == "auto" and distinct_devices(config) > 1 and not config.prefill_main
 
 
 def choose_split(session: Session, config: EngineConfig, n_tokens: int) -> SplitChoice | None:

@@ -91,11 +91,8 @@ def test_trace_option_writes_a_loadable_trace(tmp_path, demo_path, capsys):
                        "--prompt-tokens", "48", "--trace", str(p), "--warmup", "0")
     assert rc == 0
     events, meta = trace.load(p)
-    plan = meta["report"]["plan"]
-    # three chunks over two devices: layer split auto models interleave:2 faster (engine/split_choice.py)
-    assert {e.stage for e in events if e.kind == "compute"} == set(range(len(plan["stages"])))
-    assert plan["n_chunks"] == 3 and plan["interleave"] == 2
-    assert any(n.startswith("layer split auto: interleave:2") for n in meta["report"]["notes"])
+    assert {e.stage for e in events if e.kind == "compute"} == {0, 1}
+    assert meta["report"]["plan"]["n_chunks"] == 3
 
 
 def test_warm_up_runs_every_prompt_size_unmeasured(demo_path, capsys, monkeypatch):

@@ -41,3 +41,41 @@ def test_stage_processes_draw_one_gantt_and_the_summary_names_the_executor(windo
     _run(qtbot, win)
     assert win.last_report.executor == "threads" and win.last_report.digest == report.digest
     assert pids and all(process_gone(p) for p in pids)
+
+
+def test_the_form_attaches_the_app_to_stages_started_elsewhere(window, qtbot):
+    """Rendezvous in the form: the app is the controller of stages started apart (as
+    `strata-bench stage --rendezvous` runs on each workstation; here two processes on 127.0.0.1),
+    their events draw one Gantt, and a bad address is flagged under the field before Run."""
+    import subprocess
+
+    from test_executor_hosts import ROOT, env, free_port, stage_command
+
+    win = window
+    set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="32", prompt_mode="tokens",
+             prompt_tokens=128, decode_tokens=2, executor="processes", rendezvous="ws-a:99999")
+    assert not win.run_button.isEnabled()
+    assert "ws-a:99999" in win.validation.errors["rendezvous"]
+    assert win.settings_panel.rendezvous.isEnabled()
+    port = free_port()
+    procs = [subprocess.Popen(stage_command(port, "--rank", str(r), "--world", "2", "--timeout", "120"), cwd=ROOT,
+                              env=env(), stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        set_form(win, rendezvous=f"127.0.0.1:{port}")
+        _run(qtbot, win)
+        session = win.controller.sessions.session
+        assert isinstance(session, ProcessSession)
+        assert sorted(session.stage_pids()) == sorted(p.pid for p in procs)
+        ok, what = win.gantt.store.one_compute_per_stage_chunk(2, 4)
+        assert ok, what
+        set_form(win, executor="threads")  # a new session: the attached stages are released and end
+        assert not win.settings_panel.rendezvous.isEnabled()
+        _run(qtbot, win)
+        for p in procs:
+            assert p.wait(timeout=30) == 0, p.stderr.read()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    assert all(process_gone(p.pid) for p in procs)

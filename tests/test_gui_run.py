@@ -326,3 +326,26 @@ def test_a_stopped_run_shown_from_the_history_has_no_prefill_figure(window, qtbo
     assert win.show_history_run(win.last_saved.run)
     text = win.summary.figures.text()
     assert "<b>—</b> (stopped: no prefill rate)" in text and "0 tok/s" not in text
+
+
+def test_layer_split_auto_runs_the_split_the_model_picks_and_keeps_it_for_the_next_run(window, qtbot, monkeypatch):
+    """Over two devices with split auto, the app models contiguous vs interleave:V for the
+    prompt, rebuilds its session for the faster one (here: 3 chunks on 2 devices, interleave:2),
+    says so in the report, and the next Run of the same settings reuses that session."""
+    from engine import split_choice
+
+    monkeypatch.setattr(split_choice, "distinct_devices", lambda config: len(config.devices))  # cpu,cpu as 2 GPUs
+    win = window
+    set_form(win, devices="cpu,cpu", split_mode="auto", chunk_mode="fixed", chunk_tokens="16", prompt_mode="tokens",
+             prompt_tokens=48, decode_tokens=0, pipeline_depth=1)
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+    report = win.last_report
+    assert report.plan.interleave == 2 and len(report.plan.stages) == 4
+    assert any(n.startswith("layer split auto: interleave:2") for n in report.notes)
+    ok, what = win.gantt.store.one_compute_per_stage_chunk(4, 3)
+    assert ok, what
+    builds = win.controller.sessions.builds
+    _click_run(qtbot, win)
+    _wait_done(qtbot, win, "finished")
+    assert win.controller.sessions.builds == builds and win.last_report.plan.interleave == 2

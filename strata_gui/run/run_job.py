@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from engine import failure
+from engine import failure, split_choice
 from engine import prompt as prompts
 from engine.config import EngineConfig
 from engine.events import RunPlan, RunReport
@@ -168,13 +168,18 @@ class RunJob:
         try:
             req = self.request
             self.out.status(f"opening {req.model_path.name} …")
-            session, self._reused = self.sessions.acquire(req.model_path, req.config, progress=self._load_progress)
+            session, self._reused = self.sessions.acquire_for_run(req.model_path, req.config,
+                                                                  progress=self._load_progress)
             self._model = session.source.describe() if hasattr(session.source, "describe") else str(req.model_path)
             if req.prompt_text is not None:
                 self.out.status("tokenising the prompt with the model's vocabulary …")
                 ids = prompts.tokenize(session.source, req.prompt_text)
             else:
                 ids = prompts.synthetic(req.prompt_tokens, session.spec.vocab, nonce=req.nonce)
+            if split_choice.applies(req.config):  # contiguous or interleave:V, whichever models faster
+                self.out.status(f"choosing the layer split for {len(ids):,} prompt tokens …")
+                session, reused = self.sessions.fit_split(req.model_path, req.config, len(ids), self._load_progress)
+                self._reused = self._reused and reused
             self._n_prompt = len(ids)
             shape = (len(ids), req.decode_tokens > 0)
             warmed = self.sessions.warm_shapes

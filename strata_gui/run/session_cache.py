@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine import split_choice
 from engine.config import EngineConfig
 from engine.gguf_model import LoadedModel
 from engine.pipeline import Session
@@ -44,6 +45,8 @@ class SessionCache:
         self.builds = 0  # how many Sessions were built (tests, status)
         # shapes (prompt tokens, decode or not) the cached Session has run: warm, no warm-up needed
         self.warm_shapes: set[tuple[int, bool]] = set()
+        # layer_split auto over several devices: the split the last run of these settings ran with
+        self._splits: dict[SessionKey, EngineConfig] = {}
 
     @property
     def session(self) -> Session | None:
@@ -65,6 +68,32 @@ class SessionCache:
         self.builds += 1
         log.info("built a session: %s on %s", model.describe(), ", ".join(session.device_order))
         return session, False
+
+    def acquire_for_run(self, path: Path, config: EngineConfig,
+                        progress: Callable[[str, float], None] | None = None) -> tuple[Session, bool]:
+        """`acquire` for the user's settings: with layer_split auto, the split the last run of the
+        same settings ran with (so a repeat Run reuses its Session instead of rebuilding)."""
+        path = Path(path)
+        return self.acquire(path, self._splits.get(SessionKey.of(path, config), config), progress)
+
+    def fit_split(self, path: Path, config: EngineConfig, n_tokens: int,
+                  progress: Callable[[str, float], None] | None = None) -> tuple[Session, bool]:
+        """The Session for a prompt of n_tokens under the user's settings: with layer_split auto
+        over several devices, rebuilt with the split (contiguous or interleave:V) the model rates
+        fastest for it (engine/split_choice.py), which every report's notes then say."""
+        path = Path(path)
+        session = self._session
+        if session is None or not split_choice.applies(config):
+            return self.acquire(path, config, progress)
+        reused = True
+        choice = split_choice.choose_split(session, config, n_tokens)
+        if choice is not None:
+            if choice.layer_split != session.config.layer_split:
+                log.info("%s; rebuilding the session", choice.reason)
+                session, reused = self.acquire(path, split_choice.split_config(config, choice), progress)
+            split_choice.note(session, choice)
+            self._splits[SessionKey.of(path, config)] = session.config
+        return session, reused
 
     def discard(self) -> None:
         """Drop the Session after an error: the next run starts from a fresh one."""

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 # field names of the form (one error slot each); "general" takes what no field owns
 FIELDS = ("model", "devices", "gpu_order", "layer_split", "chunk_tokens", "chunk_schedule", "pipeline_depth",
-          "prefill_main", "cuda_graphs", "executor",
+          "prefill_main", "cuda_graphs", "executor", "rendezvous",
           "pin_limit_gib", "expert_cache", "prompt", "decode_tokens", "repeats", "general")
 
 MAX_PROMPT_TOKENS = 1 << 20
@@ -57,6 +57,7 @@ class RunSettings:
     warmup: bool = True  # an unmeasured pass before the first measured run of each new shape
     repeats: int = 1  # measured runs per press of Run; the summary shows their median and spread
     executor: str = "threads"  # threads | processes
+    rendezvous: str = ""  # processes: "" spawns the stages here; HOST:PORT waits for stages started elsewhere
 
     def overrides(self) -> dict[str, Any]:
         """The engine settings as raw values for `EngineConfig.from_sources` (GUI > env > default)."""
@@ -74,7 +75,7 @@ class RunSettings:
             "prefill_main": self.prefill_main,
             "pin_limit_gib": self.pin_limit_gib,
             "expert_cache": self.expert_cache,
-        }
+        } | ({"rendezvous": self.rendezvous.strip()} if self.rendezvous.strip() else {})
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -136,6 +137,8 @@ class RunSettings:
                 s.cuda_graphs = value
             elif name == "executor":
                 s.executor = value
+            elif name == "rendezvous":
+                s.rendezvous = value
             elif name == "gpu_order":
                 s.gpu_order = value
             elif name == "pin_limit_gib":

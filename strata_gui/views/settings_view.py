@@ -50,6 +50,10 @@ TIPS = {
                 "process of its own on torch.distributed (NCCL between GPUs, gloo on CPU) owning its device, "
                 "layers and KV, so stages stop sharing one interpreter (the GIL) — starting them costs "
                 "seconds, then they stay up between runs of the same settings.",
+    "rendezvous": "Executor processes only. Empty: the stage processes start on this machine. HOST:PORT: this "
+                  "app is the controller and waits there for stages started on other workstations with "
+                  "`strata-bench stage --rendezvous HOST:PORT` (docs/executor.md); Run fails with a clear message "
+                  "if the port is taken or a stage never attaches.",
     "pipeline_depth": "1 (overlap) lets a stage take the next chunk while the stages below still work (2.04x on a "
                 "4-GPU split); 0 (join) restores the old wait for the whole chain below, for an A/B one setting apart.",
     "prefill_main": "Prefill the whole prompt on the main (first) device, then copy the later layers' KV to "
@@ -148,6 +152,9 @@ class SettingsPanel(QGroupBox):
         self.executor.addItem("threads · one process", "threads")
         self.executor.addItem("processes · one per stage", "processes")
         self._add(form, "Executor", "executor", FieldBox(self.executor, tooltip=TIPS["executor"]))
+        self.rendezvous = QLineEdit()
+        self.rendezvous.setPlaceholderText("empty: stages start here; or HOST:PORT")
+        self._add(form, "Rendezvous", "rendezvous", FieldBox(self.rendezvous, tooltip=TIPS["rendezvous"]))
 
         self.pin_limit = QLineEdit()
         self.pin_limit.setPlaceholderText("auto or GiB")
@@ -196,7 +203,7 @@ class SettingsPanel(QGroupBox):
         lay.addLayout(form)
         lay.addWidget(self.general)
 
-        for w in (self.split_counts, self.chunk_tokens, self.pin_limit, self.expert_cache):
+        for w in (self.split_counts, self.chunk_tokens, self.pin_limit, self.expert_cache, self.rendezvous):
             w.textChanged.connect(self.changed)
         for w in (self.split_mode, self.chunk_mode, self.chunk_schedule, self.pipeline_depth, self.executor,
                   self.prompt_mode):
@@ -223,6 +230,7 @@ class SettingsPanel(QGroupBox):
         self.split_counts.setEnabled(mode in ("manual", "interleave"))
         self.split_counts.setPlaceholderText("groups per device, e.g. 2" if mode == "interleave" else "e.g. 2,2")
         self.chunk_tokens.setEnabled(self.chunk_mode.currentText() == "fixed")
+        self.rendezvous.setEnabled(self.executor.currentData() == "processes")
         tokens = self.prompt_mode.currentData() == "tokens"
         self.prompt_tokens.setVisible(tokens)
         self.prompt_text.setVisible(not tokens)
@@ -256,7 +264,7 @@ class SettingsPanel(QGroupBox):
     # ------------------------------------------------------------------- values
     def load(self, s: RunSettings) -> None:
         widgets = (self.split_mode, self.split_counts, self.chunk_mode, self.chunk_tokens, self.chunk_schedule,
-                   self.pipeline_depth, self.prefill_main, self.cuda_graphs, self.executor, self.pin_limit,
+                   self.pipeline_depth, self.prefill_main, self.cuda_graphs, self.executor, self.rendezvous, self.pin_limit,
                    self.expert_cache, self.prompt_mode, self.prompt_tokens, self.prompt_text, self.decode_tokens,
                    self.warmup, self.repeats)
         for w in widgets:
@@ -273,6 +281,7 @@ class SettingsPanel(QGroupBox):
             self.chunk_schedule.setCurrentText(schedule)
             self.cuda_graphs.setChecked(s.cuda_graphs)
             self.executor.setCurrentIndex(max(self.executor.findData(s.executor), 0))
+            self.rendezvous.setText(s.rendezvous)
             self.pin_limit.setText(s.pin_limit_gib)
             self.expert_cache.setText(s.expert_cache)
             self.prompt_mode.setCurrentIndex(max(self.prompt_mode.findData(s.prompt_mode), 0))
@@ -298,6 +307,7 @@ class SettingsPanel(QGroupBox):
             "chunk_schedule": self.chunk_schedule.currentText(),
             "cuda_graphs": self.cuda_graphs.isChecked(),
             "executor": self.executor.currentData(),
+            "rendezvous": self.rendezvous.text(),
             "pin_limit_gib": self.pin_limit.text(),
             "expert_cache": self.expert_cache.text(),
             "prompt_mode": self.prompt_mode.currentData(),
