@@ -50,10 +50,9 @@ TIPS = {
                 "process of its own on torch.distributed (NCCL between GPUs, gloo on CPU) owning its device, "
                 "layers and KV, so stages stop sharing one interpreter (the GIL) — starting them costs "
                 "seconds, then they stay up between runs of the same settings.",
-    "rendezvous": "Executor processes only. Empty: the stage processes start on this machine. HOST:PORT: this "
-                  "app is the controller and waits there for stages started on other workstations with "
-                  "`strata-bench stage --rendezvous HOST:PORT` (docs/executor.md); Run fails with a clear message "
-                  "if the port is taken or a stage never attaches.",
+    "rendezvous": "With executor processes: empty starts the stage processes on this machine; HOST:PORT makes "
+                  "this app the controller that stages started elsewhere with `strata-bench stage --rendezvous "
+                  "HOST:PORT` attach to (a taken port or a stage that never attaches fails the Run with a message).",
     "pipeline_depth": "1 (overlap) lets a stage take the next chunk while the stages below still work (2.04x on a "
                 "4-GPU split); 0 (join) restores the old wait for the whole chain below, for an A/B one setting apart.",
     "prefill_main": "Prefill the whole prompt on the main (first) device, then copy the later layers' KV to "
