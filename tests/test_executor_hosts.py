@@ -6,37 +6,17 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import threading
 from multiprocessing.connection import Client
-from pathlib import Path
 
 import pytest
-from executor_support import process_gone
+from executor_support import ROOT, env, free_port, reap, stage_command
 
 from engine import gguf_model
 from engine.config import ConfigError, EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
 from engine.stage_process import authkey, versions
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stage_command(port: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "engine.bench", "stage", "--rendezvous", f"127.0.0.1:{port}", *extra]
-
-
-def env(**more: str) -> dict[str, str]:
-    e = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    e.update(more)
-    return e
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +45,7 @@ def test_stages_started_apart_attach_and_match_threads(demo):
         for p in procs:
             assert p.wait(timeout=30) == 0, p.stderr.read()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    assert all(process_gone(p.pid) for p in procs)
+        reap(procs)
 
 
 def test_a_port_in_use_is_a_clear_error(demo):

@@ -49,7 +49,7 @@ def test_the_form_attaches_the_app_to_stages_started_elsewhere(window, qtbot):
     their events draw one Gantt, and a bad address is flagged under the field before Run."""
     import subprocess
 
-    from test_executor_hosts import ROOT, env, free_port, stage_command
+    from executor_support import ROOT, env, free_port, reap, stage_command
 
     win = window
     set_form(win, devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="32", prompt_mode="tokens",
@@ -74,8 +74,4 @@ def test_the_form_attaches_the_app_to_stages_started_elsewhere(window, qtbot):
         for p in procs:
             assert p.wait(timeout=30) == 0, p.stderr.read()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    assert all(process_gone(p.pid) for p in procs)
+        reap(procs)
