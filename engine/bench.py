@@ -300,14 +300,17 @@ def _split_for(model, config: EngineConfig, sess, name: str, n_tokens: int, ns):
     from . import split_choice
     from .pipeline import Session
 
-    def rebuild(split: EngineConfig):
+    choice = split_choice.choose_split(sess, config, n_tokens)
+    if choice is None:
+        return name, sess
+    if choice.interleave != sess.interleave:
+        log.info("arm %s, %d tokens: %s; rebuilding the session", name, n_tokens, choice.reason)
         sess.close()
         shown = _load_progress(model, name)
-        new = Session(model, split, events=not ns.no_events, progress=shown)
+        sess = Session(model, split_choice.split_config(config, choice), events=not ns.no_events, progress=shown)
         shown.finish()
-        return new
-
-    return name, split_choice.fit(sess, config, n_tokens, rebuild)
+    split_choice.note(sess, choice)
+    return name, sess
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
