@@ -34,7 +34,7 @@ def main() -> int:
             sess.run(ids[:32], 0)  # warm-up
             measured = []
             for _ in range(3):
-                res = sess.run(ids, 0, on_plan=lambda p: plan_bounds.__setitem__(slice(None), p.chunk_bounds()))
+                res = sess.run(ids, 0, on_plan=lambda p, b=plan_bounds: b.__setitem__(slice(None), p.chunk_bounds()))
                 measured.append(res.report.prefill_s)
             p = res.report.plan
             best = min(measured)
