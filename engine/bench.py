@@ -300,17 +300,14 @@ def _split_for(model, config: EngineConfig, sess, name: str, n_tokens: int, ns):
     from . import split_choice
     from .pipeline import Session
 
-    choice = split_choice.choose_split(sess, config, n_tokens)
-    if choice is None:
-        return name, sess
-    if choice.interleave != sess.interleave:
-        log.info("arm %s, %d tokens: %s; rebuilding the session", name, n_tokens, choice.reason)
+    def rebuild(split: EngineConfig):
         sess.close()
         shown = _load_progress(model, name)
-        sess = Session(model, split_choice.split_config(config, choice), events=not ns.no_events, progress=shown)
+        new = Session(model, split, events=not ns.no_events, progress=shown)
         shown.finish()
-    split_choice.note(sess, choice)
-    return name, sess
+        return new
+
+    return name, split_choice.fit(sess, config, n_tokens, rebuild)
 
 
 def cmd_run(ns: argparse.Namespace) -> int:

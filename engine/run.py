@@ -197,7 +197,7 @@ class Run:
         # decode steps; other sizes' graphs are freed.  A warm-up run of the same plan captures them.
         self.graph_sizes = frozenset(stage_graphs.graph_sizes(plan.chunk_bounds(), s.config.cuda_graphs))
         for st in s.stages:
-            st.drop_graphs(keep=set(self.graph_sizes))
+            st.graphs.plan(self.graph_sizes)  # these sizes replay; other sizes' graphs are freed
         if self.on_plan is not None:
             self.on_plan(plan)
         capacity = self.n_prompt + max(self.decode_tokens, 1)

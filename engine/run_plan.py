@@ -29,16 +29,21 @@ def balanced_floor(session: Session, chunk: int) -> int:
     return min(chunking.efficient_floor(session.chunk_cost()), chunk)
 
 
-def choice(session: Session, n_tokens: int) -> chunking.Choice:
+def choice(session: Session, n_tokens: int, interleave: int | None = None) -> chunking.Choice:
     """Chunk size and schedule from the prefill and chunk_schedule settings, with the
-    modelled prefill time (auto: the option the model of `chunking` rates fastest)."""
+    modelled prefill time (auto: the option the model of `chunking` rates fastest).
+
+    `interleave`: model the settings as if the session's devices held that many layer groups
+    each (engine/split_choice.py weighs the splits so); the costs are then measured even for a
+    fixed chunk, whose own plan needs none."""
     config = session.config
     c, kind = config.chunk_tokens, config.chunk_schedule
     main_only = config.prefill_main
     n_dev = 1 if main_only else len(session.devices)
-    v = 1 if main_only else session.interleave
+    what_if = interleave is not None
+    v = 1 if main_only else (interleave if what_if else session.interleave)
     g = grain(session)
-    hop = session.hop_s_per_token() if n_dev > 1 and (not isinstance(c, int) or kind != "fixed") else 0.0
+    hop = session.hop_s_per_token() if n_dev > 1 and (what_if or not isinstance(c, int) or kind != "fixed") else 0.0
     if isinstance(c, int):
         if kind in ("balanced", "auto") and c < n_tokens:
             cost = session.chunk_cost()
@@ -53,13 +58,13 @@ def choice(session: Session, n_tokens: int) -> chunking.Choice:
             est = chunking.bounds_makespan(bounds, n_dev, cost, v, hop)
             return chunking.Choice(c, "balanced", est, f"balanced from {c}-token chunks: equal modelled cost each", v)
         # a fixed size needs no measurement: modelled only when the costs are known already
-        known = session.measured_chunk_cost
+        known = session.chunk_cost() if what_if else session.measured_chunk_cost
         est = chunking.bounds_makespan(chunking.chunk_bounds(n_tokens, c), n_dev, known, v, hop) if known else 0.0
         return chunking.Choice(c, "fixed", est, f"fixed {c}", v)
     cuda = session.devices[0].type == "cuda"
     cands = session.chunk_cost().sizes if cuda else chunking.CPU_CANDIDATES  # the sizes that fit
     alts: tuple[int, ...] = ()
-    if n_dev > 1 and (config.layer_split == "auto" or v > 1):
+    if n_dev > 1 and not what_if and (config.layer_split == "auto" or v > 1):
         alts = tuple(k for k in (1, 2, 3, 4) if n_dev * k <= session.spec.n_layers)
     kinds = ("fixed", "balanced") if kind == "auto" else (kind,)
     return chunking.choose(n_tokens, n_dev, session.chunk_cost(), cands, kinds, v, hop, g, alts)

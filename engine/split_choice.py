@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import chunking
+from . import run_plan
 from .config import EngineConfig
 
 if TYPE_CHECKING:
@@ -61,21 +62,9 @@ def choose_split(session: Session, config: EngineConfig, n_tokens: int) -> Split
     if not applies(config) or n_tokens <= 0:
         return None
     n_dev = len(session.devices)
-    cost = session.chunk_cost()
     hop = session.hop_s_per_token()
-    cuda = session.devices[0].type == "cuda"
-    cands = cost.sizes if cuda else chunking.CPU_CANDIDATES
-    grain = 512 if cuda else chunking.GRAIN  # pipeline.BALANCED_GRAIN_CUDA
-    kinds = ("fixed", "balanced") if config.chunk_schedule == "auto" else (config.chunk_schedule,)
-    modelled: dict[int, float] = {}
-    for v in range(1, MAX_V + 1):
-        if n_dev * v > session.spec.n_layers:
-            break
-        if isinstance(config.chunk_tokens, int):
-            bounds = chunking.schedule(n_tokens, config.chunk_tokens, kinds[0], cost, grain, chunking.efficient_floor(cost))
-            modelled[v] = chunking.bounds_makespan(bounds, n_dev, cost, v, hop)
-        else:
-            modelled[v] = chunking.choose(n_tokens, n_dev, cost, cands, kinds, v, hop, grain).modelled_s
+    modelled = {v: run_plan.choice(session, n_tokens, interleave=v).modelled_s  # as the run would plan it
+                for v in range(1, MAX_V + 1) if n_dev * v <= session.spec.n_layers}
     current = session.interleave if session.interleave in modelled else 1
     best = min(modelled, key=lambda v: (modelled[v], v))
     pick = best if modelled[best] < modelled[current] * (1 - GAIN) else current
@@ -90,6 +79,21 @@ def choose_split(session: Session, config: EngineConfig, n_tokens: int) -> Split
 def split_config(config: EngineConfig, choice: SplitChoice) -> EngineConfig:
     """The user's settings with the chosen split in place of auto."""
     return dataclasses.replace(config, layer_split=choice.layer_split)
+
+
+def fit(session: Session, config: EngineConfig, n_tokens: int,
+        rebuild: Callable[[EngineConfig], Session]) -> Session:
+    """The session to run a prompt of n_tokens with under the user's `config`: `session`, or
+    what `rebuild` makes for the split `choose_split` picks (rebuild releases the old session);
+    the choice is said in the notes."""
+    choice = choose_split(session, config, n_tokens)
+    if choice is None:
+        return session
+    if choice.interleave != session.interleave:
+        log.info("%s; rebuilding the session", choice.reason)
+        session = rebuild(split_config(config, choice))
+    note(session, choice)
+    return session
 
 
 def note(session: Session, choice: SplitChoice) -> None:

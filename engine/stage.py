@@ -201,7 +201,7 @@ class Stage:
         """The layers in order (replaying their CUDA graphs where captured), with the NaN check,
         the test hook and errors that name stage, layer and chunk."""
         hook = ctx.hooks.after_layer
-        graphed, capture = self.graphs.lookup(x, layers, ctx.graph_sizes)
+        graphed, capture = self.graphs.lookup(x, layers)  # sizes: Run planned them (graphs.plan)
         for i, (layer, kv) in enumerate(zip(layers, kvs)):
             try:
                 x = graphed.forward(i, x, kv, pos) if graphed is not None else layer(x, kv, pos)

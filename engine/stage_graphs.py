@@ -60,14 +60,10 @@ class StageGraphs:
         self.sizes = set(sizes) if self.device.type == "cuda" else set()
         self.drop(keep=self.sizes)
 
-    def lookup(self, x: torch.Tensor, layers: Sequence,
-               sizes: Iterable[int] | None = None) -> tuple[object | None, bool]:
+    def lookup(self, x: torch.Tensor, layers: Sequence) -> tuple[object | None, bool]:
         """(the graph set of these layers at x's size or None = eager, whether to capture them
-        after this eager pass).  `sizes`: the run's graph sizes when the caller holds them (the
-        threaded Stage gets them with each chunk) instead of those given to `plan`."""
+        after this eager pass)."""
         n = x.shape[0]
-        if sizes is not None:
-            self.sizes = set(sizes) if self.device.type == "cuda" else set()
         if not self.active or not layers or n not in self.sizes:
             return None, False
         key = (layers[0].index, len(layers), n)

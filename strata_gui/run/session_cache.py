@@ -85,15 +85,10 @@ class SessionCache:
         session = self._session
         if session is None or not split_choice.applies(config):
             return self.acquire(path, config, progress)
-        reused = True
-        choice = split_choice.choose_split(session, config, n_tokens)
-        if choice is not None:
-            if choice.layer_split != session.config.layer_split:
-                log.info("%s; rebuilding the session", choice.reason)
-                session, reused = self.acquire(path, split_choice.split_config(config, choice), progress)
-            split_choice.note(session, choice)
-            self._splits[SessionKey.of(path, config)] = session.config
-        return session, reused
+        builds = self.builds
+        session = split_choice.fit(session, config, n_tokens, lambda split: self.acquire(path, split, progress)[0])
+        self._splits[SessionKey.of(path, config)] = session.config  # the split these settings ran with
+        return session, self.builds == builds
 
     def discard(self) -> None:
         """Drop the Session after an error: the next run starts from a fresh one."""
