@@ -11,6 +11,10 @@ On a CPU (no CUDA) it runs tiny shapes through the torch path only, and says so:
 
     python3 benchmarks/dequant_bench.py                     # every type with a kernel
     python3 benchmarks/dequant_bench.py --types Q4_K,Q6_K,Q8_0 --repeat 20
+    python3 benchmarks/dequant_bench.py --types Q4_K --launch 8:4,16:8   # blocks per program : warps
+
+A `fill` row writes the same output bytes with torch's fill_: the device's write ceiling for
+this output, against which the kernels' GB/s read.
 """
 from __future__ import annotations
 
@@ -81,7 +85,7 @@ def best_time(fn: Callable[[], object], cuda: bool, warmup: int, repeat: int) ->
 
 
 def bench_type(qtype: T, device: torch.device, paths: list[str], warmup: int, repeat: int,
-               dtype: torch.dtype) -> None:
+               dtype: torch.dtype, launches: list[tuple[int, int]]) -> None:
     cuda = device.type == "cuda"
     gen = torch.Generator(device=device).manual_seed(0)
     shapes = layer_shapes(cuda)
@@ -99,15 +103,29 @@ def bench_type(qtype: T, device: torch.device, paths: list[str], warmup: int, re
         if used != path:
             rows.append(f"| {path} | — | — | — | not available here ({used} would run) |")
             continue
+        if path == "triton" and launches:  # each shape compiles once: keep the list short
+            kernel, r0, w0 = dequant_triton._TABLE[qtype]
+            for r, w in launches:
+                dequant_triton._TABLE[qtype] = (kernel, r, w)
+                rows.append((f"triton R={r} warps={w}", best_time(layer, cuda, warmup, repeat)))
+            dequant_triton._TABLE[qtype] = (kernel, r0, w0)
         t = best_time(layer, cuda, warmup, repeat)
         outs[path] = layer()
         rows.append((path, t))
+    if cuda:
+        fills = [torch.empty(s, dtype=dtype, device=device) for s in shapes]
+        rows.append(("fill", best_time(lambda: [f.fill_(1.0) for f in fills], cuda, warmup, repeat)))
+        fills = None  # noqa: F841
     set_path("triton")
     same = ""
     if len(outs) == 2:
         eq = all(bool(((a == b) | (a.isnan() & b.isnan())).all()) for a, b in zip(outs["triton"], outs["torch"]))
         same = "yes" if eq else "NO"
     base = next((r[1] for r in rows if isinstance(r, tuple) and r[0] == "torch"), None)
+    if cuda and dequant_triton._TABLE.get(qtype):
+        _, r0, w0 = dequant_triton._TABLE[qtype]
+        rows = [(f"triton (R={r0} warps={w0})", r[1]) if isinstance(r, tuple) and r[0] == "triton" else r
+                for r in rows]
     bs, ts = GGML_QUANT_SIZES[qtype]
     print(f"\n### {qtype.name} ({ts * 8 / bs:.2f} bits/value; {len(shapes)} tensors "
           f"{', '.join('x'.join(map(str, s)) for s in shapes)} -> {str(dtype).removeprefix('torch.')})\n")
@@ -141,11 +159,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="output dtype (default bfloat16, the engine's GPU compute dtype)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     ap.add_argument("--repeat", type=int, default=10, help="timed calls; the best is shown (default 10)")
+    ap.add_argument("--launch", default="", help="extra Triton launch shapes to time, as blocks:warps,... "
+                                                  "(each compiles separately: a few at a time)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: this torch sees no CUDA device")
     dtype = getattr(torch, args.dtype)
+    launches = [tuple(int(x) for x in item.split(":")) for item in args.launch.split(",") if item.strip()]
+    if any(len(x) != 2 or x[0] < 1 or x[0] & (x[0] - 1) or x[1] not in (1, 2, 4, 8, 16) for x in launches):
+        ap.error(f"--launch {args.launch}: give blocks:warps pairs, blocks a power of two, warps 1-16")
     types = [T[name.strip().upper()] for name in args.types.split(",") if name.strip()]
     if device.type == "cuda":
         tv = dequant_triton.triton.__version__ if dequant_triton.triton is not None else "not importable"
@@ -157,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
               f"best of {args.repeat} after {args.warmup} — a smoke test, not a measurement of the GPU path")
         paths = ["torch"]
     for qtype in types:
-        bench_type(qtype, device, paths, args.warmup, args.repeat, dtype)
+        bench_type(qtype, device, paths, args.warmup, args.repeat, dtype, launches)
     return 0
 
 

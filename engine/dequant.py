@@ -277,7 +277,7 @@ def backend(device: torch.device | str, qtype: T | int, dtype: torch.dtype = tor
 
 
 def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: torch.dtype = torch.float32,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Expand raw GGUF bytes (a uint8 tensor of whole blocks, on any device) to `shape` (torch
     order, last dimension a multiple of the block size) in `dtype` on raw's device.
 
@@ -286,7 +286,11 @@ def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: t
     column stride and whole blocks per row, read in place.  Otherwise (torch path), with `out`
     (a contiguous tensor of `shape`), and for any tensor over one step, works in steps of
     CHUNK_BLOCKS blocks (CHUNK_BLOCKS_CUDA on a GPU), so the float32 temporaries stay small
-    whatever the tensor's size."""
+    whatever the tensor's size.
+
+    With `rows` (an int64 index on raw's device), raw is [rows, bytes] and the result holds
+    raw's rows rows[0], rows[1], ...: the Triton kernel gathers them as it reads, the torch
+    path copies them first."""
     qtype = T(qtype)
     fn = DEQUANTIZERS.get(qtype)
     if fn is None:
@@ -300,16 +304,20 @@ def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: t
     if n_values % bs or (shape and int(shape[-1]) % bs):
         raise ValueError(f"shape {list(shape)} is not whole {qtype.name} blocks of {bs} values")
     n_blocks = n_values // bs
+    triton_path = raw.is_cuda and backend(raw.device, qtype, out.dtype if out is not None else dtype) == "triton"
+    if rows is not None and not triton_path:
+        raw = raw.index_select(0, rows)
+        rows = None
     step = CHUNK_BLOCKS_CUDA if raw.device.type == "cuda" else CHUNK_BLOCKS
-    if raw.numel() != n_blocks * ts:
+    if rows is None and raw.numel() != n_blocks * ts:
         raise ValueError(f"{raw.numel()} bytes for {n_blocks} {qtype.name} blocks of {ts} bytes")
-    if raw.is_cuda and backend(raw.device, qtype, out.dtype if out is not None else dtype) == "triton":
+    if triton_path:
         from . import dequant_triton
         if out is None:
             out = torch.empty(tuple(shape), dtype=dtype, device=raw.device)
         elif tuple(out.shape) != tuple(shape) or not out.is_contiguous() or out.device != raw.device:
             raise ValueError(f"out must be a contiguous tensor of shape {list(shape)} on {raw.device}")
-        return dequant_triton.dequantize_into(raw, qtype, out)
+        return dequant_triton.dequantize_into(raw, qtype, out, rows=rows)
     blocks = raw.reshape(n_blocks, ts)
     if out is None:
         if n_blocks <= step:

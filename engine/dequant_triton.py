@@ -41,17 +41,28 @@ except ImportError:  # not a dependency: the torch path serves
 
 if triton is not None:
     # ---------------------------------------------------------------- shared pieces
+    # A program expands R whole blocks as an [R, S, L] tile: value j = s*L + i of a block, where
+    # the L values of a sub-block s share one scale and read L consecutive bytes, so the bytes
+    # load in wide vectors and each scale is decoded once per sub-block, not once per value.
     @triton.jit
-    def _geometry(n_blocks, bpr, row_stride, TS: tl.constexpr, QK: tl.constexpr, R: tl.constexpr):
-        """This program's R blocks: their index [R, 1], byte offset [R, 1] (blocks lie in rows
-        of `bpr` blocks, `row_stride` bytes apart), the value index j [1, QK] and the masks."""
+    def _blocks(rows, n_blocks, bpr, row_stride, TS: tl.constexpr, R: tl.constexpr, GATHER: tl.constexpr):
+        """This program's R blocks: index, byte offset and mask, each [R, 1, 1].  Blocks lie in
+        rows of `bpr` blocks, `row_stride` bytes apart; with GATHER, output row r reads source
+        row rows[r] (an int64 index on the device: the expert cache's slots, read in place)."""
         blk = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R).to(tl.int64)
         row = blk // bpr
-        base = row * row_stride + (blk - row * bpr) * TS
-        j = tl.arange(0, QK)
         rmask = blk < n_blocks
-        mask = rmask[:, None] & (j < QK)[None, :]
-        return blk[:, None], base[:, None], j[None, :], rmask[:, None], mask
+        if GATHER:
+            src_row = tl.load(rows + row, mask=rmask, other=0)
+        else:
+            src_row = row
+        base = src_row * row_stride + (blk - row * bpr) * TS
+        return blk[:, None, None], base[:, None, None], rmask[:, None, None]
+
+    @triton.jit
+    def _tile(S: tl.constexpr, L: tl.constexpr):
+        """Sub-block index s [1, S, 1] and value-in-sub-block i [1, 1, L]."""
+        return tl.arange(0, S)[None, :, None], tl.arange(0, L)[None, None, :]
 
     @triton.jit
     def _u8(src, off, mask):
@@ -79,12 +90,20 @@ if triton is not None:
         r = tl.where(v != v, 0x7FC0, r)
         return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
+    # compiled, the hardware's float32 -> bfloat16 conversion (round to nearest even, one
+    # instruction per two values) gives torch's bits; the interpreter's would truncate
+    _HW_CAST = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on"))
+
     @triton.jit
-    def _store(out, blk, j, v, mask, QK: tl.constexpr):
+    def _store(out, blk, s, i, v, mask, QK: tl.constexpr, L: tl.constexpr):
+        off = blk * QK + s * L + i
         if out.dtype.element_ty == tl.bfloat16:
-            tl.store(out + blk * QK + j, _bf16(v), mask=mask)
+            if _HW_CAST:
+                tl.store(out + off, v.to(tl.bfloat16), mask=mask)
+            else:
+                tl.store(out + off, _bf16(v), mask=mask)
         else:
-            tl.store(out + blk * QK + j, v.to(out.dtype.element_ty), mask=mask)
+            tl.store(out + off, v.to(out.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _iq4(idx):
@@ -97,11 +116,15 @@ if triton is not None:
         return tl.where(idx < 8, -mag, mag)
 
     @triton.jit
-    def _nibble16(src, base, j, mask, OFF: tl.constexpr):
-        """Value j of a 32-value block whose 16 bytes at OFF hold low nibbles (values 0-15),
-        then high nibbles (16-31)."""
-        b = _u8(src, base + OFF + (j & 15), mask)
-        return (b >> ((j >> 4) * 4)) & 15
+    def _nibbles(src, base, s, i, mask, OFF: tl.constexpr):
+        """Legacy 32-value blocks as [2, 16]: the 16 bytes at OFF hold values 0-15 in their low
+        nibbles (s = 0) and 16-31 in their high ones (s = 1)."""
+        return (_u8(src, base + OFF + i, mask) >> (s * 4)) & 15
+
+    @triton.jit
+    def _qh_bit(src, base, s, i, mask, OFF: tl.constexpr):
+        """Bit j = 16s + i of the little-endian u32 at OFF (Q5_0, Q5_1)."""
+        return (_u8(src, base + OFF + s * 2 + (i >> 3), mask) >> (i & 7)) & 1
 
     @triton.jit
     def _k_scale_min(src, base, s, mask):
@@ -116,145 +139,151 @@ if triton is not None:
         m = tl.where(lo, b & 63, (c >> 4) | ((b >> 2) & 48))
         return sc, m
 
-    # ---------------------------------------------------------- legacy 32-value blocks
+    # ---------------------------------------------------------- legacy 32-value blocks: [R, 2, 16]
     @triton.jit
-    def _q8_0(src, out, n_blocks, bpr, row_stride, R: tl.constexpr):  # d f16 | 32 int8
-        blk, base, j, rmask, mask = _geometry(n_blocks, bpr, row_stride, 34, 32, R)
-        d = _f16(src, base, rmask)
-        q = _i8(src, base + 2 + j, mask).to(tl.float32)
-        _store(out, blk, j, q * d, mask, 32)
+    def _q8_0(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 34, R, GATHER)  # d f16 | 32 int8
+        s, i = _tile(2, 16)
+        d = _f16(src, base, rm)
+        q = _i8(src, base + 2 + s * 16 + i, rm).to(tl.float32)
+        _store(out, blk, s, i, q * d, rm, 32, 16)
 
     @triton.jit
-    def _q4_0(src, out, n_blocks, bpr, row_stride, R: tl.constexpr):  # d | 16 bytes of nibbles
-        blk, base, j, rmask, mask = _geometry(n_blocks, bpr, row_stride, 18, 32, R)
-        d = _f16(src, base, rmask)
-        q = (_nibble16(src, base, j, mask, 2) - 8).to(tl.float32)
-        _store(out, blk, j, d * q, mask, 32)
+    def _q4_0(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 18, R, GATHER)  # d | 16 bytes
+        s, i = _tile(2, 16)
+        d = _f16(src, base, rm)
+        q = (_nibbles(src, base, s, i, rm, 2) - 8).to(tl.float32)
+        _store(out, blk, s, i, d * q, rm, 32, 16)
 
     @triton.jit
-    def _q4_1(src, out, n_blocks, bpr, row_stride, R: tl.constexpr):  # d | m | 16 bytes
-        blk, base, j, rmask, mask = _geometry(n_blocks, bpr, row_stride, 20, 32, R)
-        d = _f16(src, base, rmask)
-        m = _f16(src, base + 2, rmask)
-        q = _nibble16(src, base, j, mask, 4).to(tl.float32)
+    def _q4_1(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 20, R, GATHER)  # d | m | 16 bytes
+        s, i = _tile(2, 16)
+        d = _f16(src, base, rm)
+        m = _f16(src, base + 2, rm)
+        q = _nibbles(src, base, s, i, rm, 4).to(tl.float32)
         p = d * q
-        _store(out, blk, j, p + m, mask, 32)
+        _store(out, blk, s, i, p + m, rm, 32, 16)
 
     @triton.jit
-    def _q5_0(src, out, n_blocks, bpr, row_stride, R: tl.constexpr):  # d | qh u32 | 16 bytes
-        blk, base, j, rmask, mask = _geometry(n_blocks, bpr, row_stride, 22, 32, R)
-        d = _f16(src, base, rmask)
-        h = (_u8(src, base + 2 + (j >> 3), mask) >> (j & 7)) & 1  # bit j of qh
-        q = ((_nibble16(src, base, j, mask, 6) | (h << 4)) - 16).to(tl.float32)
-        _store(out, blk, j, d * q, mask, 32)
+    def _q5_0(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 22, R, GATHER)  # d | qh u32 | 16 bytes
+        s, i = _tile(2, 16)
+        d = _f16(src, base, rm)
+        q = ((_nibbles(src, base, s, i, rm, 6) | (_qh_bit(src, base, s, i, rm, 2) << 4)) - 16).to(tl.float32)
+        _store(out, blk, s, i, d * q, rm, 32, 16)
 
     @triton.jit
-    def _q5_1(src, out, n_blocks, bpr, row_stride, R: tl.constexpr):  # d | m | qh u32 | 16 bytes
-        blk, base, j, rmask, mask = _geometry(n_blocks, bpr, row_stride, 24, 32, R)
-        d = _f16(src, base, rmask)
-        m = _f16(src, base + 2, rmask)
-        h = (_u8(src, base + 4 + (j >> 3), mask) >> (j & 7)) & 1
-        q = (_nibble16(src, base, j, mask, 8) | (h << 4)).to(tl.float32)
+    def _q5_1(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 24, R, GATHER)  # d | m | qh u32 | 16 bytes
+        s, i = _tile(2, 16)
+        d = _f16(src, base, rm)
+        m = _f16(src, base + 2, rm)
+        q = (_nibbles(src, base, s, i, rm, 8) | (_qh_bit(src, base, s, i, rm, 4) << 4)).to(tl.float32)
         p = d * q
-        _store(out, blk, j, p + m, mask, 32)
+        _store(out, blk, s, i, p + m, rm, 32, 16)
 
     @triton.jit
-    def _iq4_nl(src, out, n_blocks, bpr, row_stride, R: tl.constexpr):  # d | 16 bytes of code nibbles
-        blk, base, j, rmask, mask = _geometry(n_blocks, bpr, row_stride, 18, 32, R)
-        d = _f16(src, base, rmask)
-        q = _iq4(_nibble16(src, base, j, mask, 2)).to(tl.float32)
-        _store(out, blk, j, d * q, mask, 32)
+    def _iq4_nl(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 18, R, GATHER)  # d | 16 bytes of codes
+        s, i = _tile(2, 16)
+        d = _f16(src, base, rm)
+        q = _iq4(_nibbles(src, base, s, i, rm, 2)).to(tl.float32)
+        _store(out, blk, s, i, d * q, rm, 32, 16)
 
-    # ------------------------------------------------------------ K-quants (256 values)
+    # -------------------------------------------- K-quants (256 values): [R, 8, 32] or [R, 16, 16]
     @triton.jit
-    def _q4_k(src, out, n_blocks, bpr, row_stride, R: tl.constexpr):
+    def _q4_k(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
         # d | dmin | scales[12] | qs[128]: 32 bytes per 64 values, low nibbles then high
-        blk, base, j, rmask, mask = _geometry(n_blocks, bpr, row_stride, 144, 256, R)
-        d = _f16(src, base, rmask)
-        dmin = _f16(src, base + 2, rmask)
-        sc, m = _k_scale_min(src, base, j >> 5, mask)
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 144, R, GATHER)
+        s, i = _tile(8, 32)
+        d = _f16(src, base, rm)
+        dmin = _f16(src, base + 2, rm)
+        sc, m = _k_scale_min(src, base, s, rm)
         dl = d * sc.to(tl.float32)
         ml = dmin * m.to(tl.float32)
-        b = _u8(src, base + 16 + ((j >> 6) << 5) + (j & 31), mask)
-        q = ((b >> (((j >> 5) & 1) * 4)) & 15).to(tl.float32)
+        b = _u8(src, base + 16 + (s >> 1) * 32 + i, rm)
+        q = ((b >> ((s & 1) * 4)) & 15).to(tl.float32)
         p = dl * q
-        _store(out, blk, j, p - ml, mask, 256)
+        _store(out, blk, s, i, p - ml, rm, 256, 32)
 
     @triton.jit
-    def _q5_k(src, out, n_blocks, bpr, row_stride, R: tl.constexpr):
+    def _q5_k(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
         # d | dmin | scales[12] | qh[32] (bit s of byte i -> value 32s+i) | qs[128]
-        blk, base, j, rmask, mask = _geometry(n_blocks, bpr, row_stride, 176, 256, R)
-        d = _f16(src, base, rmask)
-        dmin = _f16(src, base + 2, rmask)
-        sc, m = _k_scale_min(src, base, j >> 5, mask)
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 176, R, GATHER)
+        s, i = _tile(8, 32)
+        d = _f16(src, base, rm)
+        dmin = _f16(src, base + 2, rm)
+        sc, m = _k_scale_min(src, base, s, rm)
         dl = d * sc.to(tl.float32)
         ml = dmin * m.to(tl.float32)
-        b = _u8(src, base + 48 + ((j >> 6) << 5) + (j & 31), mask)
-        lo = (b >> (((j >> 5) & 1) * 4)) & 15
-        h = (_u8(src, base + 16 + (j & 31), mask) >> (j >> 5)) & 1
+        lo = (_u8(src, base + 48 + (s >> 1) * 32 + i, rm) >> ((s & 1) * 4)) & 15
+        h = (_u8(src, base + 16 + i, rm) >> s) & 1
         q = (lo | (h << 4)).to(tl.float32)
         p = dl * q
-        _store(out, blk, j, p - ml, mask, 256)
+        _store(out, blk, s, i, p - ml, rm, 256, 32)
 
     @triton.jit
-    def _q6_k(src, out, n_blocks, bpr, row_stride, R: tl.constexpr):
+    def _q6_k(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
         # ql[128] (64 bytes per 128 values, low then high nibbles) | qh[64] (2 bits) | scales[16] int8 | d
-        blk, base, j, rmask, mask = _geometry(n_blocks, bpr, row_stride, 210, 256, R)
-        d = _f16(src, base + 208, rmask)
-        half = j >> 7
-        ql = (_u8(src, base + (half << 6) + (j & 63), mask) >> (((j >> 6) & 1) * 4)) & 15
-        qh = (_u8(src, base + 128 + (half << 5) + (j & 31), mask) >> (((j >> 5) & 3) * 2)) & 3
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 210, R, GATHER)
+        s, i = _tile(16, 16)
+        d = _f16(src, base + 208, rm)
+        ql = (_u8(src, base + (s >> 3) * 64 + (s & 3) * 16 + i, rm) >> (((s >> 2) & 1) * 4)) & 15
+        qh = (_u8(src, base + 128 + (s >> 3) * 32 + (s & 1) * 16 + i, rm) >> (((s >> 1) & 3) * 2)) & 3
         q = ((ql | (qh << 4)) - 32).to(tl.float32)
-        dl = d * _i8(src, base + 192 + (j >> 4), mask).to(tl.float32)
-        _store(out, blk, j, dl * q, mask, 256)
+        dl = d * _i8(src, base + 192 + s, rm).to(tl.float32)
+        _store(out, blk, s, i, dl * q, rm, 256, 16)
 
     @triton.jit
-    def _q2_k(src, out, n_blocks, bpr, row_stride, R: tl.constexpr):
+    def _q2_k(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
         # scales[16] (4-bit scale | 4-bit min) | qs[64] (2-bit, 32 bytes per 128 values) | d | dmin
-        blk, base, j, rmask, mask = _geometry(n_blocks, bpr, row_stride, 84, 256, R)
-        d = _f16(src, base + 80, rmask)
-        dmin = _f16(src, base + 82, rmask)
-        s = _u8(src, base + (j >> 4), mask)
-        dl = d * (s & 15).to(tl.float32)
-        ml = dmin * (s >> 4).to(tl.float32)
-        q = ((_u8(src, base + 16 + ((j >> 7) << 5) + (j & 31), mask) >> (((j >> 5) & 3) * 2)) & 3)
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 84, R, GATHER)
+        s, i = _tile(16, 16)
+        d = _f16(src, base + 80, rm)
+        dmin = _f16(src, base + 82, rm)
+        sb = _u8(src, base + s, rm)
+        dl = d * (sb & 15).to(tl.float32)
+        ml = dmin * (sb >> 4).to(tl.float32)
+        q = (_u8(src, base + 16 + (s >> 3) * 32 + (s & 1) * 16 + i, rm) >> (((s >> 1) & 3) * 2)) & 3
         p = dl * q.to(tl.float32)
-        _store(out, blk, j, p - ml, mask, 256)
+        _store(out, blk, s, i, p - ml, rm, 256, 16)
 
     @triton.jit
-    def _q3_k(src, out, n_blocks, bpr, row_stride, R: tl.constexpr):
+    def _q3_k(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
         # hmask[32] | qs[64] (2 low bits) | scales[12] (16 6-bit scales) | d
-        blk, base, j, rmask, mask = _geometry(n_blocks, bpr, row_stride, 110, 256, R)
-        d = _f16(src, base + 108, rmask)
-        s = j >> 4
-        low = (_u8(src, base + 96 + (s & 7), mask) >> ((s >> 3) * 4)) & 15
-        high = (_u8(src, base + 104 + (s & 3), mask) >> ((s >> 2) * 2)) & 3
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 110, R, GATHER)
+        s, i = _tile(16, 16)
+        d = _f16(src, base + 108, rm)
+        low = (_u8(src, base + 96 + (s & 7), rm) >> ((s >> 3) * 4)) & 15
+        high = (_u8(src, base + 104 + (s & 3), rm) >> ((s >> 2) * 2)) & 3
         dl = d * ((low | (high << 4)) - 32).to(tl.float32)
-        ql = (_u8(src, base + 32 + ((j >> 7) << 5) + (j & 31), mask) >> (((j >> 5) & 3) * 2)) & 3
-        h = (_u8(src, base + (j & 31), mask) >> (j >> 5)) & 1
+        ql = (_u8(src, base + 32 + (s >> 3) * 32 + (s & 1) * 16 + i, rm) >> (((s >> 1) & 3) * 2)) & 3
+        h = (_u8(src, base + (s & 1) * 16 + i, rm) >> (s >> 1)) & 1
         q = (ql - ((h ^ 1) << 2)).to(tl.float32)
-        _store(out, blk, j, dl * q, mask, 256)
+        _store(out, blk, s, i, dl * q, rm, 256, 16)
 
     @triton.jit
-    def _iq4_xs(src, out, n_blocks, bpr, row_stride, R: tl.constexpr):
+    def _iq4_xs(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
         # d | scales_h u16 (2 bits per 32 values) | scales_l[4] (nibbles) | qs[128] (16 bytes per 32 values)
-        blk, base, j, rmask, mask = _geometry(n_blocks, bpr, row_stride, 136, 256, R)
-        d = _f16(src, base, rmask)
-        s = j >> 5
-        sh = (_u8(src, base + 2 + (s >> 2), mask) >> ((s & 3) * 2)) & 3
-        sl = (_u8(src, base + 4 + (s >> 1), mask) >> ((s & 1) * 4)) & 15
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 136, R, GATHER)
+        s, i = _tile(16, 16)
+        d = _f16(src, base, rm)
+        g = s >> 1  # the 32-value group whose scale this is
+        sh = (_u8(src, base + 2 + (g >> 2), rm) >> ((g & 3) * 2)) & 3
+        sl = (_u8(src, base + 4 + (g >> 1), rm) >> ((g & 1) * 4)) & 15
         dl = d * ((sl | (sh << 4)) - 32).to(tl.float32)
-        b = _u8(src, base + 8 + (s << 4) + (j & 15), mask)
-        q = _iq4((b >> (((j >> 4) & 1) * 4)) & 15).to(tl.float32)
-        _store(out, blk, j, dl * q, mask, 256)
+        q = _iq4((_u8(src, base + 8 + g * 16 + i, rm) >> ((s & 1) * 4)) & 15).to(tl.float32)
+        _store(out, blk, s, i, dl * q, rm, 256, 16)
 
-    # type -> (kernel, blocks per program); 32-value types take more blocks per program so a
-    # program writes ~2K values either way
-    _TABLE: dict[T, tuple[Any, int]] = {
-        T.Q8_0: (_q8_0, 64), T.Q4_0: (_q4_0, 64), T.Q4_1: (_q4_1, 64), T.Q5_0: (_q5_0, 64),
-        T.Q5_1: (_q5_1, 64), T.IQ4_NL: (_iq4_nl, 64),
-        T.Q4_K: (_q4_k, 8), T.Q5_K: (_q5_k, 8), T.Q6_K: (_q6_k, 8), T.Q2_K: (_q2_k, 8),
-        T.Q3_K: (_q3_k, 8), T.IQ4_XS: (_iq4_xs, 8),
+    # type -> (kernel, blocks per program, warps): ~2K values a program for the 32-value types,
+    # 4K-8K for K-quants, the fastest measured on an H200 (benchmarks/dequant_bench.py --launch)
+    _TABLE: dict[T, tuple[Any, int, int]] = {
+        T.Q8_0: (_q8_0, 64, NUM_WARPS), T.Q4_0: (_q4_0, 64, NUM_WARPS), T.Q4_1: (_q4_1, 64, NUM_WARPS),
+        T.Q5_0: (_q5_0, 64, NUM_WARPS), T.Q5_1: (_q5_1, 64, NUM_WARPS), T.IQ4_NL: (_iq4_nl, 64, NUM_WARPS),
+        T.Q4_K: (_q4_k, 16, NUM_WARPS), T.Q5_K: (_q5_k, 32, NUM_WARPS), T.Q6_K: (_q6_k, 16, NUM_WARPS),
+        T.Q2_K: (_q2_k, 16, NUM_WARPS), T.Q3_K: (_q3_k, 16, NUM_WARPS), T.IQ4_XS: (_iq4_xs, 16, NUM_WARPS),
     }
 else:
     _TABLE = {}
@@ -263,7 +292,7 @@ TYPES: frozenset[T] = frozenset(_TABLE)
 
 
 @functools.cache
-def _kernels() -> dict[T, tuple[Any, int]] | None:
+def _kernels() -> dict[T, tuple[Any, int, int]] | None:
     """The kernels by type, or None where the torch path must serve (logged once)."""
     if os.environ.get(ENV, "").strip().lower() == "torch":
         log.info("GGUF dequantiser: torch (%s=torch)", ENV)
@@ -282,18 +311,28 @@ def handles(qtype: T, dtype: torch.dtype) -> bool:
     return ks is not None and qtype in ks and dtype in OUT_DTYPES
 
 
-def dequantize_into(raw: torch.Tensor, qtype: T, out: torch.Tensor) -> torch.Tensor:
+def dequantize_into(raw: torch.Tensor, qtype: T, out: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Expand whole blocks of `qtype` from `raw` into `out` (contiguous; values in torch
     order) with one launch.  `raw` is uint8: flat, or [rows, bytes] with unit column stride
-    and whole blocks per row (a strided slice of a larger buffer: no copy is made).  Nothing
-    here synchronises the host or creates a host tensor, so a CUDA graph can hold it."""
+    and whole blocks per row (a strided slice of a larger buffer: no copy is made).  With
+    `rows` (an int64 index on raw's device), out's row r is raw's row rows[r]: a gather read in
+    place (the expert cache's slots), out then holding len(rows) rows.  Nothing here
+    synchronises the host or creates a host tensor, so a CUDA graph can hold it."""
     ks = _kernels() if triton is not None else None
     if ks is None or qtype not in ks:
         raise ValueError(f"no Triton dequantiser for {T(qtype).name}")
-    kernel, per_program = ks[qtype]
+    kernel, per_program, warps = ks[qtype]
     bs, ts = GGML_QUANT_SIZES[qtype]
     n_blocks = out.numel() // bs
-    if out.numel() % bs or raw.numel() != n_blocks * ts or not out.is_contiguous():
+    if rows is not None:
+        if raw.dim() != 2 or raw.stride(1) != 1 or raw.shape[1] % ts or rows.dim() != 1:
+            raise ValueError("a gather needs raw as [rows, bytes] of whole blocks and a 1-D index")
+        if out.numel() % bs or n_blocks != rows.numel() * (raw.shape[1] // ts) or not out.is_contiguous():
+            raise ValueError(f"{rows.numel()} rows of {raw.shape[1]} bytes do not fill a contiguous "
+                             f"{list(out.shape)} of {qtype.name}")
+        if rows.dtype != torch.int64 or rows.device != raw.device:
+            raise ValueError(f"the row index must be int64 on {raw.device}")
+    elif out.numel() % bs or raw.numel() != n_blocks * ts or not out.is_contiguous():
         raise ValueError(f"{raw.numel()} bytes do not fill a contiguous {list(out.shape)} of {qtype.name}")
     if n_blocks == 0:
         return out
@@ -302,12 +341,14 @@ def dequantize_into(raw: torch.Tensor, qtype: T, out: torch.Tensor) -> torch.Ten
     else:
         raw = raw.reshape(-1)  # a view when contiguous
         bpr, row_stride = n_blocks, 0
+    gather = rows is not None
+    index = rows if gather else raw  # an unused pointer when there is no gather
     grid = (triton.cdiv(n_blocks, per_program),)
+    args = (raw, out, index, n_blocks, bpr, row_stride)
+    opts = dict(R=per_program, GATHER=gather, num_warps=warps, enable_fp_fusion=False)
     if raw.is_cuda and raw.device.index is not None and raw.device.index != torch.cuda.current_device():
         with torch.cuda.device(raw.device):  # Triton launches on the current device
-            kernel[grid](raw, out, n_blocks, bpr, row_stride, R=per_program, num_warps=NUM_WARPS,
-                         enable_fp_fusion=False)
+            kernel[grid](*args, **opts)
     else:
-        kernel[grid](raw, out, n_blocks, bpr, row_stride, R=per_program, num_warps=NUM_WARPS,
-                     enable_fp_fusion=False)
+        kernel[grid](*args, **opts)
     return out

@@ -317,12 +317,12 @@ class ExpertCache:
         current stream (after `ensure` made it wait for the copies)."""
         lay = self.arena.layouts[layer]
         idx = torch.tensor(list(slots), dtype=torch.int64).to(self.device, non_blocking=True)
-        rows = self.pool.index_select(0, idx)  # [B, slot bytes]: a gather of the quantized bytes
         out = []
         for part in lay.parts:
-            # [B, part bytes], strided: the Triton dequantiser reads it in place, torch copies it
-            raw = rows[:, part.offset:part.offset + part.nbytes]
-            out.append(dequant.dequantize(raw, part.qtype, (len(slots), *part.shape), dtype))
+            # [slots, part bytes], strided: the Triton dequantiser gathers the rows as it reads
+            # them in place; the torch path copies them first
+            raw = self.pool[:, part.offset:part.offset + part.nbytes]
+            out.append(dequant.dequantize(raw, part.qtype, (len(slots), *part.shape), dtype, rows=idx))
         return out[0], out[1], out[2]
 
     def begin_layer(self) -> int:

@@ -450,7 +450,7 @@ def test_cuda_triton_dequant_bit_exact_casts_strided_and_graphed(monkeypatch, na
     """The compiled Triton dequantiser (engine/dequant_triton.py): float32 output bit for bit
     gguf's (this is where FMA contraction would show: `dl * q - ml` fused rounds once), bf16 and
     fp16 outputs the casts of it, the torch path's bits, a strided [rows, bytes] slice read in
-    place, and a CUDA-graph replay (no host synchronisation in the launch)."""
+    place (also gathered by a row index), and a CUDA-graph replay (no host synchronisation in the launch)."""
     pytest.importorskip("triton")
     from dequant_support import assert_bit_exact, random_blocks
     from gguf import GGMLQuantizationType as T
@@ -479,6 +479,9 @@ def test_cuda_triton_dequant_bit_exact_casts_strided_and_graphed(monkeypatch, na
         strided[:, 13:13 + raw.shape[1]] = t
         got = dequant.dequantize(strided[:, 13:13 + raw.shape[1]], qtype, shape)
         assert_bit_exact(got, ref, f"{name} Triton strided rows, seed {seed}")
+        idx = torch.arange(rows - 1, -1, -1, device="cuda:0")  # the expert cache's slot gather
+        gathered = dequant.dequantize(strided[:, 13:13 + raw.shape[1]], qtype, shape, rows=idx)
+        assert_bit_exact(gathered, ref.reshape(rows, -1)[::-1], f"{name} Triton gathered rows, seed {seed}")
     monkeypatch.setenv(dequant_triton.ENV, "torch")
     dequant_triton._kernels.cache_clear()
     assert dequant.backend("cuda:0", qtype) == "torch"

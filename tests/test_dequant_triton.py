@@ -153,3 +153,19 @@ def test_bf16_rounding_is_torchs(fresh_choice):
     want = x.to(torch.bfloat16)
     same = (y.view(torch.int16) == want.view(torch.int16)) | (y.isnan() & want.isnan())
     assert bool(same.all()), x[~same][:5]
+
+
+@interpreted
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS], ids=lambda t: t.name)
+def test_row_index_gathers_in_place(fresh_choice, qtype):
+    """ExpertCache.expand hands its whole pool's column slice and the slots' index: the kernel
+    reads rows in the index's order (repeats included) and gives the values of the gathered copy."""
+    raw, (n_rows, cols) = random_blocks(qtype, 5, 2, seed=8)
+    pool = torch.zeros(n_rows, raw.shape[1] + 40, dtype=torch.uint8)
+    pool[:, 24:24 + raw.shape[1]] = torch.from_numpy(raw)
+    rows = torch.tensor([3, 0, 3, 4], dtype=torch.int64)
+    got = fresh_choice.dequantize_into(pool[:, 24:24 + raw.shape[1]], qtype, torch.empty(4, cols), rows=rows)
+    want = gguf_quants.dequantize(raw[rows.numpy()], qtype)
+    assert_bit_exact(got, want, f"{qtype.name} gathered")
+    with pytest.raises(ValueError, match="do not fill"):
+        fresh_choice.dequantize_into(pool[:, 24:24 + raw.shape[1]], qtype, torch.empty(3, cols), rows=rows)
