@@ -16,7 +16,7 @@ these torch expressions everywhere (an A/B switch); the CPU always uses them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from gguf import GGMLQuantizationType as T
@@ -30,7 +30,8 @@ IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 8
 # blocks expanded per step of a large tensor (bounds the temporaries: ~16 bytes per value):
 # fewer, larger steps on a GPU (each step is ~15-25 kernel launches)
 CHUNK_BLOCKS = 1 << 16
-CHUNK_BLOCKS_CUDA = 1 << 17  # ~0.5 GiB of temporaries (experts.DEQUANT_STEP_BYTES)
+CHUNK_BLOCKS_CUDA = 1 << 17  # ~0.5 GiB of temporaries: STEP_BYTES_CUDA
+STEP_BYTES_CUDA = 16 * 256 * CHUNK_BLOCKS_CUDA  # float32 temporaries of one torch step on a GPU
 
 
 class UnsupportedType(ValueError):
@@ -274,6 +275,15 @@ def backend(device: torch.device | str, qtype: T | int, dtype: torch.dtype = tor
         return "torch"
     from . import dequant_triton  # imports triton: only once a GPU tensor is expanded
     return "triton" if dequant_triton.handles(T(qtype), dtype) else "torch"
+
+
+def gpu_temporaries(device: torch.device | str, qtypes: Iterable[T | int], dtype: torch.dtype) -> int:
+    """Device bytes the dequantiser needs besides its output while expanding `qtypes` into
+    `dtype` on a GPU: one torch step's float32 temporaries where any type takes the torch path,
+    none where each is one Triton launch writing straight into the output."""
+    if any(backend(device, q, dtype) == "torch" for q in qtypes):
+        return STEP_BYTES_CUDA
+    return 0
 
 
 def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: torch.dtype = torch.float32,

@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -32,8 +32,6 @@ PIN_PIECE = 1 * GiB  # registered in pieces, never one giant call
 PAGE = 4096
 # experts are expanded (compute dtype) in batches of at most this many bytes before their GEMMs
 EXPAND_SCRATCH_BYTES = 2 * GiB
-# float32 temporaries of one dequantisation step on a GPU (dequant.CHUNK_BLOCKS_CUDA blocks)
-DEQUANT_STEP_BYTES = 16 * 256 * (1 << 17)
 
 
 def physical_ram() -> int:
@@ -449,6 +447,11 @@ class ExpertCache:
         self.pending = []
 
 
+def expert_qtypes(layouts: Iterable[ExpertLayout]) -> set[GGMLQuantizationType]:
+    """The GGUF types the experts of these layers are stored in."""
+    return {part.qtype for lay in layouts for part in lay.parts}
+
+
 @dataclass
 class ExpertPlan:
     """How a session holds its experts: resident (stacked weights per layer) or streamed."""
@@ -459,10 +462,13 @@ class ExpertPlan:
 
 
 def plan_experts(setting: str | float, spec: ModelSpec, stages, dtypes,
-                 expert_bytes: int | None = None) -> ExpertPlan:
+                 expert_bytes: int | None = None, qtypes: Iterable = ()) -> ExpertPlan:
     """Decide resident vs streamed and each stage's slot count from --expert-cache.
 
-    `expert_bytes`: one expert as stored (its blocks); default: expanded to the stage dtype."""
+    `expert_bytes`: one expert as stored (its blocks); default: expanded to the stage dtype.
+    `qtypes`: the experts' GGUF types (what the dequantiser's temporaries depend on; none
+    given: the torch path's are reserved)."""
+    qtypes = tuple(qtypes)
     if not spec.is_moe:
         return ExpertPlan(False, reason="dense model: no experts")
     elems = expert_elems(spec)
@@ -487,7 +493,8 @@ def plan_experts(setting: str | float, spec: ModelSpec, stages, dtypes,
             share = (st.end - st.first) / layers_on[st.device]
             # the scratch a layer's experts are expanded into, and the dequantiser's temporaries
             dsize = torch.empty((), dtype=dtypes[st.device]).element_size()
-            scratch = min(spec.n_experts * elems * dsize, EXPAND_SCRATCH_BYTES) + DEQUANT_STEP_BYTES
+            temps = dequant.gpu_temporaries(st.device, qtypes, dtypes[st.device]) if qtypes else dequant.STEP_BYTES_CUDA
+            scratch = min(spec.n_experts * elems * dsize, EXPAND_SCRATCH_BYTES) + temps
             budget = int((free - other - int(0.15 * total) - 2 * GiB) * share) - scratch
             n = max(int(budget // ebytes), 0)
             slots.append(min(n, need))

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 import torch
 
 from .config import EngineConfig
+from .dequant import gpu_temporaries
 from .experts import (
-    DEQUANT_STEP_BYTES,
     EXPAND_SCRATCH_BYTES,
     ExpertLayout,
     arena_bytes,
     expert_elems,
+    expert_qtypes,
     plan_experts,
     resolve_pin_limit,
 )
@@ -98,7 +99,7 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
     stages = [_StageShape(i, d, a, b) for i, (d, (a, b)) in enumerate(zip(devices, ranges))]
     layouts = [ExpertLayout.of(source, spec, i) for i in range(spec.n_layers)] if spec.is_moe else []
     slot_bytes = max((lay.row_bytes for lay in layouts), default=0)
-    eplan = plan_experts(config.expert_cache, spec, stages, dtypes, slot_bytes or None)
+    eplan = plan_experts(config.expert_cache, spec, stages, dtypes, slot_bytes or None, expert_qtypes(layouts))
     shapes = expected_shapes(spec)
     out = []
     for st in stages:
@@ -130,8 +131,9 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
                 experts = sum(layouts[i].row_bytes for i in range(st.first, st.end)) * spec.n_experts
                 batch = spec.n_experts
             # the GPU expands a batch of experts for its grouped GEMM; the CPU one expert at a time
-            scratch = (batch * expanded_expert + DEQUANT_STEP_BYTES if st.device.type == "cuda"
-                       else expanded_expert)
+            scratch = (batch * expanded_expert + gpu_temporaries(st.device, expert_qtypes(layouts[st.first:st.end]),
+                                                                 dtypes[st.device])
+                       if st.device.type == "cuda" else expanded_expert)
             floats = all(p.qtype.name in ("F32", "F16", "BF16") for i in range(st.first, st.end)
                          for p in layouts[i].parts)
             if floats and not eplan.streamed:  # float experts are expanded once at load, as dense

@@ -43,6 +43,7 @@ from .experts import (
     ExpertStats,
     HostArena,
     arena_bytes,
+    expert_qtypes,
     physical_ram,
     plan_experts,
     resolve_pin_limit,
@@ -140,7 +141,8 @@ class Session:
         self.expert_layouts = [ExpertLayout.of(source, self.spec, i) for i in range(self.spec.n_layers)] \
             if self.spec.is_moe else []
         self.expert_plan = plan_experts(self.config.expert_cache, self.spec, self.stages, self.dtypes,
-                                        max((lay.row_bytes for lay in self.expert_layouts), default=None))
+                                        max((lay.row_bytes for lay in self.expert_layouts), default=None),
+                                        expert_qtypes(self.expert_layouts))
         self.arena: HostArena | None = None
         self._main_extra: list[Layer] | None = None  # prefill-main: later layers on the main device
         self._main_head: Head | None = None

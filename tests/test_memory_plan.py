@@ -82,3 +82,17 @@ def test_float_experts_are_expanded_once(make_arch):
         assert d.experts == layer_experts and d.scratch == 0
     finally:
         sess.close()
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+def test_gpu_scratch_reserves_torch_temporaries_only_where_torch_expands(make_arch, monkeypatch, path):
+    """A GPU stage's scratch is the expanded batch, plus one torch step's float32 temporaries
+    only when some expert type takes the torch dequantiser (the Triton one writes straight
+    into the batch): the plan no longer holds back ~0.5 GiB the run will not use."""
+    from engine import dequant
+    model = gguf_model.load(make_arch("qwen3moe", quant="q4_k_m", **K_SHAPES))
+    monkeypatch.setattr(dequant, "backend", lambda device, qtype, dtype=torch.float32: path)
+    plan = plan_memory(model, EngineConfig(devices=["cuda:0"], expert_cache="all", dtype="bfloat16"), tokens=64)
+    batch = 16 * 3 * 256 * 256 * 2  # every expert of a layer, bf16
+    want = batch + (dequant.STEP_BYTES_CUDA if path == "torch" else 0)
+    assert [d.scratch for d in plan.devices] == [want]
