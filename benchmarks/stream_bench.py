@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n## streamed experts, {q}: {args.cache_gib} GiB cache, whole arena pinned\n", flush=True)
         torch.cuda.reset_peak_memory_stats(device)
         rc |= bench.main(["run", "--model", f"synthetic:qwen3-30b-a3b:n_layers={args.layers},quant={q}",
-                          "--devices", "cuda:0", "--expert-cache", args.cache_gib, "--pin-limit-gib", "1000",
+                          "--devices", "cuda:0", "--expert-cache", args.cache_gib, "--pin-limit-gib", "100",
                           "--prompt-tokens", args.prompt_tokens, "--repeat", str(args.repeat), "--peak-tflops", "794"])
         print(f"\npeak VRAM ({q}): {torch.cuda.max_memory_allocated(device) / GiB:.1f} GiB allocated, "
               f"{torch.cuda.max_memory_reserved(device) / GiB:.1f} GiB reserved by torch", flush=True)
