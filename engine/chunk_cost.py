@@ -12,7 +12,7 @@ ahead of the call that is timed.  The graph factory and the device sync are para
 the bookkeeping is tested on CPU with a recording fake (tests/test_chunk_cost.py).
 
 `measured(key, measure)` keeps one measurement per process for a key (model shape, device
-kind, dtype, streaming, graphs: `cost_key`), so the sessions of one benchmark or app plan the
+kind, dtype, streaming, graphs, expert types: `cost_key`), so the sessions of one benchmark or app plan the
 same chunks and their digests stay comparable; `measure_layer` is the threaded executor's
 measurement, `probe_shape` the sizes and shapes it (and a stage process) measures at;
 `measure_hop` times a session's first hand-off.
@@ -195,11 +195,14 @@ _MEASURED: dict[tuple, Measured] = {}  # one measurement per process and key (se
 _MEASURED_LOCK = threading.Lock()
 
 
-def cost_key(spec: object, device: torch.device, dtype: torch.dtype, streamed: bool, cuda_graphs: bool) -> tuple:
+def cost_key(spec: object, device: torch.device, dtype: torch.dtype, streamed: bool, cuda_graphs: bool,
+             stored: Sequence[str] = ()) -> tuple:
     """What a measurement depends on: the model's shape, the device kind (its name on CUDA),
-    the dtype, streamed experts and CUDA graphs."""
+    the dtype, streamed experts, CUDA graphs and the types the experts are stored in (a layer
+    of Q4_K_M experts costs a dequantisation, and streams fewer bytes, than the same shape in
+    F16: the two must not share a measurement)."""
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return (repr(spec), dev, str(dtype), streamed, cuda_graphs)
+    return (repr(spec), dev, str(dtype), streamed, cuda_graphs, tuple(sorted(stored)))
 
 
 def measured(key: tuple, measure: Callable[[], Measured]) -> Measured:

@@ -239,12 +239,12 @@ class Session:
     # ------------------------------------------------------ costs and planning
     def chunk_cost(self) -> chunking.ChunkCost:
         """One layer of the main device, measured once per process for a (model shape, device
-        kind, dtype, streaming, graphs) key (engine/chunk_cost.py), with this split's depth: the
+        kind, dtype, streaming, graphs, expert types) key (engine/chunk_cost.py), with this split's depth: the
         most layers one device runs per chunk."""
         if self._chunk_cost is None:
             st = self.stages[0]
             key = chunk_cost.cost_key(self.spec, st.device, st.dtype, self.expert_plan.streamed,
-                                      self.config.cuda_graphs)
+                                      self.config.cuda_graphs, [q.name for q in expert_qtypes(self.expert_layouts)])
             measured = chunk_cost.measured(key, self._measure_layer)
             per_device: dict[int, int] = {}  # interleaved groups of a device all run on it
             for s, lane in zip(self.stages, self.stage_lanes()):

@@ -115,3 +115,27 @@ def test_out_of_memory_at_the_smallest_size_is_an_error(demo_path, monkeypatch):
     monkeypatch.setattr(probe, "_best", lambda x, pos: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")))
     with pytest.raises(torch.OutOfMemoryError):
         probe.measure(sizes=(16, 32), prefix=64, probe=16)
+
+
+def test_same_shape_in_another_quant_is_measured_again(make_arch, monkeypatch):
+    """One process (the app, a benchmark) opening the same shape as F16 and as Q4_K_M measures
+    each: a Q4_K_M layer dequantises its experts and streams fewer bytes, so planning its chunks
+    from the F16 measurement (it was, before the key held the expert types) mispredicts."""
+    from engine import chunk_cost
+    monkeypatch.setattr(chunk_cost, "_MEASURED", {})
+    calls: list[str] = []
+    real = Session._measure_layer
+
+    def counting(self):
+        calls.append(self.source.path.name if hasattr(self.source, "path") else "?")
+        return real(self)
+
+    monkeypatch.setattr(Session, "_measure_layer", counting)
+    shape = dict(hidden=256, head_dim=64, n_experts=8, expert_ffn=256, ffn=512)
+    for quant in ("f16", "q4_k_m", "f16"):
+        sess = Session(load(make_arch("qwen3moe", quant=quant, **shape)), EngineConfig(devices=["cpu"]))
+        try:
+            sess.chunk_cost()
+        finally:
+            sess.close()
+    assert len(calls) == 2  # F16 once (its second session reuses it), Q4_K_M once
