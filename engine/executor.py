@@ -38,6 +38,7 @@ from .errors import Cancelled, NonFiniteError, StageError
 from .events import StageEvent
 from .experts import ExpertStats, arena_bytes, resolve_pin_limit
 from .pipeline import Session
+from .sizes import size_text
 from .stage import StageContext
 from .stage_process import RunOrder, SourceRef, StageSpec
 
@@ -89,10 +90,6 @@ def source_ref(source: Any) -> SourceRef:
     raise ConfigError("executor", "processes", "threads for this model source",
                       f"a stage process reopens its model from a GGUF file or a synthetic recipe, "
                       f"not from a {type(source).__name__}")
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def split_pin_limit(limit: int, arena_sizes: list[int], pins: list[bool]) -> list[int]:
@@ -568,8 +565,8 @@ class _Job:
         if arenas:
             plan = self.session.expert_plan
             out.append(f"executor processes: experts {plan.reason}; a host arena per stage process: " + "; ".join(
-                f"stage {m.rank} {_size(m.arena[0])}, {_size(m.arena[1])} page-locked ({m.arena[2]})"
-                for m in arenas) + f"; {_size(sum(m.arena[1] for m in arenas))} page-locked in all")
+                f"stage {m.rank} {size_text(m.arena[0])}, {size_text(m.arena[1])} page-locked ({m.arena[2]})"
+                for m in arenas) + f"; {size_text(sum(m.arena[1] for m in arenas))} page-locked in all")
         return out
 
     def collect(self) -> None:
@@ -635,7 +632,7 @@ class ProcessSession(Session):
         shares = split_pin_limit(limit, sizes, cudas)
         out = []
         for st, slots, share, cuda in zip(self.stages, plan.slots_per_stage, shares, cudas):
-            why = (f"{note}; its share {_size(share)} of {_size(limit)}, split by arena size" if cuda
+            why = (f"{note}; its share {size_text(share)} of {size_text(limit)}, split by arena size" if cuda
                    else "pinning skipped: no CUDA device (host memory stays pageable)")
             out.append(StageExperts(slots, share, why))
             st.cache = _RemoteCache(self, ExpertStats(st.index, st.name, slots=slots))

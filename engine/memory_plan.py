@@ -27,10 +27,9 @@ from .experts import (
 from .gguf_model import expected_shapes
 from .model import resolve_dtype
 from .pipeline import split_layers
+from .sizes import size_text
 
 log = logging.getLogger(__name__)
-
-GiB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -70,14 +69,14 @@ class MemoryPlan:
     def render(self) -> str:
         lines = []
         for d in self.devices:
-            experts = (f"expert cache {d.experts / GiB:.2f} ({d.expert_slots} slots)" if self.streamed
-                       else f"experts {d.experts / GiB:.2f}")
-            lines.append(f"stage {d.stage} {d.device} (layers {d.first}-{d.end - 1}): dense {d.dense / GiB:.2f} GiB, "
-                         f"{experts}, KV {d.kv / GiB:.2f} ({self.tokens} tokens), scratch {d.scratch / GiB:.2f}; "
-                         f"total {d.total / GiB:.2f} GiB")
+            experts = (f"expert cache {size_text(d.experts)} ({d.expert_slots} slots)" if self.streamed
+                       else f"experts {size_text(d.experts)}")
+            lines.append(f"stage {d.stage} {d.device} (layers {d.first}-{d.end - 1}): dense {size_text(d.dense)}, "
+                         f"{experts}, KV {size_text(d.kv)} ({self.tokens} tokens), scratch {size_text(d.scratch)}; "
+                         f"total {size_text(d.total)}")
         if self.streamed:
-            lines.append(f"host arena {self.host_arena / GiB:.2f} GiB (experts as stored), "
-                         f"page-locked {self.pin_lock / GiB:.2f} GiB ({self.pin_note})")
+            lines.append(f"host arena {size_text(self.host_arena)} (experts as stored), "
+                         f"page-locked {size_text(self.pin_lock)} ({self.pin_note})")
         else:
             lines.append("host arena: none (every expert resident on its device)")
         return "\n".join(lines)
