@@ -6,7 +6,7 @@
 # batch and at -b 8192 -ub 4096; its best counts.  Prints one table: ours / llama.cpp.
 #   run(command="bash benchmarks/vs_llamacpp.sh", carry=[".whl", "third_party/llama.cpp"])
 . "$(dirname "$0")/device_env.sh"
-L=${LAYERS:-4}
+L=${LAYERS:-16}  # the issue-17 shape; make-model writes it in about a minute (2026-12-01: ~127 MB/s)
 SIZES=${SIZES:-8192,32768}
 F=/tmp/q4km-${L}L.gguf
 BUILD=/tmp/llama-build

@@ -459,8 +459,12 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
     except synth.RecipeError as exc:
         raise ConfigError("--" + RECIPE_FLAGS.get(exc.field, exc.field).replace("_", "-"), exc.value, exc.allowed) \
             from None
-    path = synth.write_model(ns.path, recipe)
-    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB): {load(path).describe()}")
+    shown = LoadProgress(sys.stderr, 0, Path(ns.path).name, verb="writing")
+    path = synth.write_model(ns.path, recipe, progress=shown)
+    took = shown.clear()
+    size = path.stat().st_size
+    print(f"wrote {path} ({size / 2**20:.1f} MiB in {took:.1f} s, {size / max(took, 1e-9) / 1e6:.0f} MB/s): "
+          f"{load(path).describe()}")
     return 0
 
 

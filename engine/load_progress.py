@@ -19,6 +19,7 @@ class LoadProgress:
     stream: TextIO
     file_bytes: int  # 0 when there is no file (synthetic weights)
     label: str = "model"
+    verb: str = "loading"  # "writing" for make-model
     interval_s: float | None = None  # None: 0.2 s on a terminal (one line, rewritten), 10 s into a log
     _t0: float = field(default=0.0, init=False)
     _last: float = -1.0
@@ -40,7 +41,7 @@ class LoadProgress:
         self._last = now
         spent = now - self._t0
         eta = f", about {spent / frac - spent:.0f} s left" if 0.02 < frac < 1.0 else ""
-        text = f"loading {self.label}: {what} {100 * frac:.0f}% ({spent:.1f} s{eta})"
+        text = f"{self.verb} {self.label}: {what} {100 * frac:.0f}% ({spent:.1f} s{eta})"
         if self._tty:
             self.stream.write("\r" + text[:120].ljust(120))
             self._open_line = True
@@ -48,12 +49,17 @@ class LoadProgress:
             self.stream.write(text + "\n")
         self.stream.flush()
 
-    def finish(self) -> float:
-        """Write the total; returns the seconds the load took."""
-        took = time.perf_counter() - self._t0
-        rate = f": {self.file_bytes / took / 1e9:.2f} GB/s of file" if self.file_bytes and took > 0 else ""
+    def clear(self) -> float:
+        """Clear the rewritten line (a terminal's); returns the seconds since the start."""
         if self._open_line:
             self.stream.write("\r" + " " * 120 + "\r")
+            self._open_line = False
+        return time.perf_counter() - self._t0
+
+    def finish(self) -> float:
+        """Write the total; returns the seconds the load took."""
+        took = self.clear()
+        rate = f": {self.file_bytes / took / 1e9:.2f} GB/s of file" if self.file_bytes and took > 0 else ""
         self.stream.write(f"loaded {self.label} ({self.file_bytes / 2**30:.2f} GiB) in {took:.2f} s{rate}\n")
         self.stream.flush()
         return took

@@ -154,56 +154,86 @@ def byte_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
-def _random_tensors(spec: ModelSpec, seed: int):
-    """Yields (name, float32 array) in a fixed order, scaled so activations stay tame."""
-    rng = np.random.default_rng(seed)
-    for name, shape in expected_shapes(spec).items():
-        if name.endswith("norm.weight"):
-            arr = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
-        elif name.endswith(".bias"):
-            arr = 0.1 * rng.standard_normal(shape, dtype=np.float32)
-        elif "ffn_gate_inp" in name:
-            arr = rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1]) * 4.0
-        elif name == "token_embd.weight":
-            arr = rng.standard_normal(shape, dtype=np.float32)
-        else:
-            arr = rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])
-        yield name, arr.astype(np.float32)
+def _spread(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
+    """(mean, standard deviation) of a tensor's random weights, scaled so activations stay tame."""
+    if name.endswith("norm.weight"):
+        return 1.0, 0.1
+    if name.endswith(".bias"):
+        return 0.0, 0.1
+    if "ffn_gate_inp" in name:
+        return 0.0, 4.0 / float(np.sqrt(shape[-1]))
+    if name == "token_embd.weight":
+        return 0.0, 1.0
+    return 0.0, 1.0 / float(np.sqrt(shape[-1]))
+
+
+def _floats(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A tensor's random float32 weights of `_spread`'s mean and deviation, the next draw of
+    `rng` (the arithmetic of the first writer: files of float and gguf-quantised types keep
+    their bytes from one version to the next)."""
+    if name.endswith("norm.weight"):
+        arr = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
+    elif name.endswith(".bias"):
+        arr = 0.1 * rng.standard_normal(shape, dtype=np.float32)
+    elif "ffn_gate_inp" in name:
+        arr = rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1]) * 4.0
+    elif name == "token_embd.weight":
+        arr = rng.standard_normal(shape, dtype=np.float32)
+    else:
+        arr = rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])
+    return arr.astype(np.float32, copy=False)
 
 
 QUANTS = (*quant_recipe.FTYPES, "f16", "f32")
 # the types gguf can quantise from floats; the others are random valid blocks
 _GGUF_QUANTIZES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
                              GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0})
+_F32, _F16 = GGMLQuantizationType.F32, GGMLQuantizationType.F16
 
 
-def _storage(name: str, quant: str, arr: np.ndarray, spec: ModelSpec,
-             seed: int) -> tuple[np.ndarray, GGMLQuantizationType | None]:
-    """A tensor as stored: f16/f32 for the large matrices (norms, biases and the router stay
+def _stored_type(name: str, quant: str, shape: tuple[int, ...], spec: ModelSpec) -> GGMLQuantizationType:
+    """How a tensor is stored: f16/f32 for the large matrices (norms, biases and the router stay
     F32), or the type llama.cpp's mix `quant` gives it (`quant_recipe.tensor_type`)."""
     if quant in ("f16", "f32"):
-        big = arr.ndim >= 2 and "ffn_gate_inp" not in name and name != "token_embd.weight"
-        return (arr.astype(np.float16) if big and quant == "f16" else arr), None
+        big = len(shape) >= 2 and "ffn_gate_inp" not in name and name != "token_embd.weight"
+        return _F16 if big and quant == "f16" else _F32
     if quant not in quant_recipe.FTYPES:
         raise ValueError(f"unknown storage {quant!r}: use {', '.join(QUANTS)}")
-    qt = quant_recipe.tensor_type(name, arr.shape, quant, spec)
-    if qt == GGMLQuantizationType.F32:
-        return arr, None
-    if qt == GGMLQuantizationType.F16:
-        return arr.astype(np.float16), None
+    return quant_recipe.tensor_type(name, shape, quant, spec)
+
+
+def _stored(name: str, qt: GGMLQuantizationType, shape: tuple[int, ...], floats: Callable[[], np.ndarray],
+            seed: int) -> np.ndarray:
+    """The tensor's bytes as stored in `qt`: its floats (drawn only where the type is made from
+    them) cast or quantised by gguf, or random valid blocks of the floats' spread."""
+    if qt == _F32:
+        return floats()
+    if qt == _F16:
+        return floats().astype(np.float16)
     if qt in _GGUF_QUANTIZES:
-        return gguf.quants.quantize(arr, qt), qt
+        return gguf.quants.quantize(floats(), qt)
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ seed)
-    raw = quant_recipe.random_blocks(qt, arr.shape, float(arr.std()), g).numpy()
-    return raw.reshape(gguf.quants.quant_shape_to_byte_shape(arr.shape, qt)), qt
+    raw = quant_recipe.random_blocks(qt, shape, _spread(name, shape)[1], g).numpy()
+    return raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape, qt))
+
+
+def _stored_nbytes(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
+    n = int(np.prod(shape))
+    bs, ts = dequant.block_geometry(qt) if qt not in (_F32, _F16) else (1, 4 if qt == _F32 else 2)
+    return n // bs * ts
 
 
 def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
-                edit: Callable[[str, np.ndarray], np.ndarray | None] | None = None) -> Path:
+                edit: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
+                progress: Callable[[str, float], None] | None = None) -> Path:
     """Write a GGUF file with random weights; atomic (temp file + rename).
 
-    `edit(name, data)` may replace a tensor's stored data or drop it (None): how tests and the
-    fuzzer make defective files through the same writer."""
+    Tensors are made and written one at a time (host memory stays about one tensor, whatever
+    the file's size); floats are drawn only for the tensors stored as floats or quantised by
+    gguf, K-quants get random valid blocks of the same spread.  `progress(tensor, fraction of
+    the bytes written)` is called after each tensor.  `edit(name, data)` may replace a
+    tensor's stored data or drop it (None): how tests and the fuzzer make defective files
+    through the same writer (every tensor is then made before the header is written)."""
     path = Path(path)
     check_recipe(recipe)
     spec = recipe.spec()
@@ -245,21 +275,46 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
         w.add_uint32("tokenizer.ggml.eos_token_id", eos)
         w.add_uint32("tokenizer.ggml.bos_token_id", eos)
         w.add_uint32("tokenizer.ggml.padding_token_id", eos)
-        for name, arr in _random_tensors(spec, recipe.seed):
-            data, raw = _storage(name, recipe.quant, arr, spec, recipe.seed)
-            if edit is not None:
+        rng = np.random.default_rng(recipe.seed)
+        shapes = expected_shapes(spec)
+        types = {name: _stored_type(name, recipe.quant, shape, spec) for name, shape in shapes.items()}
+        total = sum(_stored_nbytes(types[n], shape) for n, shape in shapes.items())
+        done = 0
+        if edit is None:  # streamed: tensor infos first, then one tensor in memory at a time
+            for name, shape in shapes.items():
+                qt = types[name]
+                if qt in (_F32, _F16):
+                    w.add_tensor_info(name, shape, np.dtype(np.float32 if qt == _F32 else np.float16),
+                                      _stored_nbytes(qt, shape))
+                else:
+                    w.add_tensor_info(name, gguf.quants.quant_shape_to_byte_shape(shape, qt), np.dtype(np.uint8),
+                                      _stored_nbytes(qt, shape), raw_dtype=qt)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_ti_data_to_file()
+            for name, shape in shapes.items():
+                data = _stored(name, types[name], shape, lambda: _floats(rng, name, shape), recipe.seed)  # noqa: B023
+                w.write_tensor_data(data)
+                done += data.nbytes
+                if progress is not None:
+                    progress(name, done / total)
+        else:  # an edit may drop or replace a tensor: every tensor is made before the header
+            for name, shape in shapes.items():
+                qt = types[name]
+                data = _stored(name, qt, shape, lambda: _floats(rng, name, shape), recipe.seed)  # noqa: B023
+                raw = None if qt in (_F32, _F16) else qt
                 edited = edit(name, data)
                 if edited is None:
                     continue
                 if edited is not data:
                     data, raw = edited, None
-            if raw is None:
-                w.add_tensor(name, data)
-            else:
-                w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
+                if raw is None:
+                    w.add_tensor(name, data)
+                else:
+                    w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
         w.close()
         os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp made it 0600; a model is as shareable as any file
         os.replace(tmp, path)
