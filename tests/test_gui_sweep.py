@@ -109,12 +109,17 @@ def _start_sweep(qtbot, win, sizes: str, repeats: int) -> None:
     assert not win.run_button.isEnabled() and view.stop_button.isEnabled()
 
 
-def test_a_2_size_2_arm_sweep_charts_4_points_and_exports(window, qtbot, tmp_path):
+def test_a_2_size_2_arm_sweep_charts_4_points_and_exports(window, qtbot, tmp_path, monkeypatch):
+    from strata_gui.sweep import sweep_worker
     win = window
     view = win.sweep_view
+    parses, own = win.models.parses, []  # the form parsed the demo model already
+    real_load = sweep_worker.load
+    monkeypatch.setattr(sweep_worker, "load", lambda path: own.append(path) or real_load(path))
     _start_sweep(qtbot, win, "64, 128", 1)
     qtbot.waitUntil(lambda: not win.sweeps.is_running, timeout=SWEEP_TIMEOUT_MS)
     assert wait_no_engine_threads() == []
+    assert parses >= 1 and win.models.parses == parses and own == []  # the sweep took the form's parse
     assert "finished all 4 runs" in view.progress_label.text()
     points = view.chart_points()
     assert len(points) == 4

@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, QThread, Signal
 from engine.pipeline import PipelineHooks
 
 from ..run.job_thread import JobThreadOwner
+from ..run.model_cache import ModelCache
 from .sweep_worker import SweepRecorder, SweepRequest, SweepWorker
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class SweepController(JobThreadOwner, QObject):
         super().__init__(parent)
         self.hooks = hooks  # test and fault-injection seam, handed to every sweep
         self.recorder: SweepRecorder | None = None
+        self.models: ModelCache | None = None  # the window's parsed files: a sweep does not parse its model again
         self._thread: QThread | None = None
         self._worker: SweepWorker | None = None
         self._cancel: threading.Event | None = None
@@ -40,7 +42,7 @@ class SweepController(JobThreadOwner, QObject):
             log.warning("a sweep is already in flight; start ignored")
             return False
         self._cancel = threading.Event()
-        worker = SweepWorker(request, self._cancel, self.recorder, self.hooks)
+        worker = SweepWorker(request, self._cancel, self.recorder, self.hooks, self.models)
         self._launch(worker, "strata-sweep", ("progress", "point_done", "status", "finished", "failed"))
         return True
 

@@ -26,6 +26,7 @@ from engine.gguf_model import load
 from engine.pipeline import Cancelled, PipelineHooks, Session
 
 from ..history.history_model import SweepMember
+from ..run.model_cache import ModelCache
 from ..run.record_model import RunRecord, record_config
 from .sweep_model import SweepPlan, SweepSample, SweepStep, format_tokens
 
@@ -99,8 +100,11 @@ class SweepWorker(QObject):
     done = Signal()
 
     def __init__(self, request: SweepRequest, cancel: threading.Event, recorder: SweepRecorder | None = None,
-                 hooks: PipelineHooks | None = None) -> None:
+                 hooks: PipelineHooks | None = None, models: ModelCache | None = None) -> None:
+        """`models`: where the form already parsed the file (the window's cache); else it is
+        parsed here."""
         super().__init__()
+        self.models = models
         self.request = request
         self.cancel = cancel
         self.recorder = recorder
@@ -116,7 +120,7 @@ class SweepWorker(QObject):
         req, plan = self.request, self.request.plan
         try:
             self.status.emit(f"opening {req.model_path.name} …")
-            model = load(req.model_path)
+            model = self.models.get(req.model_path) if self.models is not None else load(req.model_path)
             counter = _ChunkCounter(self._on_chunks)
             for i, cfg in enumerate(req.configs):
                 if self.cancel.is_set():

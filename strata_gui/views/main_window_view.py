@@ -100,9 +100,10 @@ class MainWindow(QMainWindow):
         self._discover = discover
         self._env = os.environ if env is None else env
         self.cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        # model files parsed off the GUI thread, once: the form's facts and the run's Session share them
+        # model files parsed off the GUI thread, once: the form's facts, the run's Session and a sweep share them
         self.models = ModelCache()
         self.controller.sessions.models = self.models
+        self.sweeps.models = self.models
         self._reading: set[str] = set()  # file keys a background job is parsing now
         self.validation = Validation()
         self.progress_model: RunProgress | None = None
