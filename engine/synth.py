@@ -277,12 +277,12 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
         w.add_uint32("tokenizer.ggml.padding_token_id", eos)
         rng = np.random.default_rng(recipe.seed)
         shapes = expected_shapes(spec)
-        types = {name: _stored_type(name, recipe.quant, shape, spec) for name, shape in shapes.items()}
-        total = sum(_stored_nbytes(types[n], shape) for n, shape in shapes.items())
+        stored_types = {name: _stored_type(name, recipe.quant, shape, spec) for name, shape in shapes.items()}
+        total = sum(_stored_nbytes(stored_types[n], shape) for n, shape in shapes.items())
         done = 0
         if edit is None:  # streamed: tensor infos first, then one tensor in memory at a time
             for name, shape in shapes.items():
-                qt = types[name]
+                qt = stored_types[name]
                 if qt in (_F32, _F16):
                     w.add_tensor_info(name, shape, np.dtype(np.float32 if qt == _F32 else np.float16),
                                       _stored_nbytes(qt, shape))
@@ -293,14 +293,14 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
             for name, shape in shapes.items():
-                data = _stored(name, types[name], shape, lambda: _floats(rng, name, shape), recipe.seed)  # noqa: B023
+                data = _stored(name, stored_types[name], shape, lambda: _floats(rng, name, shape), recipe.seed)  # noqa: B023
                 w.write_tensor_data(data)
                 done += data.nbytes
                 if progress is not None:
                     progress(name, done / total)
         else:  # an edit may drop or replace a tensor: every tensor is made before the header
             for name, shape in shapes.items():
-                qt = types[name]
+                qt = stored_types[name]
                 data = _stored(name, qt, shape, lambda: _floats(rng, name, shape), recipe.seed)  # noqa: B023
                 raw = None if qt in (_F32, _F16) else qt
                 edited = edit(name, data)

@@ -9,7 +9,8 @@ from engine.sizes import GiB, KiB, MiB, size_text
 @pytest.mark.parametrize("nbytes,text", [
     (0, "0 B"), (1, "0.1 KiB"), (512, "0.5 KiB"), (99 * KiB, "99.0 KiB"), (512 * KiB, "512 KiB"),
     (1000 * KiB, "1.0 MiB"), (3 * MiB, "3.0 MiB"), (516 * MiB, "516 MiB"), (GiB - 1, "1.00 GiB"),
-    (int(18.6 * GiB), "18.60 GiB"),
+    (int(18.6 * GiB), "18.60 GiB"), (int(99.97 * KiB), "100 KiB"), (int(999.7 * KiB), "1.0 MiB"),
+    (int(999.7 * MiB), "0.98 GiB"),
 ])
 def test_each_size_in_its_own_unit(nbytes, text):
     assert size_text(nbytes) == text
