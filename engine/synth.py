@@ -154,33 +154,41 @@ def byte_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
-def _spread(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
-    """(mean, standard deviation) of a tensor's random weights, scaled so activations stay tame."""
+def _kind(name: str) -> str:
+    """Which spread a tensor's random weights take: norm, bias, router, embedding or matrix."""
     if name.endswith("norm.weight"):
-        return 1.0, 0.1
+        return "norm"
     if name.endswith(".bias"):
-        return 0.0, 0.1
+        return "bias"
     if "ffn_gate_inp" in name:
-        return 0.0, 4.0 / float(np.sqrt(shape[-1]))
-    if name == "token_embd.weight":
-        return 0.0, 1.0
-    return 0.0, 1.0 / float(np.sqrt(shape[-1]))
+        return "router"
+    return "embedding" if name == "token_embd.weight" else "matrix"
+
+
+def _std(name: str, shape: tuple[int, ...]) -> float:
+    """The standard deviation of a tensor's random weights (what random K-quant blocks match)."""
+    kind = _kind(name)
+    if kind in ("norm", "bias"):
+        return 0.1
+    if kind == "embedding":
+        return 1.0
+    return (4.0 if kind == "router" else 1.0) / float(np.sqrt(shape[-1]))
 
 
 def _floats(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """A tensor's random float32 weights of `_spread`'s mean and deviation, the next draw of
-    `rng` (the arithmetic of the first writer: files of float and gguf-quantised types keep
-    their bytes from one version to the next)."""
-    if name.endswith("norm.weight"):
-        arr = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
-    elif name.endswith(".bias"):
-        arr = 0.1 * rng.standard_normal(shape, dtype=np.float32)
-    elif "ffn_gate_inp" in name:
-        arr = rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1]) * 4.0
-    elif name == "token_embd.weight":
-        arr = rng.standard_normal(shape, dtype=np.float32)
-    else:
-        arr = rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])
+    """A tensor's random float32 weights (norms around 1, everything else around 0, scaled so
+    activations stay tame), the next draw of `rng`.  The arithmetic is the first writer's, so
+    files of float and gguf-quantised types keep their bytes from one version to the next."""
+    kind = _kind(name)
+    arr = rng.standard_normal(shape, dtype=np.float32)
+    if kind == "norm":
+        arr = 1.0 + 0.1 * arr
+    elif kind == "bias":
+        arr = 0.1 * arr
+    elif kind == "router":
+        arr = arr / np.sqrt(shape[-1]) * 4.0
+    elif kind == "matrix":
+        arr = arr / np.sqrt(shape[-1])
     return arr.astype(np.float32, copy=False)
 
 
@@ -213,14 +221,13 @@ def _stored(name: str, qt: GGMLQuantizationType, shape: tuple[int, ...], floats:
     if qt in _GGUF_QUANTIZES:
         return gguf.quants.quantize(floats(), qt)
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ seed)
-    raw = quant_recipe.random_blocks(qt, shape, _spread(name, shape)[1], g).numpy()
-    return raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape, qt))
+    raw = quant_recipe.random_blocks(qt, shape, _std(name, shape), g).numpy()
+    return raw.reshape(_byte_shape(qt, shape))
 
 
-def _stored_nbytes(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
-    n = int(np.prod(shape))
-    bs, ts = dequant.block_geometry(qt) if qt not in (_F32, _F16) else (1, 4 if qt == _F32 else 2)
-    return n // bs * ts
+def _byte_shape(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A tensor's shape in bytes as stored in `qt` (floats included: F32 is 4 bytes a value)."""
+    return tuple(gguf.quants.quant_shape_to_byte_shape(shape, qt))
 
 
 def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
@@ -278,17 +285,13 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
         rng = np.random.default_rng(recipe.seed)
         shapes = expected_shapes(spec)
         stored_types = {name: _stored_type(name, recipe.quant, shape, spec) for name, shape in shapes.items()}
-        total = sum(_stored_nbytes(stored_types[n], shape) for n, shape in shapes.items())
+        total = sum(int(np.prod(_byte_shape(stored_types[n], shape))) for n, shape in shapes.items())
         done = 0
         if edit is None:  # streamed: tensor infos first, then one tensor in memory at a time
             for name, shape in shapes.items():
                 qt = stored_types[name]
-                if qt in (_F32, _F16):
-                    w.add_tensor_info(name, shape, np.dtype(np.float32 if qt == _F32 else np.float16),
-                                      _stored_nbytes(qt, shape))
-                else:
-                    w.add_tensor_info(name, gguf.quants.quant_shape_to_byte_shape(shape, qt), np.dtype(np.uint8),
-                                      _stored_nbytes(qt, shape), raw_dtype=qt)
+                stored_shape = _byte_shape(qt, shape)
+                w.add_tensor_info(name, stored_shape, np.dtype(np.uint8), int(np.prod(stored_shape)), raw_dtype=qt)
             w.write_header_to_file()
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
