@@ -482,7 +482,7 @@ def cmd_stage(ns: argparse.Namespace) -> int:
     if not ns.timeout > 0:
         raise ConfigError("--timeout", ns.timeout, "seconds > 0")
     try:
-        return attach(ns.rendezvous, rank, world, ns.timeout)
+        return attach(ns.rendezvous, rank, world, ns.timeout, key_file=ns.key_file)
     except AttachError as exc:
         print(f"strata-bench stage: error: {exc}", file=sys.stderr)
         return 2
@@ -589,6 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rank", type=int, help="this stage's index (default: $RANK, as torchrun sets it)")
     g.add_argument("--world", type=int, help="the number of stages (default: $WORLD_SIZE)")
     g.add_argument("--timeout", type=float, default=60.0, help="seconds to reach the controller")
+    g.add_argument("--key-file", help="a file holding the controller's key (default: $STRATA_RENDEZVOUS_KEY)")
     g.set_defaults(func=cmd_stage)
 
     d = sub.add_parser("devices", help="GPU topology: PCIe links, link class, peer access")

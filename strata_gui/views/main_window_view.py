@@ -30,9 +30,10 @@ from PySide6.QtWidgets import (
 )
 
 from engine import topology
-from engine.config import ConfigError
+from engine.config import ConfigError, rendezvous_address
 from engine.events import RunReport
 from engine.memory_plan import plan_memory
+from engine.rendezvous_key import attach_commands, controller_key, exposure_warning
 from engine.topology import TelemetrySample, Topology
 
 from ..history.history_model import RunHistory, UnsavedRuns, open_history
@@ -373,9 +374,24 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_cuda_graphs_applicable(
             cuda, "" if cuda else "no CUDA device in the list" if self.cuda_count else "no CUDA device")
         self.devices_panel.set_errors(self.validation.errors)
+        self.settings_panel.set_attach(*self._attach_text())
         self.sweep_view.set_base(self._sweep_base_text(s))
         self._update_buttons()
         return self.validation
+
+    def _attach_text(self) -> tuple[str, str | None]:
+        """The command that attaches a stage to this app (rank 0 of N), and the warning for a
+        rendezvous beyond loopback; ("", None) without a valid rendezvous."""
+        cfg = self.validation.config if self.validation.ok else None
+        if cfg is None or cfg.executor != "processes" or not cfg.rendezvous:
+            return "", None
+        host, _port = rendezvous_address(cfg.rendezvous)
+        try:
+            key = controller_key(self._env).decode()
+        except ConfigError as exc:
+            return str(exc), None
+        world = len(cfg.devices) * max(cfg.interleave, 1)
+        return attach_commands(cfg.rendezvous, world, key)[0], exposure_warning(host)
 
     def _memory_plan_text(self, path: Path, s: RunSettings) -> str:
         """The next run's memory plan ("" while the settings or the model are not valid)."""
