@@ -331,3 +331,24 @@ def test_a_loopback_rendezvous_binds_its_listener_and_store_to_loopback(demo, ke
         reap(procs)
     assert seen and f"127.0.0.1:{port}" in seen[0] and f"127.0.0.1:{port + 1}" in seen[0], seen
     assert all(_loopback(a) for a in seen[0] + ports), (seen, ports)
+
+
+def test_the_store_works_the_windows_way_without_libuv(monkeypatch):
+    """torch's Windows wheels have no libuv: the store is made with use_libuv=False there (here
+    forced on Linux), still bound where asked, and a stage's client reaches it the same way."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from engine import executor
+
+    monkeypatch.setattr(executor, "LIBUV", False)
+    port = free_port()
+    store = executor._tcp_store("127.0.0.1", port, 10.0, f"127.0.0.1:{port - 1}")
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10), use_libuv=False)
+    client.set("rank1", "here")
+    assert store.get("rank1") == b"here"
+    if sys.platform.startswith("linux"):
+        assert f"127.0.0.1:{port}" in _listening(os.getpid())
+        assert all(_loopback(a) for a in _listening(os.getpid()))
+    del client, store
