@@ -88,8 +88,9 @@ def test_unsupported_tensor_type(tmp_path):
     def edit(name, d):
         return np.zeros(128, dtype=np.int32) if name == "blk.0.attn_norm.weight" else d
     p = synth.write_model(tmp_path / "i32.gguf", synth.DEMO_RECIPE, edit=edit)
-    _expect(p, "unsupported type I32 in tensor blk.0.attn_norm.weight; supported: BF16, F16, F32, IQ4_NL, IQ4_XS, "
-               "Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0")
+    _expect(p, "unsupported type I32 in tensor blk.0.attn_norm.weight; supported: BF16, F16, F32, IQ1_M, IQ1_S, "
+               "IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, NVFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, "
+               "Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TQ1_0, TQ2_0")
 
 
 def test_missing_metadata_key(tmp_path):
