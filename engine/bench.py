@@ -38,7 +38,8 @@ GGUFError: type[Exception] = _NotImportedYet
 StageError: type[Exception] = _NotImportedYet
 Cancelled: type[Exception] = _NotImportedYet
 PRESET_NAMES = ("demo", "qwen3-30b-a3b")  # synth.PRESETS without importing torch (a test keeps them equal)
-QUANT_NAMES = ("q4_k_m", "q6_k", "q8_0", "iq4_xs", "f16", "f32")  # synth.QUANTS, likewise
+QUANT_NAMES = ("q4_k_m", "q6_k", "q8_0", "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq1_s", "iq1_m",
+               "mxfp4", "f16", "f32")  # synth.QUANTS, likewise
 
 
 def _engine() -> None:
@@ -580,7 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--context", dest="context_length", type=int)
     m.add_argument("--seed", type=int)
     m.add_argument("--quant", choices=QUANT_NAMES,
-                   help="llama.cpp's tensor-type mix (q4_k_m, q6_k, q8_0, iq4_xs) or plain f16/f32")
+                   help="llama.cpp's tensor-type mix (q4_k_m, q6_k, q8_0, iq4_xs, iq3_xxs, iq3_s, iq2_xxs, "
+                        "iq2_xs, iq1_s, iq1_m; mxfp4: gpt-oss's MXFP4 experts) or plain f16/f32")
     m.set_defaults(func=cmd_make_model)
 
     g = sub.add_parser("stage", help="serve one pipeline stage for a controller elsewhere (run it under "

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from . import wire
-from .chunk_cost import Measured, probe_shape
+from .chunk_cost import Measured, ProbeShape
 from .config import ConfigError, rendezvous_address
 from .errors import Cancelled, NonFiniteError, StageError
 from .events import StageEvent
@@ -721,10 +721,9 @@ class ProcessSession(Session):
     def prepare(self, capacity: int, chunk: int, hooks=None) -> None:
         self._capacity, self._chunk = capacity, chunk  # the stage processes allocate at the run's start
 
-    def _measure_layer(self) -> Measured:
+    def _measure_layer(self, shape: ProbeShape) -> Measured:
         cuda = self.stages[0].device.type == "cuda"
-        sizes_cost, per_key, launch = self._job_or_start().measure(*probe_shape(self.stages[0].device),
-                                                                   graphs=cuda and self.config.cuda_graphs)
+        sizes_cost, per_key, launch = self._job_or_start().measure(*shape, graphs=cuda and self.config.cuda_graphs)
         return dict(sizes_cost), per_key, launch
 
     def stage_pids(self) -> list[int]:

@@ -121,6 +121,7 @@ class Session:
         self._last_events: list[StageEvent] = []
         self._progress = progress or (lambda what, frac: None)
         self._chunk_cost: chunking.ChunkCost | None = None
+        self._cost_limit: int | None = None  # the largest chunk size that measurement timed (None: any)
         self._hop_s: float | None = None  # hand-off seconds per token between the first two devices
         order, self.order_reason = topology.split_order(self.config.devices, self.config.gpu_order)
         self.device_order = order
@@ -237,20 +238,24 @@ class Session:
         return self._last_events
 
     # ------------------------------------------------------ costs and planning
-    def chunk_cost(self) -> chunking.ChunkCost:
+    def chunk_cost(self, n_tokens: int | None = None) -> chunking.ChunkCost:
         """One layer of the main device, measured once per process for a (model shape, device
         kind, dtype, streaming, graphs, expert types) key (engine/chunk_cost.py), with this split's depth: the
-        most layers one device runs per chunk."""
-        if self._chunk_cost is None:
-            st = self.stages[0]
+        most layers one device runs per chunk.  For a prompt of `n_tokens` no size above it is
+        timed (`chunk_cost.probe_shape`); a measurement that timed up to that length or beyond
+        already serves as it is."""
+        st = self.stages[0]
+        shape = chunk_cost.probe_shape(st.device, n_tokens)
+        limit = shape[0][-1]
+        if self._chunk_cost is None or (self._cost_limit is not None and self._cost_limit < limit):
             key = chunk_cost.cost_key(self.spec, st.device, st.dtype, self.expert_plan.streamed,
                                       self.config.cuda_graphs, [q.name for q in expert_qtypes(self.expert_layouts)])
-            measured = chunk_cost.measured(key, self._measure_layer)
+            measured, self._cost_limit = chunk_cost.measured(key, limit, lambda: self._measure_layer(shape))
             per_device: dict[int, int] = {}  # interleaved groups of a device all run on it
             for s, lane in zip(self.stages, self.stage_lanes()):
                 per_device[lane] = per_device.get(lane, 0) + s.end - s.first
             self._chunk_cost = chunking.ChunkCost(*measured, max(per_device.values()))
-            log.info("chunk cost on %s: %s", st.name, self._chunk_cost)
+            log.info("chunk cost on %s (sizes up to %d): %s", st.name, self._cost_limit, self._chunk_cost)
         return self._chunk_cost
 
     @property
@@ -258,9 +263,9 @@ class Session:
         """The chunk cost when it has been measured (None: not yet; a fixed chunk needs none)."""
         return self._chunk_cost
 
-    def _measure_layer(self) -> chunk_cost.Measured:
+    def _measure_layer(self, shape: chunk_cost.ProbeShape) -> chunk_cost.Measured:
         st = self.stages[0]
-        return chunk_cost.measure_layer(st.layers[0], st.device, st.dtype, self.config.cuda_graphs)
+        return chunk_cost.measure_layer(st.layers[0], st.device, st.dtype, self.config.cuda_graphs, shape)
 
     def hop_s_per_token(self) -> float:
         """Seconds per token of a chunk to hand activations from the first device to the

@@ -46,7 +46,7 @@ class ModelRecipe:
     rope_base: float = 1_000_000.0
     rms_eps: float = 1e-6
     seed: int = 0
-    quant: str = "q8_0"  # q4_k_m, q6_k, q8_0, iq4_xs (llama.cpp's mixes), f16 or f32
+    quant: str = "q8_0"  # quant_recipe.FTYPES (llama.cpp's mixes: q4_k_m ... iq3_xxs ... mxfp4), f16 or f32
     tied: bool = False
 
     def spec(self) -> ModelSpec:

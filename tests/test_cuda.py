@@ -502,3 +502,44 @@ def test_cuda_triton_dequant_bit_exact_casts_strided_and_graphed(monkeypatch, na
     torch.cuda.synchronize()
     assert same(graphed, f32.to(torch.bfloat16)), f"{name} graph replay"
     dequant_triton._kernels.cache_clear()
+
+
+TORCH_ONLY_DEQUANT_TYPES = ["IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4",
+                            "NVFP4", "TQ1_0", "TQ2_0"]
+
+
+@cuda
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", TORCH_ONLY_DEQUANT_TYPES)
+def test_cuda_lattice_and_fp4_types_take_the_torch_path_bit_exact(monkeypatch, name):
+    """The IQ1/IQ2/IQ3 lattice types and the 4-bit float / ternary types have no Triton kernel:
+    on CUDA the dispatcher picks the torch path for them (whether or not triton imports), and
+    that path gives gguf's bits for valid blocks and every bit pattern, in steps, gathered by a
+    row index (the expert cache's slots) and cast to bf16."""
+    from dequant_support import assert_bit_exact, random_blocks
+    from gguf import GGMLQuantizationType as T
+    from gguf import quants as gguf_quants
+
+    from engine import dequant, dequant_triton
+
+    qtype = T[name]
+    monkeypatch.delenv(dequant_triton.ENV, raising=False)
+    dequant_triton._kernels.cache_clear()
+    assert dequant.backend("cuda:0", qtype, torch.bfloat16) == "torch"
+    assert dequant.gpu_temporaries("cuda:0", [qtype], torch.bfloat16) == dequant.STEP_BYTES_CUDA
+    for seed, finite in ((0, False), (1, True), (2, True)):
+        raw, shape = random_blocks(qtype, 64, 9, seed, finite=finite)
+        ref = gguf_quants.dequantize(raw, qtype)
+        t = torch.from_numpy(raw).cuda()
+        f32 = dequant.dequantize(t, qtype, shape)
+        assert f32.is_cuda
+        assert_bit_exact(f32, ref, f"{name} on CUDA, seed {seed}")
+        bf = dequant.dequantize(t, qtype, shape, dtype=torch.bfloat16)
+        assert torch.equal(bf.float().nan_to_num(), f32.to(torch.bfloat16).float().nan_to_num()), name
+        idx = torch.arange(63, -1, -1, device="cuda:0")
+        gathered = dequant.dequantize(t, qtype, shape, rows=idx)
+        assert_bit_exact(gathered, ref[::-1], f"{name} gathered rows on CUDA, seed {seed}")
+    monkeypatch.setattr(dequant, "CHUNK_BLOCKS_CUDA", 7)
+    stepped = dequant.dequantize(t, qtype, shape)
+    assert_bit_exact(stepped, ref, f"{name} in steps on CUDA")
+    dequant_triton._kernels.cache_clear()
