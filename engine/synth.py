@@ -8,8 +8,6 @@ benchmarks whose shapes (e.g. Qwen3-30B-A3B) would take minutes to write as a fi
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -21,8 +19,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from . import dequant, quant_recipe
+from .atomic_file import atomic_path
 from .gguf_model import ModelSpec, expected_shapes, format_quant_mix, quant_mix
-from .trace import UMASK, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -250,12 +248,9 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
         pad = spec.vocab - len(tokens)
         tokens = tokens + [f"<|unused_{i}|>" for i in range(pad)]
         types = types + [5] * pad
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
-    os.close(fd)
     a = spec.arch
-    try:
-        w = GGUFWriter(tmp, a)
+    with atomic_path(path) as tmp:
+        w = GGUFWriter(str(tmp), a)
         w.add_name(f"strata-{a}-random-seed{recipe.seed}")
         w.add_uint32(f"{a}.block_count", spec.n_layers)
         w.add_uint32(f"{a}.context_length", spec.context_length)
@@ -319,12 +314,6 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
             w.write_kv_data_to_file()
             w.write_tensors_to_file()
         w.close()
-        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp made it 0600; a model is as shareable as any file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
     log.info("wrote %s (%s, %.1f MiB)", path, a, path.stat().st_size / 2**20)
     return path
 
