@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -223,6 +224,20 @@ def _stored(name: str, qt: GGMLQuantizationType, shape: tuple[int, ...], floats:
     return raw.reshape(_byte_shape(qt, shape))
 
 
+def _put(w: GGUFWriter, key: str, value: Any) -> None:
+    """One metadata entry, replacing a value the writer already holds for that key."""
+    for kv in w.kv_data:
+        kv.pop(key, None)
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    else:
+        w.add_float32(key, float(value))
+
+
 def _byte_shape(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, ...]:
     """A tensor's shape in bytes as stored in `qt` (floats included: F32 is 4 bytes a value)."""
     return tuple(gguf.quants.quant_shape_to_byte_shape(shape, qt))
@@ -230,7 +245,8 @@ def _byte_shape(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, 
 
 def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
                 edit: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
-                progress: Callable[[str, float], None] | None = None) -> Path:
+                progress: Callable[[str, float], None] | None = None,
+                metadata: Mapping[str, Any] | None = None, checked: bool = True) -> Path:
     """Write a GGUF file with random weights; atomic (temp file + rename).
 
     Tensors are made and written one at a time (host memory stays about one tensor, whatever
@@ -238,9 +254,13 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
     gguf, K-quants get random valid blocks of the same spread.  `progress(tensor, fraction of
     the bytes written)` is called after each tensor.  `edit(name, data)` may replace a
     tensor's stored data or drop it (None): how tests and the fuzzer make defective files
-    through the same writer (every tensor is then made before the header is written)."""
+    through the same writer (every tensor is then made before the header is written).
+    `metadata`: more keys ("{a}." is the architecture's prefix), or other values for the usual
+    ones (a str is written as a string, a bool as a bool, an int as uint32, a float as float32).
+    checked=False writes a recipe `check_recipe` refuses (tests of the loader's refusals)."""
     path = Path(path)
-    check_recipe(recipe)
+    if checked:
+        check_recipe(recipe)
     spec = recipe.spec()
     tokens, types, merges = byte_vocab()
     if spec.vocab != len(tokens):
@@ -277,6 +297,8 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
         w.add_uint32("tokenizer.ggml.eos_token_id", eos)
         w.add_uint32("tokenizer.ggml.bos_token_id", eos)
         w.add_uint32("tokenizer.ggml.padding_token_id", eos)
+        for key, value in (metadata or {}).items():
+            _put(w, key.replace("{a}", a), value)
         rng = np.random.default_rng(recipe.seed)
         shapes = expected_shapes(spec)
         stored_types = {name: _stored_type(name, recipe.quant, shape, spec) for name, shape in shapes.items()}
