@@ -93,6 +93,8 @@ def check_recipe(recipe: ModelRecipe) -> None:
         v = getattr(r, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise RecipeError(name, v, "an integer >= 1")
+    if r.head_dim % 2:
+        raise RecipeError("head_dim", r.head_dim, "an even integer (RoPE rotates pairs of dimensions)")
     if r.n_heads % r.n_kv_heads:
         raise RecipeError("n_kv_heads", r.n_kv_heads, f"a divisor of n_heads={r.n_heads}")
     if r.arch == "qwen3moe":
@@ -228,6 +230,8 @@ def _put(w: GGUFWriter, key: str, value: Any) -> None:
     """One metadata entry, replacing a value the writer already holds for that key."""
     for kv in w.kv_data:
         kv.pop(key, None)
+    if value is None:  # None: the key is left out
+        return
     if isinstance(value, bool):
         w.add_bool(key, value)
     elif isinstance(value, str):
@@ -256,7 +260,8 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
     tensor's stored data or drop it (None): how tests and the fuzzer make defective files
     through the same writer (every tensor is then made before the header is written).
     `metadata`: more keys ("{a}." is the architecture's prefix), or other values for the usual
-    ones (a str is written as a string, a bool as a bool, an int as uint32, a float as float32).
+    ones (a str is written as a string, a bool as a bool, an int as uint32, a float as float32;
+    None leaves the key out).
     checked=False writes a recipe `check_recipe` refuses (tests of the loader's refusals)."""
     path = Path(path)
     if checked:
