@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import failure
+from .atomic_file import atomic_open
 from .config import ConfigError, EngineConfig, parse_setting
 from .events import RunReport, format_timing
 from .load_progress import LoadProgress
@@ -170,8 +171,8 @@ def write_or_fallback(flag: str, path: Path, write: Callable[[Path], None]) -> b
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as fh:  # a file object: np.save would add .npy to a name without it
+    """Atomically (a full disk leaves an earlier file at `path` as it was)."""
+    with atomic_open(path) as fh:  # a file object: np.save would add .npy to a name without it
         np.save(fh, array)
 
 

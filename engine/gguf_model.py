@@ -26,6 +26,7 @@ from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUFValueType
 
 from . import dequant
+from .gguf_keys import KeyProblem, RopeScaling, check_refused, rope_scaling
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class ModelSpec:
     qkv_bias: bool
     rope_style: str  # "neox" (rotate halves) or "norm" (rotate adjacent pairs, llama GGUF)
     tied_embeddings: bool = False
+    rope_scaling: RopeScaling | None = None  # linear or YaRN stretching of the RoPE frequencies
 
     @property
     def is_moe(self) -> bool:
@@ -656,6 +658,10 @@ def spec_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: Path
         raise GGUFError(path, f"head counts {n_heads}/{n_kv}: query heads must be a positive multiple of KV heads",
                         KIND_METADATA)
     head_dim = _meta_int(meta, path, f"{a}.attention.key_length", hidden // n_heads)
+    if head_dim % 2:
+        source = "" if f"{a}.attention.key_length" in meta else f" (embedding_length {hidden} / head_count {n_heads})"
+        raise GGUFError(path, f"metadata key {a}.attention.key_length is {head_dim}{source}: RoPE rotates pairs of "
+                              f"dimensions, so the head dimension must be even", KIND_METADATA)
     n_layers = _meta_int(meta, path, f"{a}.block_count", minimum=0)
     if n_layers <= 0:
         raise GGUFError(path, f"{a}.block_count is {n_layers}", KIND_METADATA)
@@ -667,11 +673,23 @@ def spec_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: Path
         raise GGUFError(path, "missing tensor token_embd.weight", KIND_TENSOR)
     vocab = int(emb.shape[1]) if len(emb.shape) == 2 else 0
     moe = a == "qwen3moe"
+    if not moe:
+        for key in (f"{a}.expert_count", f"{a}.expert_used_count"):
+            if _meta_int(meta, path, key, 0, minimum=0):
+                raise GGUFError(path, f"metadata key {key} is {meta[key]}: {a} files with experts (e.g. Mixtral "
+                                      f"as llama) are not supported; the engine runs {a} as a dense model",
+                                KIND_METADATA)
     n_exp = _meta_int(meta, path, f"{a}.expert_count", 0, minimum=0) if moe else 0
     n_used = _meta_int(meta, path, f"{a}.expert_used_count", 0, minimum=0) if moe else 0
     if moe and not (0 < n_used <= n_exp):
         raise GGUFError(path, f"expert_used_count {n_used} must be between 1 and expert_count {n_exp}",
                         KIND_METADATA)
+    context_length = _meta_int(meta, path, f"{a}.context_length", 4096)
+    try:
+        scaling = rope_scaling(meta, a, context_length)
+        check_refused(meta, a, head_dim, scaling)
+    except KeyProblem as exc:
+        raise GGUFError(path, str(exc), KIND_METADATA) from None
     return ModelSpec(
         arch=a,
         n_layers=n_layers,
@@ -686,11 +704,12 @@ def spec_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: Path
         rope_base=_meta_float(meta, path, f"{a}.rope.freq_base", 10000.0),
         rms_eps=_meta_float(meta, path, f"{a}.attention.layer_norm_rms_epsilon", 1e-6, positive=False),
         vocab=vocab,
-        context_length=_meta_int(meta, path, f"{a}.context_length", 4096),
+        context_length=context_length,
         qk_norm=a in ("qwen3", "qwen3moe"),
         qkv_bias=a == "qwen2",
         rope_style="norm" if a == "llama" else "neox",
         tied_embeddings="output.weight" not in tensors,
+        rope_scaling=scaling,
     )
 
 

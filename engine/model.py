@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from . import moe_kernels
 from .attention import chunk_attention, kernel_for
 from .experts import EXPAND_SCRATCH_BYTES
+from .gguf_keys import RopeScaling
 from .gguf_model import ModelSpec
 from .kv import LayerKV
 from .qk_rope import qk_norm_rope
@@ -70,13 +71,32 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class Rope:
-    """Cos/sin tables for one device, grown on demand."""
+    """Cos/sin tables for one device, grown on demand.
 
-    def __init__(self, head_dim: int, base: float, style: str, device: torch.device) -> None:
+    `scaling` (the file's linear or YaRN rope scaling, `gguf_keys.RopeScaling`) changes only the
+    frequencies and, for YaRN, multiplies cos and sin by its attention factor: every path that
+    takes these tables (eager, CUDA graphs, the Triton q/k-norm+RoPE kernel) applies it unchanged."""
+
+    def __init__(self, head_dim: int, base: float, style: str, device: torch.device,
+                 scaling: RopeScaling | None = None) -> None:
+        if head_dim % 2:
+            raise ValueError(f"RoPE needs an even head dimension, not {head_dim}")
         self.head_dim, self.base, self.style, self.device = head_dim, base, style, device
-        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
+        self.scaling = scaling
+        if scaling is None:
+            inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+            self.mscale = 1.0
+        else:
+            inv = torch.from_numpy(scaling.inv_freq(head_dim, base))
+            self.mscale = scaling.attention_factor
+        self.inv_freq = inv.to(device)
         self.cos = torch.empty(0, head_dim // 2, device=device)
         self.sin = torch.empty(0, head_dim // 2, device=device)
+
+    @classmethod
+    def for_spec(cls, spec: ModelSpec, device: torch.device) -> Rope:
+        """The tables a model's layers need on `device` (its head size, base, style and scaling)."""
+        return cls(spec.head_dim, spec.rope_base, spec.rope_style, device, spec.rope_scaling)
 
     def _ensure(self, n: int) -> None:
         if n <= self.cos.shape[0]:
@@ -84,7 +104,7 @@ class Rope:
         cap = max(n, 2 * self.cos.shape[0], 256)
         t = torch.arange(cap, dtype=torch.float64, device=self.device)
         ang = torch.outer(t, self.inv_freq)
-        self.cos, self.sin = ang.cos().float(), ang.sin().float()
+        self.cos, self.sin = (ang.cos() * self.mscale).float(), (ang.sin() * self.mscale).float()
 
     def lowp_tables(self, pos: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of positions pos..pos+n-1 in `dtype`, shaped [n, 1, head_dim] (neox)."""

@@ -109,6 +109,11 @@ class Session:
         self.config = config or EngineConfig()
         self.config.validate()
         self.config.check_layers(self.spec.n_layers)
+        if getattr(self.spec, "rope_scaling", None) is not None and self.config.executor == "processes":
+            # the stage processes build their RoPE tables without the scaling (stage_process.py
+            # makes `Rope(head_dim, base, style, device)`): refused rather than wrong logits
+            raise ConfigError("executor", "processes", "threads for a model with rope scaling "
+                              f"({self.spec.rope_scaling.kind}): the stage processes do not apply it yet")
         self.sink = sink
         self.hooks = hooks or PipelineHooks()
         self.events_on = events
@@ -186,8 +191,7 @@ class Session:
         if self.expert_plan.streamed:
             self._build_arena()
         for st in self.stages:
-            rope = ropes.setdefault(st.device, Rope(self.spec.head_dim, self.spec.rope_base,
-                                                    self.spec.rope_style, st.device))
+            rope = ropes.setdefault(st.device, Rope.for_spec(self.spec, st.device))
             for i in range(st.first, st.end):
                 if self._load_cancel is not None and self._load_cancel.is_set():
                     raise Cancelled(f"loading cancelled before layer {i}")

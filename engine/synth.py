@@ -8,12 +8,11 @@ benchmarks whose shapes (e.g. Qwen3-30B-A3B) would take minutes to write as a fi
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -21,8 +20,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from . import dequant, quant_recipe
+from .atomic_file import atomic_path
 from .gguf_model import ModelSpec, expected_shapes, format_quant_mix, quant_mix
-from .trace import UMASK, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +93,8 @@ def check_recipe(recipe: ModelRecipe) -> None:
         v = getattr(r, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise RecipeError(name, v, "an integer >= 1")
+    if r.head_dim % 2:
+        raise RecipeError("head_dim", r.head_dim, "an even integer (RoPE rotates pairs of dimensions)")
     if r.n_heads % r.n_kv_heads:
         raise RecipeError("n_kv_heads", r.n_kv_heads, f"a divisor of n_heads={r.n_heads}")
     if r.arch == "qwen3moe":
@@ -225,6 +226,22 @@ def _stored(name: str, qt: GGMLQuantizationType, shape: tuple[int, ...], floats:
     return raw.reshape(_byte_shape(qt, shape))
 
 
+def _put(w: GGUFWriter, key: str, value: Any) -> None:
+    """One metadata entry, replacing a value the writer already holds for that key."""
+    for kv in w.kv_data:
+        kv.pop(key, None)
+    if value is None:  # None: the key is left out
+        return
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    else:
+        w.add_float32(key, float(value))
+
+
 def _byte_shape(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, ...]:
     """A tensor's shape in bytes as stored in `qt` (floats included: F32 is 4 bytes a value)."""
     return tuple(gguf.quants.quant_shape_to_byte_shape(shape, qt))
@@ -232,7 +249,8 @@ def _byte_shape(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, 
 
 def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
                 edit: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
-                progress: Callable[[str, float], None] | None = None) -> Path:
+                progress: Callable[[str, float], None] | None = None,
+                metadata: Mapping[str, Any] | None = None, checked: bool = True) -> Path:
     """Write a GGUF file with random weights; atomic (temp file + rename).
 
     Tensors are made and written one at a time (host memory stays about one tensor, whatever
@@ -240,9 +258,14 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
     gguf, K-quants get random valid blocks of the same spread.  `progress(tensor, fraction of
     the bytes written)` is called after each tensor.  `edit(name, data)` may replace a
     tensor's stored data or drop it (None): how tests and the fuzzer make defective files
-    through the same writer (every tensor is then made before the header is written)."""
+    through the same writer (every tensor is then made before the header is written).
+    `metadata`: more keys ("{a}." is the architecture's prefix), or other values for the usual
+    ones (a str is written as a string, a bool as a bool, an int as uint32, a float as float32;
+    None leaves the key out).
+    checked=False writes a recipe `check_recipe` refuses (tests of the loader's refusals)."""
     path = Path(path)
-    check_recipe(recipe)
+    if checked:
+        check_recipe(recipe)
     spec = recipe.spec()
     tokens, types, merges = byte_vocab()
     if spec.vocab != len(tokens):
@@ -250,12 +273,9 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
         pad = spec.vocab - len(tokens)
         tokens = tokens + [f"<|unused_{i}|>" for i in range(pad)]
         types = types + [5] * pad
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
-    os.close(fd)
     a = spec.arch
-    try:
-        w = GGUFWriter(tmp, a)
+    with atomic_path(path) as tmp:
+        w = GGUFWriter(str(tmp), a)
         w.add_name(f"strata-{a}-random-seed{recipe.seed}")
         w.add_uint32(f"{a}.block_count", spec.n_layers)
         w.add_uint32(f"{a}.context_length", spec.context_length)
@@ -282,6 +302,8 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
         w.add_uint32("tokenizer.ggml.eos_token_id", eos)
         w.add_uint32("tokenizer.ggml.bos_token_id", eos)
         w.add_uint32("tokenizer.ggml.padding_token_id", eos)
+        for key, value in (metadata or {}).items():
+            _put(w, key.replace("{a}", a), value)
         rng = np.random.default_rng(recipe.seed)
         shapes = expected_shapes(spec)
         stored_types = {name: _stored_type(name, recipe.quant, shape, spec) for name, shape in shapes.items()}
@@ -319,12 +341,6 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
             w.write_kv_data_to_file()
             w.write_tensors_to_file()
         w.close()
-        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp made it 0600; a model is as shareable as any file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
     log.info("wrote %s (%s, %.1f MiB)", path, a, path.stat().st_size / 2**20)
     return path
 

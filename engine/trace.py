@@ -12,16 +12,15 @@ import gzip
 import json
 import logging
 import math
-import os
 import re
 import sys
-import tempfile
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .atomic_file import write_atomic
 from .events import KINDS, StageEvent
 
 log = logging.getLogger(__name__)
@@ -125,62 +124,6 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return obj
     return str(obj)
-
-
-def _read_umask() -> int:
-    """The process umask, read without changing it where the OS shows it (Linux), else set and
-    restored once at import (before the app starts threads that create files)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-UMASK = _read_umask()
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename in `folder` durable (POSIX); a file system that cannot fsync a folder is logged."""
-    if os.name != "posix":
-        return
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError as exc:
-        log.debug("cannot open %s to fsync it: %s", folder, exc)
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        log.debug("cannot fsync the folder %s: %s", folder, exc)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path` and rename it into place.
-
-    The file gets the mode a plain `open()` would give it (0666 less the umask, not mkstemp's
-    0600), and the folder is fsynced after the rename so the new name survives a power cut."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            if hasattr(os, "fchmod"):
-                os.fchmod(fh.fileno(), 0o666 & ~UMASK)
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def save(path: Path | str, events: Sequence[StageEvent], meta: dict[str, Any] | None = None,

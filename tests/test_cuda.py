@@ -543,3 +543,33 @@ def test_cuda_lattice_and_fp4_types_take_the_torch_path_bit_exact(monkeypatch, n
     stepped = dequant.dequantize(t, qtype, shape)
     assert_bit_exact(stepped, ref, f"{name} in steps on CUDA")
     dequant_triton._kernels.cache_clear()
+
+
+@cuda
+def test_yarn_rope_on_cuda_matches_transformers_and_the_cpu(tmp_path):
+    """YaRN only changes the RoPE tables (frequencies, and cos/sin times its attention factor):
+    the CUDA paths that take them (eager, CUDA graphs, the Triton q/k-norm+RoPE kernel in bf16)
+    give transformers' yarn logits (issue 39)."""
+    from engine import synth
+
+    meta = {"{a}.rope.scaling.type": "yarn", "{a}.rope.scaling.factor": 4.0,
+            "{a}.rope.scaling.original_context_length": 64}
+    path = synth.write_model(tmp_path / "yarn.gguf", synth.recipe_from_args("demo", rope_base=10000.0),
+                             metadata=meta)
+    model = gguf_model.load(path)
+    assert model.spec.rope_scaling is not None
+    ids = synthetic(96, model.spec.vocab, nonce=7)
+    pytest.importorskip("transformers")
+    ref_model = hf_model(path, model.spec, rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                            "original_max_position_embeddings": 64,
+                                                            "rope_theta": model.spec.rope_base})
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0]
+    fp32 = Session(model, EngineConfig(devices=["cuda:0"], dtype="float32", chunk_tokens=32)).run(
+        ids, decode_tokens=0, logits_all=True)
+    assert (fp32.logits - ref).abs().max().item() <= 1e-4
+    bf16 = Session(model, EngineConfig(devices=["cuda:0"], chunk_tokens=32)).run(ids, decode_tokens=0,
+                                                                               logits_all=True)
+    rel = (bf16.logits.float() - ref).abs().amax(-1) / ref.abs().amax(-1)  # per position, as above
+    assert rel.median().item() <= 0.03
+    assert (bf16.logits.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from history_support import demo_runs  # noqa: F401
 
-from engine import trace
+from engine import atomic_file, trace
 from engine.trace import TraceError
 from strata_gui.history.history_model import RunHistory
 from strata_gui.run.record_model import RunRecord
@@ -77,7 +77,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_partial_one(tmp_path, demo_ru
     def boom(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(trace.os, "replace", boom)
+    monkeypatch.setattr(atomic_file.os, "replace", boom)
     with pytest.raises(OSError, match="disk full"):
         export_trace(demo_runs.join, path)
     assert path.read_text() == "the previous export"

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine import trace
+from engine import atomic_file, trace
 from engine.trace import TraceError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,9 +137,9 @@ def test_peak_memory_of_an_import_is_within_3x_the_json(tmp_path):
 
 def test_written_files_get_the_umask_mode_not_0600(tmp_path):
     p = tmp_path / "x.json"
-    trace.write_atomic(p, b"{}")
-    assert stat.S_IMODE(p.stat().st_mode) == 0o666 & ~trace.UMASK
-    assert trace.UMASK == _umask()
+    atomic_file.write_atomic(p, b"{}")
+    assert stat.S_IMODE(p.stat().st_mode) == 0o666 & ~atomic_file.UMASK
+    assert atomic_file.UMASK == _umask()
 
 
 def _umask() -> int:

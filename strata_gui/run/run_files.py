@@ -1,6 +1,6 @@
 """A run to and from files (no Qt): the Chrome trace of `engine.trace`, a CSV of its events.
 
-Every file is written atomically (`engine.trace.write_atomic`: a temporary file beside the target,
+Every file is written atomically (`engine.atomic_file.write_atomic`: a temporary file beside the target,
 renamed into place), so a crash never leaves a half-written export.  The trace carries the
 engine's report, the run's settings and its telemetry (as counter tracks) in `otherData`, and
 the exact nanosecond times of every event, so `import_trace` gives back the very events that were
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import trace
+from engine.atomic_file import write_atomic
 from engine.trace import TraceError
 
 from .. import __version__
@@ -52,14 +53,14 @@ def events_csv(record: RunRecord) -> str:
 
 def export_events_csv(record: RunRecord, path: Path | str) -> Path:
     path = Path(path)
-    trace.write_atomic(path, events_csv(record).encode("utf-8"))
+    write_atomic(path, events_csv(record).encode("utf-8"))
     return path
 
 
 def write_bytes(path: Path | str, data: bytes) -> Path:
     """Any other export (the Gantt's PNG): atomically."""
     path = Path(path)
-    trace.write_atomic(path, data)
+    write_atomic(path, data)
     return path
 
 

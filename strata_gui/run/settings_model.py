@@ -33,6 +33,59 @@ MAX_REPEATS = 20
 DEMO_CHUNK = 256
 # the form's field names before issue 16 (saved settings) -> now
 FORM_ALIASES = {"chunk_size": "chunk_tokens", "pf_depth": "pipeline_depth"}
+# a text prompt is refused above this many characters (1M tokens are about 4M characters of prose)
+MAX_PROMPT_TEXT_CHARS = 4 * MAX_PROMPT_TOKENS
+MAX_FIELD_CHARS = 4096  # any other text field (paths, device lists, numbers as typed)
+# what each field's widget can show: a value outside would raise in the widget or be lost there
+INT_RANGES = {"prompt_tokens": (1, MAX_PROMPT_TOKENS), "decode_tokens": (0, MAX_DECODE_TOKENS),
+              "repeats": (1, MAX_REPEATS), "pipeline_depth": (0, 1)}
+CHOICES = {"split_mode": ("auto", "manual", "interleave"), "chunk_mode": ("auto", "fixed"),
+           "chunk_schedule": ("fixed", "balanced", "auto"), "prompt_mode": ("tokens", "text"),
+           "executor": ("threads", "processes"), "gpu_order": ("pcie", "configured")}
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Accepted:
+    value: Any
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def field_problem(name: str, value: Any, default: Any, max_text: int | None = None) -> Accepted | str:
+    """The field's value in its type and range (`Accepted`), or why it cannot be used."""
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return Accepted(value)
+        word = str(value).strip().lower() if isinstance(value, (str, int)) else None
+        if word in TRUE_WORDS or word in FALSE_WORDS:
+            return Accepted(word in TRUE_WORDS)
+        return "not true or false"
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            return "not an integer"
+        try:
+            number = int(str(value).strip()) if isinstance(value, str) else value
+        except ValueError:
+            return "not an integer"
+        lo, hi = INT_RANGES.get(name, (0, 1 << 31))
+        if not lo <= number <= hi:
+            return f"outside {lo}..{hi}"
+        return Accepted(number)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return f"not text but {type(value).__name__}"
+    text = str(value)
+    if name in CHOICES and text not in CHOICES[name]:
+        return "not one of " + ", ".join(CHOICES[name])
+    limit = (max_text if max_text is not None else None) if name == "prompt_text" else MAX_FIELD_CHARS
+    if limit is not None and len(text) > limit:
+        return f"{len(text):,} characters, more than {limit:,}"
+    return Accepted(text)
+
 
 
 @dataclass
@@ -82,29 +135,38 @@ class RunSettings:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunSettings:
-        """Known keys with a value of the right type; anything else keeps its default.  Settings
-        saved before issue 16 name two fields `chunk_size` and `pf_depth`: read as the new names."""
+        """Known keys with a value of the right type and inside the form's range; anything else
+        keeps its default (logged).  Settings saved before issue 16 name two fields `chunk_size`
+        and `pf_depth`: read as the new names."""
+        settings, rejected = cls.from_dict_checked(data)
+        for note in rejected:
+            log.warning("stored setting ignored: %s", note)
+        return settings
+
+    @classmethod
+    def from_dict_checked(cls, data: Mapping[str, Any], max_text: int | None = None,
+                          base: RunSettings | None = None) -> tuple[RunSettings, list[str]]:
+        """`from_dict` that also says which values it replaced by their default: one note per
+        field, naming it, the value (shortened) and what the form allows.
+
+        max_text: a longer prompt text is replaced too (saved settings: a 50 MB text would make
+        every start slow; what a user types is refused by `validate` instead, with its size).
+        base: the defaults a missing or rejected value takes (the class's own when None)."""
         data = {FORM_ALIASES.get(k, k): v for k, v in data.items() if k in FORM_ALIASES} | \
             {k: v for k, v in data.items() if k not in FORM_ALIASES}
-        base = cls()
-        kw: dict[str, Any] = {}
+        base = base if base is not None else cls()
+        kw: dict[str, Any] = base.to_dict()
+        rejected: list[str] = []
         for f in fields(cls):
             if f.name not in data:
                 continue
             default = getattr(base, f.name)
-            value = data[f.name]
-            try:
-                if isinstance(default, bool):
-                    value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
-                elif isinstance(default, int):
-                    value = int(value)
-                else:
-                    value = str(value)
-            except (TypeError, ValueError):
-                log.warning("stored setting %s=%r ignored (not a %s)", f.name, value, type(default).__name__)
+            why = field_problem(f.name, data[f.name], default, max_text)
+            if isinstance(why, str):
+                rejected.append(f"{f.name}={_short(data[f.name])} ({why}; using {_short(default)})")
                 continue
-            kw[f.name] = value
-        return cls(**kw)
+            kw[f.name] = why.value
+        return cls(**kw), rejected
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, devices: str = "cpu,cpu",
@@ -236,7 +298,11 @@ def validate(settings: RunSettings, n_layers: int | None, model_error: str = "",
         except ConfigError as exc:
             v.errors.setdefault(_field_for(name), config_error_text(exc))
     if settings.prompt_mode == "text":
-        if not settings.prompt_text.strip():
+        if len(settings.prompt_text) > MAX_PROMPT_TEXT_CHARS:
+            v.errors["prompt"] = config_error_text(ConfigError(
+                "prompt", f"text of {len(settings.prompt_text):,} characters",
+                f"a text of at most {MAX_PROMPT_TEXT_CHARS:,} characters"))
+        elif not settings.prompt_text.strip():
             v.errors["prompt"] = config_error_text(ConfigError("prompt", settings.prompt_text,
                                                                 "text that yields at least one token"))
     elif not 1 <= settings.prompt_tokens <= MAX_PROMPT_TOKENS:

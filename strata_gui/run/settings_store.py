@@ -5,7 +5,7 @@ import logging
 
 from PySide6.QtCore import QByteArray, QSettings
 
-from .settings_model import RunSettings
+from .settings_model import MAX_PROMPT_TEXT_CHARS, RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -24,14 +24,20 @@ class SettingsStore:
         finally:
             self.qs.endGroup()
 
-    def load_run_settings(self, default: RunSettings) -> RunSettings:
+    def load_run_settings(self, default: RunSettings) -> tuple[RunSettings, list[str]]:
+        """The saved form, every value checked on the way in (`RunSettings.from_dict_checked`):
+        one out of its field's range or of the wrong type takes `default`'s value, and is named
+        in the notes returned (the window shows them) — a saved value never stops the app."""
         self.qs.beginGroup(GROUP)
         try:
             data = {k: self.qs.value(k) for k in self.qs.childKeys()}
         finally:
             self.qs.endGroup()
-        merged = {**default.to_dict(), **{k: v for k, v in data.items() if v is not None}}
-        return RunSettings.from_dict(merged)
+        stored = {k: v for k, v in data.items() if v is not None}
+        settings, notes = RunSettings.from_dict_checked(stored, max_text=MAX_PROMPT_TEXT_CHARS, base=default)
+        for note in notes:
+            log.warning("saved setting replaced by its default: %s", note)
+        return settings, notes
 
     def save_run_settings(self, s: RunSettings) -> None:
         self.qs.beginGroup(GROUP)

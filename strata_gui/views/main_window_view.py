@@ -117,11 +117,18 @@ class MainWindow(QMainWindow):
         self._build()
         self._connect()
         defaults = RunSettings.from_env(self._env, default_devices(self.cuda_count), demo=True)
-        self.apply_settings(self.store.load_run_settings(defaults) if self.store.has_run_settings else defaults)
+        saved, replaced = self.store.load_run_settings(defaults) if self.store.has_run_settings else (defaults, [])
+        self.apply_settings(saved)
+        self.settings_notes = replaced  # saved values that could not be used, each named in the status bar
         geometry = self.store.load_bytes("geometry")
         restored = geometry is not None and self.restoreGeometry(geometry)
         self.fit_to_screen(restored)
+        # shown until device discovery is done too (its "ready" would hide it)
+        self._startup_status = ("saved settings not usable, defaults used: " + "; ".join(replaced)
+                                if replaced else "")
         self.refresh_topology(probe=False)
+        if self._startup_status:
+            self.set_status(self._startup_status)
         if self.history_error:
             self.set_status(f"run history unavailable: {self.history_error}")
             self.show_error("Run history unavailable", self.history_error,
@@ -315,7 +322,9 @@ class MainWindow(QMainWindow):
         self.devices_panel.set_topology(topo)
         if not self.controller.is_running:
             self.telemetry.set_unavailable(self._idle_telemetry_text(topo))
-        self.set_status("ready" if not self.controller.is_running else self.status_label.text())
+        idle = self._startup_status or "ready"
+        self._startup_status = ""
+        self.set_status(idle if not self.controller.is_running else self.status_label.text())
         self.revalidate()
 
     @staticmethod

@@ -308,7 +308,7 @@ class SettingsPanel(QGroupBox):
             self.chunk_tokens.setText(s.chunk_tokens)
             self.pipeline_depth.setCurrentIndex(max(self.pipeline_depth.findData(s.pipeline_depth), 0))
             self.prefill_main.setChecked(s.prefill_main)
-            schedule = s.chunk_schedule if s.chunk_schedule in ("fixed", "balanced") else "fixed"
+            schedule = s.chunk_schedule if s.chunk_schedule in ("fixed", "balanced", "auto") else "fixed"
             self.chunk_schedule.setCurrentText(schedule)
             self.cuda_graphs.setChecked(s.cuda_graphs)
             self.executor.setCurrentIndex(max(self.executor.findData(s.executor), 0))
