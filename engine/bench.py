@@ -388,7 +388,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
                     "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
                     "digest": r.digest, "generated": r.generated, "busy_histogram": r.busy_histogram,
                     "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
-                    "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
+                    "kernels": r.kernels, "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
                     "handoff_share": r.handoff_share,
                     "device_order": r.device_order}), flush=True)
         points.extend(pts.values())
@@ -399,6 +399,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
         print(render(points, [a for a, _ in arms], ns.format, model.spec, ns.peak_tflops))
     if ns.format == "md" and last is not None and last[1].report.attention:
         print(f"\nattention: {last[1].report.attention}")
+    if ns.format == "md" and last is not None and last[1].report.kernels:
+        print(f"kernels: {last[1].report.kernels}")
+        for note in last[1].report.notes:
+            if note.startswith("fast kernel missing"):
+                print(f"warning: {note}")
     if ns.format == "md":
         for p in points:
             r = p.reports[-1] if p.reports else None

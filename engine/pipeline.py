@@ -31,8 +31,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from gguf import GGMLQuantizationType
 
-from . import chunk_cost, chunking, run_plan, topology
+from . import chunk_cost, chunking, kernel_report, run_plan, topology
 from .attention import kernel_for
 from .config import ConfigError, EngineConfig
 from .errors import Cancelled, DeviceMemoryError, NonFiniteError, StageError
@@ -149,6 +150,10 @@ class Session:
         self.expert_plan = plan_experts(self.config.expert_cache, self.spec, self.stages, self.dtypes,
                                         max((lay.row_bytes for lay in self.expert_layouts), default=None),
                                         expert_qtypes(self.expert_layouts))
+        # which kernel each Triton-capable part runs, and a note when a fast one is missing on CUDA
+        self.kernel_parts = kernel_report.kernel_parts((d.type for d in self.devices), is_moe=self.spec.is_moe,
+                                                       qtypes=self._weight_qtypes())
+        self.setup_notes.extend(kernel_report.warnings(self.kernel_parts))
         self.arena: HostArena | None = None
         self._main_extra: list[Layer] | None = None  # prefill-main: later layers on the main device
         self._main_head: Head | None = None
@@ -229,6 +234,17 @@ class Session:
         """The device lane (position in the device order) of each stage: one lane per device,
         whatever the number of layer groups a device holds."""
         return [st.index % len(self.devices) for st in self.stages]
+
+    def _weight_qtypes(self) -> set:
+        """The GGUF types the model's weights are stored in (a file's whole mix; else the experts')."""
+        mix = getattr(self.source, "quant_mix", None)
+        names = [name for name, _ in mix()] if callable(mix) else []
+        known = {q for q in (getattr(GGMLQuantizationType, n, None) for n in names) if q is not None}
+        return known | expert_qtypes(self.expert_layouts)
+
+    def kernels(self) -> str:
+        """The kernel of each Triton-capable part, e.g. "dequant: Triton 3.8.0 (Q4_K, Q6_K); MoE: …"."""
+        return kernel_report.describe(self.kernel_parts)
 
     def attention_kernels(self) -> str:
         """The attention kernel of each device of the split, e.g. "cuda:0 cuDNN prefix+diagonal split"."""
