@@ -7,15 +7,14 @@ import dataclasses
 import io
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import failure
 from .config import ConfigError, EngineConfig, parse_setting
@@ -24,6 +23,9 @@ from .load_progress import LoadProgress
 from .sweep import median_spread, parse_arm, steps
 
 log = logging.getLogger("strata.bench")
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class _NotImportedYet(Exception):
@@ -118,19 +120,25 @@ def open_model(spec: str, device_hint: str = "cpu"):
     return load(Path(spec))
 
 
-def check_writable(flag: str, path: str | Path) -> Path:
+def check_writable(flag: str, path: str | Path, *, folder_must_exist: bool = False) -> Path:
     """An output path that can be written, checked before a run: its nearest existing folder
-    takes a new file (tried, not guessed from permission bits).  ConfigError names the flag."""
+    takes a new file (tried, not guessed from permission bits).  ConfigError names the flag.
+    With `folder_must_exist` the file's own folder must be there already, as cp and
+    llama-quantize want it: a typo in a folder name is not silently made into a new folder."""
     p = Path(path)
     try:
         is_dir = p.is_dir()
         folder = p.parent
+        missing = not folder.exists()
         while not folder.exists() and folder != folder.parent:
             folder = folder.parent
     except OSError as exc:  # a name too long, a loop of links...
         raise ConfigError(flag, str(path), "a path that can be written", exc.strerror or str(exc)) from None
     if is_dir:
         raise ConfigError(flag, str(path), "a file path", "it is a folder")
+    if folder_must_exist and missing:
+        raise ConfigError(flag, str(path), "a path in an existing folder",
+                          f"No such file or directory: {p.parent} (create it first, e.g. mkdir -p {p.parent})")
     if not folder.is_dir():
         raise ConfigError(flag, str(path), "a path in a folder", f"{folder} is not a folder")
     try:
@@ -169,6 +177,8 @@ def write_or_fallback(flag: str, path: Path, write: Callable[[Path], None]) -> b
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
+    import numpy as np
+
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as fh:  # a file object: np.save would add .npy to a name without it
         np.save(fh, array)
@@ -310,6 +320,34 @@ def _split_for(model, config: EngineConfig, sess, name: str, n_tokens: int, ns):
     return name, split_choice.fit(sess, config, n_tokens, rebuild)
 
 
+def check_model_arg(spec: str) -> None:
+    """A --model that names a file: it exists and is a file (a synthetic spec is checked with
+    its recipe, which needs the engine)."""
+    if spec == "demo" or spec.startswith("synthetic:"):
+        return
+    p = Path(spec)
+    if not p.exists():
+        raise ConfigError("--model", spec, "a GGUF file, 'demo' or synthetic:PRESET[:key=val,...]",
+                          "no such file")
+    if p.is_dir():
+        raise ConfigError("--model", spec, "a GGUF file, 'demo' or synthetic:PRESET[:key=val,...]",
+                          "it is a folder")
+
+
+def configs_from_args(ns: argparse.Namespace) -> list[tuple[str, EngineConfig]]:
+    """(arm name, config) of every arm, from the flags, the environment and each --arm, checked
+    against the machine as far as that is known without torch (engine/machine.py): every bad
+    setting is refused here, before anything heavy is imported."""
+    from .machine import check_machine_early
+
+    base = _base_settings(ns)
+    texts = getattr(ns, "arm", None) or [""]
+    configs = [(t or "base", EngineConfig.from_sources({**base, **parse_arm(t)})) for t in texts]
+    for _, cfg in configs:
+        check_machine_early(cfg)
+    return configs
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     logits_out = trace_out = None  # output paths, checked before anything runs
     if ns.logits_out:
@@ -319,11 +357,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
         trace_out = check_writable("--trace", ns.trace)
     if ns.prompt_ids is None and ns.prompt is None:
         prompt_sizes(ns.prompt_tokens)
-    base = _base_settings(ns)
+    if ns.prompt_ids is not None and not Path(ns.prompt_ids).is_file():
+        raise ConfigError("--prompt-ids", ns.prompt_ids, "a text file of token ids", "no such file")
+    check_model_arg(ns.model)
+    configs = configs_from_args(ns)
     _engine()
-    arm_texts = ns.arm or [""]
-    arms = [(t or "base", {**base, **parse_arm(t)}) for t in arm_texts]
-    configs = [(name, EngineConfig.from_sources(s)) for name, s in arms]
     first_dev = configs[0][1].devices[0]
     model = open_model(ns.model, first_dev)
     log.info("model: %s", model.describe())
@@ -394,7 +432,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         for _, sess in sessions:
             sess.close()
     if ns.format != "json" or len(points) > 1:
-        print(render(points, [a for a, _ in arms], ns.format, model.spec, ns.peak_tflops))
+        print(render(points, [a for a, _ in configs], ns.format, model.spec, ns.peak_tflops))
     if ns.format == "md" and last is not None and last[1].report.attention:
         print(f"\nattention: {last[1].report.attention}")
     if ns.format == "md":
@@ -408,7 +446,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         print((f"\ngenerated: {r.generated}" if r.generated else "") + f"\ndigest: {r.digest}")
     ok = True
     if logits_out is not None and last is not None:
-        logits = last[1].logits.numpy().astype(np.float32)
+        logits = last[1].logits.float().numpy()
         ok &= write_or_fallback("--logits-out", logits_out, lambda p: _save_npy(p, logits))
         log.info("wrote logits %s", tuple(logits.shape))
     if trace_out is not None and last is not None:
@@ -430,7 +468,8 @@ def _load_progress(model, arm: str = "") -> LoadProgress:
 
 def cmd_load(ns: argparse.Namespace) -> int:
     """Load a model onto the devices and report how fast (GB/s of file) and where it went."""
-    cfg = EngineConfig.from_sources(_base_settings(ns))
+    check_model_arg(ns.model)
+    [(_, cfg)] = configs_from_args(ns)
     _engine()
     model = open_model(ns.model, cfg.devices[0])
     shown = _load_progress(model)
@@ -451,7 +490,7 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
     changes = {k: getattr(ns, k) for k in ("arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim",
                                            "n_experts", "n_experts_used", "expert_ffn", "ffn", "vocab",
                                            "context_length", "seed", "quant")}
-    check_writable("make-model PATH", ns.path)
+    check_writable("make-model PATH", ns.path, folder_must_exist=True)
     _engine()
     recipe = synth.recipe_from_args(ns.preset, **changes)
     try:
@@ -505,8 +544,16 @@ def cmd_devices(ns: argparse.Namespace) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit 2, like every other input error here (its
+    subcommands' parsers are of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="strata-bench", description=__doc__)
+    ap = OneLineParser(prog="strata-bench", description=__doc__)
     ap.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -617,6 +664,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      ("decode_tokens", ns.decode_tokens, 0)):
                 if value < low:
                     raise ConfigError(name, value, f"an integer >= {low}")
+            if not (math.isfinite(ns.peak_tflops) and ns.peak_tflops >= 0):
+                raise ConfigError("--peak-tflops", ns.peak_tflops, "TFLOP/s >= 0 (0: no MFU columns)")
         return ns.func(ns)
     except KeyboardInterrupt:
         print("strata-bench: interrupted", file=sys.stderr)
