@@ -389,6 +389,10 @@ class SyntheticSource:
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
 
+    def tensor_names(self) -> list[str]:
+        """Every tensor the recipe makes (as a file's tensor_names)."""
+        return list(self._shapes)
+
     def nbytes(self, name: str) -> int:
         n = 1
         for x in self._shapes[name]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -43,14 +42,12 @@ def binary_ids(tmp_path) -> Path:
 ])
 def test_input_errors_are_one_line_naming_the_flag_exit_2(argv, flag, tmp_path, binary_ids, capsys):
     argv = [a.format(tmp=tmp_path, ids=binary_ids) for a in argv]
-    t0 = time.perf_counter()
     rc = bench.main(argv)
-    took = time.perf_counter() - t0
     out, err = capsys.readouterr()
     assert rc == 2, (out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("strata-bench: error: invalid ") and flag in lines[0], err
-    assert took < 5.0  # refused before any model is loaded or run
+    # refused before any model is loaded: tests/test_cli_settings_early.py checks sys.modules
     assert not list(tmp_path.glob("*.gguf*"))  # make-model wrote nothing
 
 
