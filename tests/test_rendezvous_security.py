@@ -232,10 +232,8 @@ def test_a_fake_controller_with_the_old_default_key_runs_nothing_in_a_stage(tmp_
 def test_a_silent_controller_or_one_without_the_key_ends_the_stage_within_its_timeout():
     with socket.create_server(("127.0.0.1", 0)) as srv:  # accepts and never speaks
         port = srv.getsockname()[1]
-        t0 = time.monotonic()
-        out = _run_stage(port, STRATA_RENDEZVOUS_KEY=secrets.token_urlsafe(24))
+        out = _run_stage(port, STRATA_RENDEZVOUS_KEY=secrets.token_urlsafe(24))  # a hang is subprocess's timeout
         assert out.returncode == 2 and "did not answer within 3 s" in out.stderr, out.stderr
-        assert time.monotonic() - t0 < 60
     port = free_port()
     wrong = secrets.token_bytes(24)
 
