@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -38,6 +38,7 @@ from engine.topology import TelemetrySample, Topology
 
 from ..history.history_model import RunHistory, UnsavedRuns, open_history
 from ..run.background import BackgroundJobs
+from ..run.gpu_monitor_model import GpuMonitor
 from ..run.model_cache import ModelCache, file_key
 from ..run.progress_model import RunProgress
 from ..run.record_model import RunRecord
@@ -190,6 +191,11 @@ class MainWindow(QMainWindow):
         self.gantt = GanttView()
         self.telemetry = TelemetryView()
         self.telemetry.link_x(self.gantt.plot.getPlotItem())
+        self.monitor = GpuMonitor()  # live telemetry between runs (the panel's Live mode)
+        self._monitor_timer = QTimer(self)
+        self._monitor_timer.setInterval(1000)
+        self._monitor_timer.timeout.connect(self._tick_monitor)
+        self.telemetry.mode_changed.connect(lambda _mode: self._tick_monitor())
         self.summary = SummaryView()
         self.splitter = QSplitter(Qt.Orientation.Vertical)
         # the summary scrolls when the window is short (1280x720, 150% scale) instead of clipping
@@ -322,6 +328,7 @@ class MainWindow(QMainWindow):
         self.devices_panel.set_topology(topo)
         if not self.controller.is_running:
             self.telemetry.set_unavailable(self._idle_telemetry_text(topo))
+            self._start_monitor(first=True)
         idle = self._startup_status or "ready"
         self._startup_status = ""
         self.set_status(idle if not self.controller.is_running else self.status_label.text())
@@ -487,6 +494,35 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_editable(not busy)
         self.devices_panel.set_editable(not busy)
         self._update_buttons()
+        if busy:  # the run samples its own GPUs on its own clock
+            self.monitor.stop()
+            self._monitor_timer.stop()
+        elif not self._closing:
+            self._start_monitor()
+
+    # ------------------------------------------------------------ the GPU monitor
+    def _start_monitor(self, first: bool = False) -> None:
+        """Live telemetry between runs, when there are GPUs to sample; on the first discovery
+        with GPUs the panel opens in Live mode (there is no run to show yet)."""
+        topo = self.controller.topology
+        if topo is None or not topo.devices:
+            return
+        if self.monitor.start(topo):
+            self._monitor_timer.start()
+            if first and not self.store_has_run():
+                self.telemetry.set_mode("live")
+        self._tick_monitor()
+
+    def store_has_run(self) -> bool:
+        return len(self.telemetry.store) > 0 or self.last_report is not None
+
+    def _tick_monitor(self) -> None:
+        if self.telemetry.mode != "live":
+            return
+        why = "" if self.monitor.running else (self.monitor.reason if self.controller.topology is not None
+                                               and self.controller.topology.devices else
+                                               "no GPU to monitor (the Devices panel says why)")
+        self.telemetry.show_live(self.monitor.poll(), unavailable=why)
 
     def _on_run_started(self, info: RunStarted) -> None:
         plan = info.plan
@@ -774,6 +810,8 @@ class MainWindow(QMainWindow):
             log.exception("saving the settings failed")
         if self.controller.is_running:
             self.set_status("stopping the run before closing …")
+        self._monitor_timer.stop()
+        self.monitor.stop()
         self.controller.shutdown()
         self.sweeps.shutdown()
         self.jobs.wait_all()
