@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from . import wire
+from . import nvtx, wire
 from .synth import ModelRecipe
 
 wire.register(ModelRecipe)  # a synthetic source's recipe travels in a StageSpec
@@ -394,7 +394,8 @@ class StageProcess:
         if self.cache is not None:
             self.cache.chunk = chunk
         t0 = time.perf_counter_ns()
-        x = self.forward(x, layers, kvs, pos, chunk)
+        with nvtx.span(self.device, nvtx.block_name(self.rank, chunk, layers[0].index, layers[-1].index)):
+            x = self.forward(x, layers, kvs, pos, chunk)
         self._sync()
         self.event(chunk, "compute", t0, time.perf_counter_ns(), tokens=n, note=note)
         self.emit_streams()

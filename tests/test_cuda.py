@@ -646,3 +646,23 @@ def test_cuda_greedy_decode_is_the_prefill_argmax(quant, dtype):
         assert gen == argmax
     else:
         assert not disagreements(gen, logits, 0.03), (gen, argmax)
+
+
+@cuda
+def test_cuda_chunks_carry_nvtx_ranges_named_as_the_gantt(demo_path, monkeypatch):
+    """`nsys profile` sees one range per (stage, chunk) with the Gantt's name (issue 37)."""
+    from engine import nvtx  # noqa: F401  (the ranges come from engine.stage)
+
+    names: list[str] = []
+    real_push = torch.cuda.nvtx.range_push
+
+    def push(name: str):
+        names.append(name)
+        return real_push(name)
+
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", push)
+    model = gguf_model.load(demo_path)
+    Session(model, EngineConfig(devices=["cuda:0", "cuda:0"], layer_split="2,2", chunk_tokens=16, cuda_graphs=False)).run(
+        synthetic(48, model.spec.vocab, nonce=2), decode_tokens=0)
+    for c in range(3):
+        assert f"stage 0 C{c} layers 0-1" in names and f"stage 1 C{c} layers 2-3" in names, names
