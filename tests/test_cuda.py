@@ -502,3 +502,21 @@ def test_cuda_triton_dequant_bit_exact_casts_strided_and_graphed(monkeypatch, na
     torch.cuda.synchronize()
     assert same(graphed, f32.to(torch.bfloat16)), f"{name} graph replay"
     dequant_triton._kernels.cache_clear()
+
+
+@cuda
+def test_the_report_names_triton_kernels_and_the_selftest_exercise_runs_one(demo_path):
+    """engine/kernel_report.py on a CUDA machine with triton: what the run report and the frozen
+    self-test say there (issue 36)."""
+    pytest.importorskip("triton")
+    from engine import kernel_report
+
+    ok, what = kernel_report.exercise("cuda")
+    assert ok and "matches torch" in what, what
+    sess = Session(gguf_model.load(demo_path), EngineConfig(devices=["cuda:0"]))
+    try:
+        report = sess.run(synthetic(256, sess.spec.vocab, nonce=3)).report
+    finally:
+        sess.close()
+    assert "MoE: Triton" in report.kernels and "q/k-norm+RoPE: Triton" in report.kernels, report.kernels
+    assert not any(n.startswith("fast kernel missing") for n in report.notes)
