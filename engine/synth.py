@@ -230,6 +230,23 @@ def _byte_shape(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, 
     return tuple(gguf.quants.quant_shape_to_byte_shape(shape, qt))
 
 
+class FileInUseError(PermissionError):
+    """The target exists and cannot be replaced: on Windows, a file another program has open or
+    mapped ([WinError 5] / [WinError 32]) — a GGUF the app or a strata-bench run has loaded."""
+
+    def __init__(self, path: Path, cause: OSError) -> None:
+        winerror = getattr(cause, "winerror", None)
+        code = f"WinError {winerror}" if winerror else (cause.strerror or type(cause).__name__)
+        super().__init__(cause.errno, f"cannot replace {path}: another program has the file open ({code}) — on Windows "
+                                      f"a GGUF that Strata GUI or a strata-bench run has loaded stays mapped until that "
+                                      f"program closes it. Close it there (or the app), or write to another path; "
+                                      f"{path.name} was left as it was")
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
 def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
                 edit: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
                 progress: Callable[[str, float], None] | None = None) -> Path:
@@ -320,7 +337,12 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
             w.write_tensors_to_file()
         w.close()
         os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp made it 0600; a model is as shareable as any file
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except PermissionError as exc:
+            if path.exists() and not path.is_dir():
+                raise FileInUseError(path, exc) from None
+            raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

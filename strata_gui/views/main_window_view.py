@@ -121,6 +121,8 @@ class MainWindow(QMainWindow):
         restored = geometry is not None and self.restoreGeometry(geometry)
         self.fit_to_screen(restored)
         self.refresh_topology(probe=False)
+        if self.history is not None and getattr(self.history, "notice", ""):
+            self.set_status(self.history.notice)
         if self.history_error:
             self.set_status(f"run history unavailable: {self.history_error}")
             self.show_error("Run history unavailable", self.history_error,
