@@ -34,7 +34,6 @@ OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NUM_WARPS = 4
 
 
-
 def _probe() -> None:
     """What engine.triton_import jits to learn whether this module's kernels can be defined."""
 

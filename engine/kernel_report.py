@@ -108,3 +108,28 @@ def warnings(parts: Iterable[PartKernel]) -> list[str]:
 @functools.cache
 def _warn_once(note: str) -> None:
     log.warning("%s", note)
+
+
+def exercise(device: str = "cuda") -> tuple[bool, str]:
+    """Run one Triton kernel (the MoE SwiGLU) on `device` against its torch expression: the frozen
+    self-test's proof that a bundle's Triton works (compiler, backends, engine sources).  Without
+    CUDA there is nothing to run (ok).  On CUDA: not ok when triton is there but cannot define the
+    kernels (a bundle without engine sources) or the kernel's result is wrong; ok, with the reason,
+    when the build simply has no triton."""
+    import torch
+    import torch.nn.functional as F
+
+    from . import moe_kernels
+
+    if not torch.cuda.is_available():
+        return True, "no CUDA device: Triton kernels not exercised"
+    kernel, why = moe_kernels.status()
+    if kernel == "torch":
+        return "cannot read the source" not in why, f"Triton kernels not available: {why}"
+    g = torch.Generator(device="cpu").manual_seed(0)
+    gu = torch.randn(37, 2 * 96, generator=g).to(device)
+    got = moe_kernels.swiglu(gu, 96)
+    want = F.silu(gu[:, :96]) * gu[:, 96:]
+    err = float((got - want).abs().max())
+    ok = err <= 1e-5 * max(1.0, float(want.abs().max()))
+    return ok, f"{kernel}: MoE SwiGLU on {device} {'matches' if ok else 'DIFFERS from'} torch (max abs diff {err:.2g})"

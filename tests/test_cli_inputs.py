@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from platform_support import not_on_windows
 
 from engine import bench, synth
 from engine.atomic_file import UMASK
@@ -34,10 +35,10 @@ def binary_ids(tmp_path) -> Path:
     (["make-model", "{tmp}/m.gguf", "--experts-used", "9"], "--experts-used=9: allowed 1..n_experts (8)"),
     (["make-model", "{tmp}/m.gguf", "--layers", "0"], "--layers=0"),
     (["make-model", "{tmp}/m.gguf", "--heads", "4", "--kv-heads", "3"], "--kv-heads=3"),
-    (["make-model", "/proc/x.gguf"], "make-model PATH='/proc/x.gguf'"),
+    pytest.param(["make-model", "/proc/x.gguf"], "make-model PATH='/proc/x.gguf'", marks=not_on_windows),
     (["run", "--prompt-ids", "{ids}"], "--prompt-ids="),
-    (["run", "--trace", "/proc/x.json"], "--trace='/proc/x.json'"),
-    (["run", "--logits-out", "/proc/x.npy"], "--logits-out='/proc/x.npy'"),
+    pytest.param(["run", "--trace", "/proc/x.json"], "--trace='/proc/x.json'", marks=not_on_windows),
+    pytest.param(["run", "--logits-out", "/proc/x.npy"], "--logits-out='/proc/x.npy'", marks=not_on_windows),
     (["run", "--trace", "{tmp}/" + "x" * 300 + ".json"], "(File name too long)"),
 ])
 def test_input_errors_are_one_line_naming_the_flag_exit_2(argv, flag, tmp_path, binary_ids, capsys):

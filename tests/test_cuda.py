@@ -666,3 +666,21 @@ def test_cuda_chunks_carry_nvtx_ranges_named_as_the_gantt(demo_path, monkeypatch
         synthetic(48, model.spec.vocab, nonce=2), decode_tokens=0)
     for c in range(3):
         assert f"stage 0 C{c} layers 0-1" in names and f"stage 1 C{c} layers 2-3" in names, names
+
+
+@cuda
+def test_the_report_names_triton_kernels_and_the_selftest_exercise_runs_one(demo_path):
+    """engine/kernel_report.py on a CUDA machine with triton: what the run report and the frozen
+    self-test say there (issue 36)."""
+    pytest.importorskip("triton")
+    from engine import kernel_report
+
+    ok, what = kernel_report.exercise("cuda")
+    assert ok and "matches torch" in what, what
+    sess = Session(gguf_model.load(demo_path), EngineConfig(devices=["cuda:0"]))
+    try:
+        report = sess.run(synthetic(256, sess.spec.vocab, nonce=3)).report
+    finally:
+        sess.close()
+    assert "MoE: Triton" in report.kernels and "q/k-norm+RoPE: Triton" in report.kernels, report.kernels
+    assert not any(n.startswith("fast kernel missing") for n in report.notes)

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import pytest
 from executor_support import Sleep, process_gone
+from platform_support import posix_signals
 
 from engine import failure, gguf_model
 from engine.config import ConfigError, EngineConfig
@@ -153,6 +154,7 @@ def test_cancel_stops_at_a_chunk_boundary_and_the_next_run_works(two, ids, threa
     assert two.run(ids, decode_tokens=3).report.digest == threads_digests(("cpu", "cpu"))[0]
 
 
+@posix_signals
 def test_killed_stage_process_ends_the_run_names_it_and_leaves_nothing(two, ids, threads_digests):
     configure(two, pipeline_depth=1)
     old = two.stage_pids()
@@ -178,6 +180,7 @@ def test_killed_stage_process_ends_the_run_names_it_and_leaves_nothing(two, ids,
     assert not set(two.stage_pids()) & set(old)
 
 
+@posix_signals
 def test_hung_stage_process_ends_the_run_within_the_timeout(two, ids, threads_digests):
     configure(two, pipeline_depth=0)
     old = two.stage_pids()

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from executor_support import ROOT, env, free_port, reap, stage_command
+from platform_support import posix_signals
 
 from engine import gguf_model, wire
 from engine.config import ConfigError, EngineConfig
@@ -108,6 +109,7 @@ def test_a_version_mismatch_between_hosts_is_refused_with_both_versions(demo, mo
     assert answer and answer[0][0] == "refused" and "version mismatch" in answer[0][1]
 
 
+@posix_signals
 def test_an_attached_stage_killed_mid_run_is_named_and_the_other_one_ends(demo):
     import signal
     import time

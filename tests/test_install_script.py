@@ -200,3 +200,20 @@ def test_a_cuda_torch_outside_the_range_is_refused_where_plain_pip_would_replace
     rc, out = _run_script(["--venv", str(test_venv), "--dry-run"], env)
     assert rc == 1
     assert "refusing: pip cannot install Strata GUI beside the installed torch 2.16.0+cu130 (CUDA 13.0)" in out
+
+
+def test_torch_index_installs_then_pins_what_it_got_for_the_rest(wheelhouse, tmp_path):
+    """The whole --torch-index path, for real and offline: a new venv, torch from the "index" (a
+    wheel folder holding a fake CUDA build), then the project under a pin of that torch; the
+    script's last check finds the CUDA build still there."""
+    index = tmp_path / "cuda-index"
+    index.mkdir()
+    _wheel(index, "torch", "2.15.0+cu128",
+           {"torch/__init__.py": b"__version__ = '2.15.0+cu128'\nclass version:\n    cuda = '12.8'\n"})
+    env = {**_pip_env(wheelhouse), "PIP_FIND_LINKS": f"{index} {wheelhouse}"}
+    v = tmp_path / "v"
+    rc, out = _run_script(["--venv", str(v), "--torch-index", "https://download.pytorch.org/whl/cu128"], env)
+    assert rc == 0, out
+    assert "installed torch 2.15.0+cu128 (CUDA 12.8); pinning it for the rest" in out
+    assert "torch 2.15.0+cu128 stays" in out and out.rstrip().splitlines()[-1].startswith("done:")
+    assert install.probe_torch(install.venv_python(v), env) == install.TorchInfo("2.15.0+cu128", "12.8")

@@ -168,3 +168,8 @@ def test_the_app_summary_shows_the_kernels_and_the_warning_in_colour(cpu_session
     text = view.figures.text()
     assert ">Kernels<" in text and "q/k-norm+RoPE: torch (CPU)" in text
     assert ">Warning<" in text and WARNING_COLOR in text and "fast kernel missing: MoE" in text
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU case (tests/test_cuda.py has the CUDA one)")
+def test_the_selftest_exercise_without_cuda_runs_nothing_and_passes():
+    assert kernel_report.exercise() == (True, "no CUDA device: Triton kernels not exercised")

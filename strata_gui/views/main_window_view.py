@@ -128,6 +128,8 @@ class MainWindow(QMainWindow):
         self._startup_status = ("saved settings not usable, defaults used: " + "; ".join(replaced)
                                 if replaced else "")
         self.refresh_topology(probe=False)
+        if self.history is not None and getattr(self.history, "notice", ""):
+            self.set_status(self.history.notice)
         if self._startup_status:
             self.set_status(self._startup_status)
         if self.history_error:
