@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from .config import ConfigError, EngineConfig, parse_setting
 from .events import RunReport, format_timing
 from .load_progress import LoadProgress
 from .sweep import median_spread, parse_arm, steps
+
+if TYPE_CHECKING:
+    from .roofline import DecodeBytes
 
 log = logging.getLogger("strata.bench")
 
@@ -43,9 +46,9 @@ QUANT_NAMES = ("q4_k_m", "q6_k", "q8_0", "iq4_xs", "f16", "f32")  # synth.QUANTS
 
 def _engine() -> None:
     """Import the engine modules the commands use (idempotent; cheap after the first call)."""
-    global GGUFError, StageError, Cancelled, load, Session, synth, prompts
+    global GGUFError, StageError, Cancelled, load, Session, synth, prompts, roofline
     from . import prompt as prompts
-    from . import synth
+    from . import roofline, synth
     from .gguf_model import GGUFError, load
     from .pipeline import Cancelled, Session, StageError
 
@@ -174,14 +177,28 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
         np.save(fh, array)
 
 
-def prompt_sizes(text: str) -> list[int]:
+def prompt_sizes(text: str, decode_tokens: int = 0) -> list[int]:
+    """The --prompt-tokens sizes; 0 (decode only, llama-bench's `-p 0`) only with --decode-tokens."""
+    low = 0 if decode_tokens > 0 else 1
     try:
         sizes = [int(x) for x in str(text).split(",")]
     except ValueError:
         sizes = []
-    if not sizes or any(n < 1 for n in sizes):
-        raise ConfigError("--prompt-tokens", text, "comma-separated integers >= 1, e.g. 512,2048")
+    if not sizes or any(n < low for n in sizes):
+        if decode_tokens > 0:
+            raise ConfigError("--prompt-tokens", text, "comma-separated integers >= 0, e.g. 0,512 "
+                                                       "(0: decode only, from a single BOS token)")
+        raise ConfigError("--prompt-tokens", text, "comma-separated integers >= 1, e.g. 512,2048 "
+                                                   "(0 needs --decode-tokens N: decode only)")
     return sizes
+
+
+def prompt_tokens_text(ns: argparse.Namespace) -> str:
+    """--prompt-tokens as given; omitted: 512, or 0 (decode only, llama-bench's `-p 0 -n N`) when
+    --decode-tokens asks for decode and no prompt is given."""
+    if ns.prompt_tokens is not None:
+        return ns.prompt_tokens
+    return "0" if ns.decode_tokens > 0 and ns.prompt_ids is None and ns.prompt is None else "512"
 
 
 @dataclass
@@ -233,6 +250,7 @@ def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 
         "schedule": r.plan.schedule, "chunk_sizes": [n for _, n in r.plan.chunk_bounds()],
         "prefill_tok_s": p.median, "prefill_tok_s_all": p.tok_s, "spread": p.spread,
         "decode_tok_s": median_spread([x.decode_tok_s for x in p.reports])[0],
+        "decode_spread": median_spread([x.decode_tok_s for x in p.reports])[1],
         "ratio": p.median / base.median if base and base.median else 1.0,
         "busy_histogram": r.busy_histogram, "digest": r.digest, "experts": _experts(r),
         "per_stage": [vars(t) for t in r.per_stage],
@@ -257,18 +275,72 @@ def _chunks(r: dict[str, Any]) -> str:
     return f"{r['chunk']}x{r['n_chunks']}"
 
 
-def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflops: float = 0.0) -> str:
+def _decode_columns(r: dict[str, Any], p: Point, decode_tokens: int, weights: DecodeBytes | None,
+                    bandwidth: Callable | None) -> None:
+    """The llama-bench-style tg figure and the roofline of a point, into its row."""
+    r["tg"] = f"tg{decode_tokens}" if decode_tokens > 0 else ""
+    if weights is None:
+        return
+    from . import roofline
+
+    rep = p.reports[-1]
+    stages = [(st.device, st.first_layer, st.end_layer) for st in rep.plan.stages]
+    roof = roofline.roofline(weights, stages, bandwidth or roofline.bandwidth_of())
+    r["decode_weight_bytes"] = roof.weight_bytes
+    r["roofline_tok_s"] = roof.limit_tok_s
+    r["roofline_share"] = roof.share(r["decode_tok_s"])
+    r["roofline_how"] = roof.how
+
+
+def _run_decode_fields(r: RunReport, ns: argparse.Namespace, weights: DecodeBytes | None) -> dict[str, Any]:
+    """A JSON run row's tg label and roofline (decode runs only)."""
+    if weights is None:
+        return {}
+    from . import roofline
+
+    stages = [(st.device, st.first_layer, st.end_layer) for st in r.plan.stages]
+    roof = roofline.roofline(weights, stages, roofline.bandwidth_of(ns.mem_gbs))
+    return {"tg": f"tg{ns.decode_tokens}", "decode_weight_bytes": roof.weight_bytes,
+            "roofline_tok_s": roof.limit_tok_s, "roofline_share": roof.share(r.decode_tok_s)}
+
+
+def _roof_cells(r: dict[str, Any]) -> list[str]:
+    limit, share = r.get("roofline_tok_s"), r.get("roofline_share")
+    return [f"{r['decode_weight_bytes'] / 2**20:.1f}",
+            f"{limit:.0f}" if limit else "unknown",
+            f"{share * 100:.1f}%" if share is not None else "—"]
+
+
+def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflops: float = 0.0,
+           decode_tokens: int = 0, weights: DecodeBytes | None = None, bandwidth: Callable | None = None) -> str:
+    """The summary table.  With decode (`decode_tokens` > 0): a `tg<N>` column (decode tok/s ±
+    spread over the repeats, as llama-bench prints tg) and, given `weights` (the bytes a decode
+    token reads, engine/roofline.py), the roofline: MiB of weights per token, the tok/s the
+    devices' bandwidth allows (`bandwidth(device)`; unknown for a CPU unless measured) and the
+    share of it decode reached.  A prompt of 0 tokens (decode only) shows no prefill figures."""
     bases = {p.prompt_tokens: p for p in points if p.arm == arms[0]}
     rows = [_row(p, bases.get(p.prompt_tokens), spec.prefill_flops(p.prompt_tokens) if spec else 0.0,
                  peak_tflops) for p in points]
+    for r, p in zip(rows, points):
+        _decode_columns(r, p, decode_tokens, weights, bandwidth)
     if fmt == "json":
         return "\n".join(json.dumps(r) for r in rows)
     cols = ["arm", "prompt", "chunk", "stages", "prefill tok/s", "±", "decode tok/s", "ratio",
             "busy 0/1/..% ", "handoff", "digest"]
     table = [[r["arm"], r["prompt_tokens"], _chunks(r), r["stages"],
-              f"{r['prefill_tok_s']:.1f}", f"{r['spread'] * 100:.1f}%",
+              f"{r['prefill_tok_s']:.1f}" if r["prompt_tokens"] else "—",  # — : decode only (-p 0)
+              f"{r['spread'] * 100:.1f}%" if r["prompt_tokens"] else "—",
               f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "—",  # — : no decode steps
-              f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), _handoff(r), r["digest"][:12]] for r in rows]
+              f"{r['ratio']:.3f}" if r["prompt_tokens"] else "—",
+              _hist(r["busy_histogram"]), _handoff(r), r["digest"][:12]] for r in rows]
+    if decode_tokens > 0:
+        at = cols.index("decode tok/s") + 1
+        extra = [f"tg{decode_tokens}"] + (["MiB/token", "roofline tok/s", "of roofline"] if weights else [])
+        cols[at:at] = extra
+        for row, r in zip(table, rows):
+            tg = (f"{r['decode_tok_s']:.1f} ± {r['decode_spread'] * r['decode_tok_s']:.1f}"
+                  if r["decode_tok_s"] else "—")
+            row[at:at] = [tg] + (_roof_cells(r) if weights else [])
     if any(r["experts"] for r in rows):
         cols[-1:-1] = ["expert hits", "streamed GiB (pinned)", "H2D GB/s"]
         for row, r in zip(table, rows):
@@ -318,7 +390,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.trace:
         trace_out = check_writable("--trace", ns.trace)
     if ns.prompt_ids is None and ns.prompt is None:
-        prompt_sizes(ns.prompt_tokens)
+        prompt_sizes(prompt_tokens_text(ns), ns.decode_tokens)
     base = _base_settings(ns)
     _engine()
     arm_texts = ns.arm or [""]
@@ -345,7 +417,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         fixed_ids = prompts.tokenize(model, ns.prompt)
         sizes = [len(fixed_ids)]
     else:
-        sizes = prompt_sizes(ns.prompt_tokens)
+        sizes = prompt_sizes(prompt_tokens_text(ns), ns.decode_tokens)
+    weights = roofline.decode_weight_bytes(model) if ns.decode_tokens > 0 else None
     sessions = []
     for name, cfg in configs:
         shown = _load_progress(model, name)
@@ -363,16 +436,23 @@ def cmd_run(ns: argparse.Namespace) -> int:
                 if pts:
                     points.extend(pts.values())
                 pts = {a: Point(a, n) for a, _ in sessions}
-                sessions = [_split_for(model, configs[i][1], s, a, n, ns) for i, (a, s) in enumerate(sessions)]
+                sessions = [_split_for(model, configs[i][1], s, a, max(n, 1), ns)
+                            for i, (a, s) in enumerate(sessions)]
                 name, sess = sessions[step.arm]
                 # unmeasured runs at this size: the first sight of its chunk shapes plans kernels and
-                # captures CUDA graphs, which a measured run must not pay for
-                warm = fixed_ids if fixed_ids is not None else prompts.warmup_ids(n, model.spec.vocab)
+                # captures CUDA graphs, which a measured run must not pay for (decode only: its steps')
+                warm = fixed_ids if fixed_ids is not None else (
+                    prompts.bos_ids(model) if n == 0 else prompts.warmup_ids(n, model.spec.vocab))
                 for _ in range(ns.warmup):
                     for _, s in sessions:
-                        s.run(warm, 0)
+                        s.run(warm, min(ns.decode_tokens, 2) if n == 0 else 0)
             if step.arm == 0:  # every arm of this (size, repeat) on the same prompt
-                ids = fixed_ids if fixed_ids is not None else prompts.synthetic(n, model.spec.vocab, step.nonce)
+                if fixed_ids is not None:
+                    ids = fixed_ids
+                elif n == 0:  # decode only (llama-bench -p 0): from a single BOS token
+                    ids = prompts.bos_ids(model)
+                else:
+                    ids = prompts.synthetic(n, model.spec.vocab, step.nonce)
             res = sess.run(ids, ns.decode_tokens, logits_all=bool(ns.logits_out))
             pts[name].reports.append(res.report)
             last = (sess, res)
@@ -388,19 +468,26 @@ def cmd_run(ns: argparse.Namespace) -> int:
                     "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
                     "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
                     "handoff_share": r.handoff_share,
-                    "device_order": r.device_order}), flush=True)
+                    "device_order": r.device_order, **_run_decode_fields(r, ns, weights)}), flush=True)
         points.extend(pts.values())
     finally:
         for _, sess in sessions:
             sess.close()
     if ns.format != "json" or len(points) > 1:
-        print(render(points, [a for a, _ in arms], ns.format, model.spec, ns.peak_tflops))
+        print(render(points, [a for a, _ in arms], ns.format, model.spec, ns.peak_tflops, ns.decode_tokens,
+                     weights, roofline.bandwidth_of(ns.mem_gbs)))
+        if ns.format == "md" and weights is not None and points and points[-1].reports:
+            last_plan = points[-1].reports[-1].plan
+            roof = roofline.roofline(weights, [(st.device, st.first_layer, st.end_layer) for st in last_plan.stages],
+                                     roofline.bandwidth_of(ns.mem_gbs))
+            print(f"\nroofline: {weights.total / 2**20:.1f} MiB of weights per decode token as stored "
+                  f"(dense + top-{model.spec.n_experts_used} experts per layer; KV not counted); bandwidth: {roof.how}")
     if ns.format == "md" and last is not None and last[1].report.attention:
         print(f"\nattention: {last[1].report.attention}")
     if ns.format == "md":
         for p in points:
             r = p.reports[-1] if p.reports else None
-            if r is not None and r.plan.modelled_s > 0 and not r.cancelled:
+            if r is not None and r.plan.modelled_s > 0 and not r.cancelled and p.prompt_tokens:
                 print(f"model: arm {p.arm}, {p.prompt_tokens} tokens: predicted {r.plan.modelled_s * 1e3:.1f} ms, "
                       f"measured {r.prefill_s * 1e3:.1f} ms ({(r.prefill_s / r.plan.modelled_s - 1) * 100:+.1f}%)")
     if ns.format != "json" and last is not None and len(points) == 1:
@@ -513,7 +600,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="prefill (and decode) prompts through the split; print a table")
     r.add_argument("--model", default="demo", help="GGUF path, 'demo', or synthetic:PRESET[:key=val,...]")
     g = r.add_mutually_exclusive_group()
-    g.add_argument("--prompt-tokens", default="512", help="synthetic prompt size(s), comma-separated")
+    g.add_argument("--prompt-tokens", default=None,
+                   help="synthetic prompt size(s), comma-separated (default 512; 0, or omitted with "
+                        "--decode-tokens: decode only from a single BOS token, as llama-bench -p 0 -n N)")
     g.add_argument("--prompt-ids", help="file of token ids (whitespace or commas)")
     g.add_argument("--prompt", help="text, tokenised with the file's own vocabulary")
     r.add_argument("--decode-tokens", type=int, default=0, help="tokens to generate greedily after the prompt (0: none)")
@@ -551,6 +640,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", help="write the last run's Chrome trace (.json or .json.gz)")
     r.add_argument("--peak-tflops", type=float, default=0.0,
                    help="add TFLOP/s and MFU columns against this peak (H200 bf16: 794)")
+    r.add_argument("--mem-gbs", dest="mem_gbs", type=float, default=0.0,
+                   help="memory bandwidth in GB/s for the decode roofline (default: derived for CUDA "
+                        "from the memory clock and bus width; unknown for a CPU)")
     r.add_argument("--no-events", action="store_true", help="no timing events (measures their overhead)")
     r.set_defaults(func=cmd_run)
 
