@@ -94,21 +94,25 @@ def cuda_bandwidth(device: torch.device | str) -> tuple[float | None, str]:
             return clock_khz * 1e3 * 2 * bus_bits / 8, "torch device properties (memory clock x bus width)"
     except Exception as exc:  # never fails a run
         log.debug("device properties for %s: %s", dev, exc)
-    try:
-        import pynvml
+    from . import topology  # the torch device's NVML handle by PCI id (indices may differ)
 
-        pynvml.nvmlInit()
-        try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(dev.index or 0)
-            clock_mhz = pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM)
-            bus_bits = pynvml.nvmlDeviceGetMemoryBusWidth(h)
-        finally:
-            pynvml.nvmlShutdown()
-        if clock_mhz and bus_bits:
-            return clock_mhz * 1e6 * 2 * bus_bits / 8, "NVML (max memory clock x bus width)"
-    except Exception as exc:  # no driver, no NVML, an old NVML without the bus width
+    why = topology._nvml_init()
+    if why:
+        return None, f"{dev}: unknown ({why})"
+    try:
+        key = topology._torch_pci_key(dev.index or 0)
+        h = topology._nvml_handles_by_pci().get(key) if key is not None else None
+        if h is None:
+            return None, f"{dev}: unknown (no NVML device at its PCI id)"
+        clock_mhz = topology.pynvml.nvmlDeviceGetMaxClockInfo(h, topology.pynvml.NVML_CLOCK_MEM)
+        bus_bits = topology.pynvml.nvmlDeviceGetMemoryBusWidth(h)
+    except Exception as exc:  # an old NVML without the bus width, a device NVML may not open
         log.debug("NVML memory clock for %s: %s", dev, exc)
         return None, f"{dev}: unknown ({type(exc).__name__})"
+    finally:
+        topology._nvml_shutdown()
+    if clock_mhz and bus_bits:
+        return clock_mhz * 1e6 * 2 * bus_bits / 8, "NVML (max memory clock x bus width)"
     return None, f"{dev}: unknown"
 
 
@@ -146,10 +150,14 @@ def roofline(db: DecodeBytes, stages: Sequence[tuple[str, int, int]],
 def bandwidth_of(measured_gbs: float = 0.0) -> Callable[[str], tuple[float | None, str]]:
     """The bandwidth lookup `roofline` takes: a figure the user measured (GB/s, every device),
     else CUDA's derived one; a CPU without a measured figure is unknown."""
+    found: dict[str, tuple[float | None, str]] = {}  # asked once per device
+
     def lookup(device: str) -> tuple[float | None, str]:
         if measured_gbs > 0:
             return measured_gbs * 1e9, "--mem-gbs"
         if str(device).startswith("cuda"):
-            return cuda_bandwidth(device)
+            if str(device) not in found:
+                found[str(device)] = cuda_bandwidth(device)
+            return found[str(device)]
         return None, f"{device}: unknown (pass a measured --mem-gbs)"
     return lookup

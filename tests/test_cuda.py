@@ -575,3 +575,14 @@ def test_cuda_greedy_decode_is_the_prefill_argmax(quant, dtype):
         assert gen == argmax
     else:
         assert not disagreements(gen, logits, 0.03), (gen, argmax)
+
+
+@cuda
+def test_cuda_memory_bandwidth_is_derived_for_the_roofline():
+    """The decode roofline's bandwidth: memory clock x bus width, from torch or NVML (an H200's
+    HBM3e is ~4.8 TB/s; any GPU this runs on has more than 100 GB/s)."""
+    from engine import roofline
+
+    bw, how = roofline.cuda_bandwidth("cuda:0")
+    print(f"cuda:0 memory bandwidth: {bw / 1e9 if bw else 0:.0f} GB/s ({how})")
+    assert bw is not None and 100e9 < bw < 20e12, how
