@@ -61,6 +61,8 @@ def test_gather_is_the_rows_of_the_full_expansion():
         full = t.dequantize(torch.float32)
         assert torch.equal(t.gather(idx, torch.float32), full[idx])
         assert torch.equal(t.experts(3, 7).dequantize(torch.float32), full[3:7])
+    with pytest.raises(IndexError, match="outside 0..15"):
+        w.gate_exps.gather(torch.tensor([3, 16]))
 
 
 def _layer(src, dtype: torch.dtype) -> Layer:
