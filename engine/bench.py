@@ -440,12 +440,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
                             for i, (a, s) in enumerate(sessions)]
                 name, sess = sessions[step.arm]
                 # unmeasured runs at this size: the first sight of its chunk shapes plans kernels and
-                # captures CUDA graphs, which a measured run must not pay for (decode only: its steps')
+                # captures CUDA graphs, which a measured run must not pay for (with decode, one decode
+                # step too: its size-1 graphs are captured there, not in the first measured decode)
                 warm = fixed_ids if fixed_ids is not None else (
                     prompts.bos_ids(model) if n == 0 else prompts.warmup_ids(n, model.spec.vocab))
                 for _ in range(ns.warmup):
                     for _, s in sessions:
-                        s.run(warm, min(ns.decode_tokens, 2) if n == 0 else 0)
+                        s.run(warm, min(ns.decode_tokens, 2))
             if step.arm == 0:  # every arm of this (size, repeat) on the same prompt
                 if fixed_ids is not None:
                     ids = fixed_ids
@@ -709,6 +710,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      ("decode_tokens", ns.decode_tokens, 0)):
                 if value < low:
                     raise ConfigError(name, value, f"an integer >= {low}")
+            if ns.mem_gbs < 0:
+                raise ConfigError("--mem-gbs", ns.mem_gbs, "a measured bandwidth in GB/s > 0 (0 or omitted: "
+                                                           "derived for CUDA, unknown for a CPU)")
         return ns.func(ns)
     except KeyboardInterrupt:
         print("strata-bench: interrupted", file=sys.stderr)

@@ -239,3 +239,5 @@ def test_prompt_tokens_zero_needs_decode(demo_path, capsys):
     rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu", "--prompt-tokens", "16",
                          "--warmup", "0")
     assert rc == 0 and "tg" not in out.splitlines()[0] and "roofline" not in out  # no decode, no tg
+    rc, _, err = run_cli(capsys, "run", "--model", str(demo_path), "--decode-tokens", "3", "--mem-gbs", "-1")
+    assert rc == 2 and "--mem-gbs" in err and err.count("\n") == 1
