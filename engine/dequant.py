@@ -481,6 +481,31 @@ def gpu_temporaries(device: torch.device | str, qtypes: Iterable[T | int], dtype
     return 0
 
 
+def _gather_rows(raw: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows `rows` of raw [rows, bytes] as one contiguous tensor, for the torch path's gather.
+
+    A uint8 `index_select` is slow (measured on the 2-core dev machine: 64 ms for 4 rows of
+    288 KiB, 1.8 ms viewed as int64, 0.03 ms as row copies): on a CPU the rows are copied one by
+    one (the index is on the host there); on a GPU they move as the widest integer the layout
+    allows (no host synchronisation, so a CUDA graph can hold it)."""
+    if raw.device.type == "cpu":
+        picked = rows.tolist()
+        out = torch.empty((len(picked), raw.shape[1]), dtype=torch.uint8)
+        for j, r in enumerate(picked):
+            out[j].copy_(raw[r])
+        return out
+    return _gather_wide(raw, rows)
+
+
+def _gather_wide(raw: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """raw[rows] by `index_select` on raw viewed as the widest integer its layout allows."""
+    for dt, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if (raw.stride(1) == 1 and raw.shape[1] % size == 0 and raw.stride(0) % size == 0
+                and raw.storage_offset() % size == 0):
+            return raw.view(dt).index_select(0, rows).view(torch.uint8)
+    return raw.index_select(0, rows)
+
+
 def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: torch.dtype = torch.float32,
                out: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Expand raw GGUF bytes (a uint8 tensor of whole blocks, on any device) to `shape` (torch
@@ -511,7 +536,7 @@ def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: t
     n_blocks = n_values // bs
     triton_path = raw.is_cuda and backend(raw.device, qtype, out.dtype if out is not None else dtype) == "triton"
     if rows is not None and not triton_path:
-        raw = raw.index_select(0, rows)
+        raw = _gather_rows(raw, rows)
         rows = None
     step = CHUNK_BLOCKS_CUDA if raw.device.type == "cuda" else CHUNK_BLOCKS
     if rows is None and raw.numel() != n_blocks * ts:

@@ -684,3 +684,14 @@ def test_the_report_names_triton_kernels_and_the_selftest_exercise_runs_one(demo
         sess.close()
     assert "MoE: Triton" in report.kernels and "q/k-norm+RoPE: Triton" in report.kernels, report.kernels
     assert not any(n.startswith("fast kernel missing") for n in report.notes)
+
+
+@cuda
+def test_cuda_memory_bandwidth_is_derived_for_the_roofline():
+    """The decode roofline's bandwidth: memory clock x bus width, from torch or NVML (an H200's
+    HBM3e is ~4.8 TB/s; any GPU this runs on has more than 100 GB/s)."""
+    from engine import roofline
+
+    bw, how = roofline.cuda_bandwidth("cuda:0")
+    print(f"cuda:0 memory bandwidth: {bw / 1e9 if bw else 0:.0f} GB/s ({how})")
+    assert bw is not None and 100e9 < bw < 20e12, how
