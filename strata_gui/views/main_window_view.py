@@ -48,7 +48,7 @@ from ..run.spread_model import Spread
 from ..sweep.sweep_controller import SweepController
 from ..sweep.sweep_model import SweepPlan, SweepResults, SweepSample, SweepStep, arm_config, format_tokens
 from ..sweep.sweep_worker import SweepRequest
-from . import window_fit
+from . import wheel_guard, window_fit
 from .compare_view import CompareView
 from .devices_view import DevicesPanel
 from .gantt_view import GanttView
@@ -79,6 +79,7 @@ class MainWindow(QMainWindow):
         data directory), opened here.  A history that cannot be opened (a newer version's, a
         corrupt file) is left untouched; the app then runs without one and says why."""
         super().__init__(parent)
+        wheel_guard.install()  # an unfocused combo or spin box never takes the page's scroll wheel
         self.setWindowTitle(APP_TITLE)
         self.store = SettingsStore(settings)
         self.demo_model = Path(demo_model)
