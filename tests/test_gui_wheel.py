@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from gui_support import qsettings, qt_settings_sandbox, themed_app, window  # noqa: F401  (fixtures)
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QWheelEvent
 from PySide6.QtWidgets import QApplication, QScrollArea
-
-from gui_support import qsettings, qt_settings_sandbox, themed_app, window  # noqa: F401  (fixtures)
 
 
 def wheel(widget, steps: int = -1) -> None:
