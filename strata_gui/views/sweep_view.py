@@ -78,6 +78,7 @@ class SweepView(QWidget):
     start_requested = Signal()
     stop_requested = Signal()
     open_requested = Signal(int)  # a past sweep's id in the history
+    plan_changed = Signal()  # sizes, repeats, warm-up, decode or arms edited (the estimate follows)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -135,6 +136,14 @@ class SweepView(QWidget):
         self.base.setProperty("role", "hint")
         self.base.setTextFormat(Qt.TextFormat.RichText)
         form.addRow(self.base)
+        self.estimate = QLabel()
+        self.estimate.setWordWrap(True)
+        self.estimate.setProperty("role", "hint")
+        form.addRow(self.estimate)
+        for edit in (self.sizes.textChanged, self.repeats.valueChanged, self.warmup.valueChanged,
+                     self.decode.valueChanged, self.arms.cellChanged, self.arms.model().rowsInserted,
+                     self.arms.model().rowsRemoved):
+            edit.connect(lambda *_: self.plan_changed.emit())
         self.errors = QLabel()
         self.errors.setWordWrap(True)
         self.errors.setProperty("role", "error")
@@ -313,6 +322,9 @@ class SweepView(QWidget):
 
     def set_base(self, text: str) -> None:
         self.base.setText(text)
+
+    def set_estimate(self, text: str) -> None:
+        self.estimate.setText(text)
 
     def set_errors(self, errors: list[str]) -> None:
         self.errors.setText("<br>".join(html.escape(e) for e in errors))
