@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import chunk_cost, chunking, run_plan, topology
+from . import chunk_cost, chunking, nvtx, run_plan, topology
 from .attention import kernel_for
 from .config import ConfigError, EngineConfig
 from .errors import Cancelled, DeviceMemoryError, NonFiniteError, StageError
@@ -136,6 +136,9 @@ class Session:
         ranges = split_layers(self.spec.n_layers, groups, split)
         stage_devices = [self.devices[j % len(self.devices)] for j in range(groups)]
         self.stages = [Stage(i, d, a, b, self.dtypes[d]) for i, (d, (a, b)) in enumerate(zip(stage_devices, ranges))]
+        if self.interleave > 1:  # the Gantt's and the trace's names of layer groups, for NVTX ranges
+            for st in self.stages:
+                st.label = nvtx.stage_label(st.index, st.device, st.first, st.end, interleaved=True)
         for a, b in zip(self.stages, self.stages[1:]):
             a.successor = b
         self.split = Split(self.stages, self.devices)

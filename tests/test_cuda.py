@@ -502,3 +502,45 @@ def test_cuda_triton_dequant_bit_exact_casts_strided_and_graphed(monkeypatch, na
     torch.cuda.synchronize()
     assert same(graphed, f32.to(torch.bfloat16)), f"{name} graph replay"
     dequant_triton._kernels.cache_clear()
+
+
+def _nvtx_names(monkeypatch) -> list[str]:
+    names: list[str] = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: names.append(name) or 0)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: 0)
+    return names
+
+
+@cuda
+def test_nvtx_ranges_name_stages_and_chunks_as_the_gantt_does(demo_path, monkeypatch):
+    """Issue 37: `nsys profile` shows a range per (stage, chunk) compute, hand-off and decode step,
+    named by RunPlan.stage_names (the Gantt's and the trace's names)."""
+    names = _nvtx_names(monkeypatch)
+    n_dev = min(torch.cuda.device_count(), 2)
+    devices = [f"cuda:{i}" for i in range(n_dev)] if n_dev > 1 else ["cuda:0", "cuda:0"]
+    sess = Session(gguf_model.load(demo_path), EngineConfig(devices=devices, prefill=16))
+    try:
+        names.clear()
+        res = sess.run(synthetic(48, sess.spec.vocab, nonce=1), decode_tokens=3)
+    finally:
+        sess.close()
+    plan = res.report.plan
+    stage = plan.stage_names()
+    for s in plan.stages:
+        for c in range(plan.n_chunks):
+            assert f"{stage[s.stage]} C{c} compute" in names, (stage[s.stage], names[:8])
+    assert sum(n.endswith(("copy peer", "copy host", "copy same-device")) for n in names) == plan.n_chunks
+    assert f"{stage[plan.stages[-1].stage]} decode 1" in names
+
+
+@pytest.mark.parametrize("split", ["auto", "interleave:2"])
+def test_no_nvtx_range_on_the_cpu(demo_path, monkeypatch, split):
+    names = _nvtx_names(monkeypatch)
+    sess = Session(gguf_model.load(demo_path), EngineConfig(devices=["cpu", "cpu"], prefill=16, layer_split=split))
+    try:
+        res = sess.run(synthetic(32, sess.spec.vocab, nonce=1), decode_tokens=2)
+    finally:
+        sess.close()
+    assert names == []
+    want = res.report.plan.stage_names()
+    assert {st.index: st.label for st in sess.stages} == want  # the names a CUDA run's ranges carry
