@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QSplitter,
     QTableWidget,
@@ -410,7 +411,13 @@ class PlanTab(QWidget):
         if self._view is None:
             self._view = PlanView(getattr(self.window_, "history", None))
             self._view.recommended.connect(self._apply)
-            self.layout().addWidget(self._view)
+            # in a scroll area: its two Gantts and tables need ~690 px of height, more than a 720-px
+            # screen leaves; without it the whole window grew past the screen on this tab
+            scroll = QScrollArea()
+            scroll.setWidgetResizable(True)
+            scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+            scroll.setWidget(self._view)
+            self.layout().addWidget(scroll)
         return self._view
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
