@@ -1,4 +1,6 @@
-"""GPU telemetry on the Gantt's time axis: utilisation and PCIe throughput per GPU.
+"""GPU telemetry on the Gantt's time axis, per GPU: utilisation and PCIe throughput, memory used
+and SM clock, or power and temperature (the sampler reads all of them; a picker chooses the pair
+the two plots show, as nvtop/nvitop users expect to see them).
 
 The plots share the Gantt's X axis (linked).  When the sampler is unavailable (no NVIDIA driver,
 a CPU-only run) the panel says so, with the reason, instead of showing empty plots.
@@ -6,11 +8,12 @@ a CPU-only run) the panel says so, with the reason, instead of showing empty plo
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from engine.topology import TelemetrySample
 
@@ -20,13 +23,45 @@ from .theme import GPU_COLORS, MUTED_COLOR
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Quantity:
+    """One plot's quantity: the store's series (with a legend suffix each), axis label and unit,
+    the factor to the unit, and a fixed top of the axis (None: auto)."""
+
+    series: tuple[tuple[str, str], ...]
+    label: str
+    units: str
+    scale: float = 1.0
+    y_max: float | None = None
+
+
+VIEWS: dict[str, tuple[Quantity, Quantity]] = {
+    "utilisation · PCIe": (Quantity((("util_pct", ""),), "utilisation", "%", y_max=100.0),
+                           Quantity((("pcie_tx_gbs", " TX"), ("pcie_rx_gbs", " RX")), "PCIe", "B/s", 1e9)),
+    "memory · SM clock": (Quantity((("mem_used", ""),), "memory used", "B"),
+                          Quantity((("sm_clock_mhz", ""),), "SM clock", "Hz", 1e6)),
+    "power · temperature": (Quantity((("power_w", ""),), "power", "W"),
+                            Quantity((("temp_c", ""),), "temperature", "°C")),
+}
+
+
 class TelemetryView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.store = TelemetryStore()
-        title = QLabel("GPU telemetry: utilisation and PCIe throughput (same time axis as the timeline)")
+        title = QLabel("GPU telemetry (same time axis as the timeline)")
         title.setProperty("role", "panel-title")
         title.setWordWrap(True)  # a narrow window wraps it rather than growing
+        self.view_box = QComboBox()
+        for name in VIEWS:
+            self.view_box.addItem(name)
+        self.view_box.setToolTip("Which of the sampled quantities the two plots show (every one is sampled "
+                                 "and kept with the run).")
+        self.view_box.currentIndexChanged.connect(lambda _i: self._configure())
+        head = QHBoxLayout()
+        head.addWidget(title, 1)
+        head.addWidget(QLabel("show"))
+        head.addWidget(self.view_box)
         self.message = QLabel()
         self.message.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.message.setWordWrap(True)
@@ -34,14 +69,12 @@ class TelemetryView(QWidget):
         self.plots = pg.GraphicsLayoutWidget()
         self.util = self.plots.addPlot(row=0, col=0)
         self.pcie = self.plots.addPlot(row=1, col=0)
-        for plot, label, units in ((self.util, "utilisation", "%"), (self.pcie, "PCIe", "B/s")):
+        for plot in (self.util, self.pcie):
             plot.setMenuEnabled(False)
             plot.hideButtons()
-            plot.setLabel("left", label, units=units)
             plot.getAxis("left").setWidth(118)
             plot.setMouseEnabled(x=True, y=False)
             plot.addLegend(offset=(-10, 5), labelTextSize="8pt")
-        self.util.setYRange(0, 100, padding=0.02)
         self.util.getAxis("bottom").setStyle(showValues=False)
         self.pcie.setLabel("bottom", "time since the run started", units="s")
         self._curves: dict[tuple[int, str], pg.PlotDataItem] = {}
@@ -50,9 +83,30 @@ class TelemetryView(QWidget):
         self.stack.addWidget(self.plots)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(title)
+        lay.addLayout(head)
         lay.addWidget(self.stack, 1)
+        self._configure()
         self.set_unavailable("GPU telemetry is sampled during a run.")
+
+    @property
+    def view(self) -> str:
+        return self.view_box.currentText()
+
+    def set_view(self, name: str) -> None:
+        self.view_box.setCurrentText(name)
+
+    def _configure(self) -> None:
+        """The two plots' axes for the chosen pair of quantities, then their curves again."""
+        for plot in (self.util, self.pcie):
+            plot.clear()  # its curves, and their legend entries
+        self._curves = {}
+        for plot, q in zip((self.util, self.pcie), VIEWS[self.view]):
+            plot.setLabel("left", q.label, units=q.units)
+            if q.y_max is not None:
+                plot.setYRange(0, q.y_max, padding=0.02)
+            else:
+                plot.enableAutoRange(axis="y")
+        self._redraw()
 
     def link_x(self, plot: pg.PlotItem | pg.PlotWidget) -> None:
         """Share the X axis with the Gantt."""
@@ -81,19 +135,18 @@ class TelemetryView(QWidget):
             self.set_unavailable(f"telemetry unavailable: {reason}")
 
     def add_samples(self, samples: list[TelemetrySample]) -> None:
-        if not self.store.add(samples):
-            return
+        if self.store.add(samples):
+            self._redraw()
+
+    def _redraw(self) -> None:
         for gpu in self.store.gpus:
             color = QColor(GPU_COLORS[gpu % len(GPU_COLORS)])
-            t, util = self.store.series(gpu, "util_pct")
-            curve = self._curve(gpu, "util", self.util, f"cuda:{gpu}", pg.mkPen(color, width=2))
-            curve.setData(t, util, connect="finite")
-            _, tx = self.store.series(gpu, "pcie_tx_gbs")
-            _, rx = self.store.series(gpu, "pcie_rx_gbs")
-            self._curve(gpu, "tx", self.pcie, f"cuda:{gpu} TX", pg.mkPen(color, width=2)).setData(
-                t, tx * 1e9, connect="finite")
-            self._curve(gpu, "rx", self.pcie, f"cuda:{gpu} RX",
-                        pg.mkPen(color, width=2, style=Qt.PenStyle.DashLine)).setData(t, rx * 1e9, connect="finite")
+            for plot, q in zip((self.util, self.pcie), VIEWS[self.view]):
+                for k, (series, suffix) in enumerate(q.series):
+                    t, v = self.store.series(gpu, series)
+                    pen = pg.mkPen(color, width=2, style=Qt.PenStyle.DashLine if k else Qt.PenStyle.SolidLine)
+                    self._curve(gpu, series, plot, f"cuda:{gpu}{suffix}", pen).setData(t, v * q.scale,
+                                                                                      connect="finite")
 
     def _curve(self, gpu: int, what: str, plot: pg.PlotItem, name: str, pen: object) -> pg.PlotDataItem:
         curve = self._curves.get((gpu, what))
