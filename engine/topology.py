@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -533,6 +534,53 @@ def _describe_moves(before: list[str], after: list[str], metric: dict[str, float
 
 # --------------------------------------------------------------------------------------------
 # telemetry
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU (NVML's compute and graphics processes), as nvitop lists it."""
+
+    gpu: int  # torch index
+    pid: int
+    name: str  # the executable's name ("" when it cannot be read, e.g. another user's or container's)
+    used_bytes: int | None  # None: NVML does not say (e.g. under some virtualisation)
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def gpu_processes(topo: Topology) -> tuple[list[GpuProcess], str]:
+    """The processes on the topology's GPUs and their memory, and "" or why there is no list."""
+    if not topo.devices:
+        return [], f"no GPUs ({topo.reason})" if topo.reason else "no GPUs"
+    why = _nvml_init()
+    if why:
+        return [], why
+    out: list[GpuProcess] = []
+    try:
+        by_pci = _nvml_handles_by_pci()
+        for g in topo.devices:
+            h = by_pci.get(_safe_parse(g.pci_bus_id))
+            if h is None:
+                continue
+            seen: set[int] = set()
+            for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                for p in _try(getattr(pynvml, fn, lambda _h: []), h) or []:
+                    if p.pid in seen:
+                        continue
+                    seen.add(p.pid)
+                    used = getattr(p, "usedGpuMemory", None)
+                    out.append(GpuProcess(g.index, int(p.pid), _process_name(int(p.pid)),
+                                          int(used) if isinstance(used, int) and used >= 0 else None))
+    except Exception as exc:
+        return out, f"NVML process list failed: {exc}"
+    finally:
+        _nvml_shutdown()
+    return out, ""
 
 
 class TelemetrySampler:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -45,6 +45,7 @@ from ..run.run_job import RepeatDone, RunRequest, RunStarted, SaveResult
 from ..run.settings_model import RunSettings, Validation, check_machine, settings_from_config, validate
 from ..run.settings_store import SettingsStore
 from ..run.spread_model import Spread
+from ..run.telemetry_model import TelemetryMonitor, processes_text
 from ..sweep.sweep_controller import SweepController
 from ..sweep.sweep_model import SweepPlan, SweepResults, SweepSample, SweepStep, arm_config, estimate_text, format_tokens
 from ..sweep.sweep_worker import SweepRequest
@@ -185,6 +186,11 @@ class MainWindow(QMainWindow):
         self.gantt = GanttView()
         self.telemetry = TelemetryView()
         self.telemetry.link_x(self.gantt.plot.getPlotItem())
+        self.monitor = TelemetryMonitor(None)
+        self._monitor_timer = QTimer(self)
+        self._monitor_timer.setInterval(500)
+        self._monitor_timer.timeout.connect(self._poll_monitor)
+        self.telemetry.monitor_toggled.connect(self.set_monitor)
         self.summary = SummaryView()
         self.splitter = QSplitter(Qt.Orientation.Vertical)
         # the summary scrolls when the window is short (1280x720, 150% scale) instead of clipping
@@ -501,9 +507,45 @@ class MainWindow(QMainWindow):
             self.set_status("stopping at the next chunk boundary …")
             self.controller.stop()
 
+    # ------------------------------------------------------- GPU monitor between runs
+    def set_monitor(self, on: bool) -> None:
+        """The GPU panel's between-runs monitor (its checkbox): on while no run or sweep is in flight."""
+        if self.telemetry.monitor_box.isChecked() != on:
+            self.telemetry.monitor_box.setChecked(on)  # emits monitor_toggled: comes back here
+            return
+        busy = self.controller.is_running or self.sweeps.is_running
+        if on and not busy:
+            self.monitor.topology = self.controller.topology
+            if self.monitor.start():
+                self.telemetry.start_monitor(self.monitor.origin_ns, self.monitor.reason)
+                self._monitor_timer.start()
+                self._poll_monitor()
+            else:
+                self.telemetry.set_unavailable(f"monitor unavailable: {self.monitor.reason}")
+        else:
+            self._monitor_timer.stop()
+            was = self.monitor.running
+            self.monitor.stop()
+            if was and not busy:
+                self.telemetry.stop_monitor("GPU telemetry is sampled during a run.")
+
+    def _poll_monitor(self) -> None:
+        samples, procs = self.monitor.poll()
+        if samples:
+            self.telemetry.add_samples(samples)
+        if procs is not None:
+            self.telemetry.set_processes(processes_text(procs))
+
     def _on_busy(self, _running: bool) -> None:
         """A run or a sweep started or ended: settings are fixed while either is in flight."""
         busy = self.controller.is_running or self.sweeps.is_running
+        if self.telemetry.monitor_box.isChecked():  # a run takes the panel over; the monitor resumes after it
+            if busy and self.monitor.running:
+                self._monitor_timer.stop()
+                self.monitor.stop()
+                self.telemetry.stop_monitor()
+            elif not busy and not self.monitor.running:
+                self.set_monitor(True)
         self.settings_panel.set_editable(not busy)
         self.devices_panel.set_editable(not busy)
         self._update_buttons()
@@ -821,6 +863,8 @@ class MainWindow(QMainWindow):
             log.exception("saving the settings failed")
         if self.controller.is_running:
             self.set_status("stopping the run before closing …")
+        self._monitor_timer.stop()
+        self.monitor.stop()  # its sampler thread
         self.controller.shutdown()
         self.sweeps.shutdown()
         self.jobs.wait_all()

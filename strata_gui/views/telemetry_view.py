@@ -11,9 +11,9 @@ import logging
 from dataclasses import dataclass
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from engine.topology import TelemetrySample
 
@@ -46,8 +46,11 @@ VIEWS: dict[str, tuple[Quantity, Quantity]] = {
 
 
 class TelemetryView(QWidget):
+    monitor_toggled = Signal(bool)  # the user turned the between-runs monitor on or off
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self._linked: object = None  # the Gantt's plot the X axis follows during runs
         self.store = TelemetryStore()
         title = QLabel("GPU telemetry (same time axis as the timeline)")
         title.setProperty("role", "panel-title")
@@ -58,10 +61,20 @@ class TelemetryView(QWidget):
         self.view_box.setToolTip("Which of the sampled quantities the two plots show (every one is sampled "
                                  "and kept with the run).")
         self.view_box.currentIndexChanged.connect(lambda _i: self._configure())
+        self.monitor_box = QCheckBox("Monitor between runs")
+        self.monitor_box.setToolTip("Between runs, sample every GPU of this machine (memory, clocks, power, "
+                                    "temperature, utilisation) and list the processes holding GPU memory, as "
+                                    "nvitop does; a run takes the panel over and the monitor resumes after it.")
+        self.monitor_box.toggled.connect(self.monitor_toggled.emit)
         head = QHBoxLayout()
         head.addWidget(title, 1)
+        head.addWidget(self.monitor_box)
         head.addWidget(QLabel("show"))
         head.addWidget(self.view_box)
+        self.processes = QLabel()
+        self.processes.setProperty("role", "hint")
+        self.processes.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.processes.setVisible(False)
         self.message = QLabel()
         self.message.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.message.setWordWrap(True)
@@ -85,6 +98,7 @@ class TelemetryView(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(head)
         lay.addWidget(self.stack, 1)
+        lay.addWidget(self.processes)
         self._configure()
         self.set_unavailable("GPU telemetry is sampled during a run.")
 
@@ -108,10 +122,33 @@ class TelemetryView(QWidget):
                 plot.enableAutoRange(axis="y")
         self._redraw()
 
-    def link_x(self, plot: pg.PlotItem | pg.PlotWidget) -> None:
-        """Share the X axis with the Gantt."""
+    def link_x(self, plot: pg.PlotItem | pg.PlotWidget | None) -> None:
+        """Share the X axis with the Gantt (None: an axis of its own, the monitor's)."""
+        if plot is not None:
+            self._linked = plot
         self.util.setXLink(plot)
         self.pcie.setXLink(plot)
+
+    def start_monitor(self, origin_ns: int, reason: str = "") -> None:
+        """Between runs: the machine's GPUs on a time axis of their own, from now."""
+        self.link_x(None)
+        self.start(origin_ns, True, reason)
+        for plot in (self.util, self.pcie):
+            plot.setLabel("bottom", "seconds of monitoring" if plot is self.pcie else "")
+            plot.enableAutoRange(axis="x")
+        self.processes.setVisible(True)
+
+    def stop_monitor(self, why: str = "") -> None:
+        """A run takes the panel over (or the user turned the monitor off)."""
+        self.processes.setVisible(False)
+        self.pcie.setLabel("bottom", "time since the run started", units="s")
+        if self._linked is not None:
+            self.link_x(self._linked)
+        if why:
+            self.set_unavailable(why)
+
+    def set_processes(self, text: str) -> None:
+        self.processes.setText(text)
 
     # ------------------------------------------------------------------- state
     def set_unavailable(self, text: str) -> None:
