@@ -408,12 +408,11 @@ def _split_for(model, config: EngineConfig, sess, name: str, n_tokens: int, ns):
     """(name, session) for a prompt of n_tokens: with layer_split auto over several devices,
     rebuilt with the split the model rates fastest for it (engine/split_choice.py)."""
     from . import split_choice
-    from .pipeline import Session
 
     def rebuild(split: EngineConfig):
         sess.close()
         shown = _load_progress(model, name, ns.quiet)
-        new = Session(model, split, events=not ns.no_events, progress=shown)
+        new = _session(shown, model, split, events=not ns.no_events)
         shown.finish()
         return new
 
@@ -488,7 +487,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     sessions = []
     for name, cfg in configs:
         shown = _load_progress(model, name, ns.quiet)
-        sessions.append((name, Session(model, cfg, events=not ns.no_events, progress=shown)))
+        sessions.append((name, _session(shown, model, cfg, events=not ns.no_events)))
         shown.finish()
     points: list[Point] = []
     run_rows: list[dict[str, Any]] = []
@@ -602,10 +601,20 @@ def cmd_run(ns: argparse.Namespace) -> int:
     return 0 if ok else 2
 
 
+def _session(shown: LoadProgress, model, config: EngineConfig, events: bool):
+    """A Session loaded with `shown` as its progress; the progress line is cleared (its heartbeat
+    stopped) when the load fails, so the error line stands alone."""
+    try:
+        return Session(model, config, events=events, progress=shown)
+    except BaseException:
+        shown.clear()
+        raise
+
+
 def _load_progress(model, arm: str = "", quiet: bool = False) -> LoadProgress:
     size = model.file_bytes if hasattr(model, "file_bytes") else 0
     label = Path(str(model.path)).name + (f" (arm {arm})" if arm and arm != "base" else "")
-    return LoadProgress(io.StringIO() if quiet else sys.stderr, size, label)
+    return LoadProgress(io.StringIO() if quiet else sys.stderr, size, label, heartbeat_s=1.0)
 
 
 def cmd_load(ns: argparse.Namespace) -> int:
@@ -615,7 +624,7 @@ def cmd_load(ns: argparse.Namespace) -> int:
     _engine()
     model = open_model(ns.model, cfg.devices[0])
     shown = _load_progress(model, quiet=ns.quiet)
-    sess = Session(model, cfg, events=False, progress=shown)
+    sess = _session(shown, model, cfg, events=False)
     try:
         took = shown.finish()
         size = getattr(model, "file_bytes", 0)
@@ -646,6 +655,14 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
     size = path.stat().st_size
     print(f"wrote {path} ({size / 2**20:.1f} MiB in {took:.1f} s, {size / max(took, 1e-9) / 1e6:.0f} MB/s): "
           f"{load(path).describe()}")
+    if recipe.quant:
+        from .gguf_model import expected_shapes
+        from .quant_recipe import explain_fallbacks
+
+        spec = recipe.spec()
+        note = explain_fallbacks(expected_shapes(spec), recipe.quant, spec)
+        if note:
+            print(f"note: {note}")
     return 0
 
 
