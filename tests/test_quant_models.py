@@ -281,3 +281,29 @@ def test_synthetic_source_generates_low_bit_blocks(quant, types):
     res = Session(src, EngineConfig(devices=["cpu"], chunk_tokens=16)).run(synthetic(32, src.spec.vocab, nonce=1),
                                                                       logits_all=True)
     assert torch.isfinite(res.logits).all()
+
+
+@pytest.mark.parametrize("quant", ["iq3_xxs", "mxfp4", "iq1_m"])
+def test_streamed_low_bit_experts_match_resident(quant_model, quant):
+    """Low-bit experts streamed through a cache of a few slots (host arena and cache slots of
+    their own block sizes; IQ1_M layers mix IQ1_M and Q2_K rows) give the resident run's digest,
+    and the cache moved stored bytes, not expanded ones."""
+    path = quant_model("qwen3moe", quant)
+    model = gguf_model.load(path)
+    exps = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    ids = synthetic(48, model.spec.vocab, nonce=5)
+    one_expert = max(sum(model.nbytes(f"blk.{i}.{p}.weight") for p in exps) for i in range(4)) / model.spec.n_experts
+    sess = Session(model, EngineConfig(devices=["cpu"], chunk_tokens=16, expert_cache=5.5 * one_expert / 2**30))
+    streamed = sess.run(ids, decode_tokens=2, logits_all=True)
+    resident = Session(model, EngineConfig(devices=["cpu"], chunk_tokens=16)).run(ids, decode_tokens=2,
+                                                                              logits_all=True)
+    st = streamed.report.expert_stats[0]
+    assert st["slots"] == 5 and st["misses"] > 0 and not st["resident"]
+    assert streamed.report.digest == resident.report.digest
+    assert torch.equal(streamed.logits, resident.logits)
+    stored = sum(model.nbytes(f"blk.{i}.{p}.weight") for i in range(4) for p in exps)
+    assert sess.arena.nbytes < 1.1 * stored
+    rows = [lay.row_bytes for lay in sess.arena.layouts.values()]
+    moved = st["bytes_pinned"] + st["bytes_pageable"]
+    assert st["misses"] * min(rows) <= moved <= st["misses"] * max(rows)
+    sess.close()
