@@ -539,6 +539,20 @@ def test_cuda_lattice_and_fp4_types_take_the_torch_path_bit_exact(monkeypatch, n
         idx = torch.arange(63, -1, -1, device="cuda:0")
         gathered = dequant.dequantize(t, qtype, shape, rows=idx)
         assert_bit_exact(gathered, ref[::-1], f"{name} gathered rows on CUDA, seed {seed}")
+    # resident experts of these types expand inside a captured layer: the torch path makes no
+    # host-to-device copy after its first (eager) call, so it captures and replays
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        dequant.dequantize(t, qtype, shape, dtype=torch.bfloat16)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        graphed = dequant.dequantize(t, qtype, shape, dtype=torch.bfloat16)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graphed.float().nan_to_num(), bf.float().nan_to_num()), f"{name} graph replay"
     monkeypatch.setattr(dequant, "CHUNK_BLOCKS_CUDA", 7)
     stepped = dequant.dequantize(t, qtype, shape)
     assert_bit_exact(stepped, ref, f"{name} in steps on CUDA")
