@@ -62,6 +62,8 @@ class ModelRecipe:
         )
 
 
+HOLE_TENSOR = "strata.hole"  # write_model(hole_bytes=...): an unused tensor left as a hole
+
 # The demo model: 4 MoE layers, small enough for seconds on 2 CPU cores.
 DEMO_RECIPE = ModelRecipe()
 
@@ -250,7 +252,8 @@ def _byte_shape(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, 
 def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
                 edit: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
                 progress: Callable[[str, float], None] | None = None,
-                metadata: Mapping[str, Any] | None = None, checked: bool = True) -> Path:
+                metadata: Mapping[str, Any] | None = None, checked: bool = True,
+                hole_bytes: int = 0) -> Path:
     """Write a GGUF file with random weights; atomic (temp file + rename).
 
     Tensors are made and written one at a time (host memory stays about one tensor, whatever
@@ -262,7 +265,10 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
     `metadata`: more keys ("{a}." is the architecture's prefix), or other values for the usual
     ones (a str is written as a string, a bool as a bool, an int as uint32, a float as float32;
     None leaves the key out).
-    checked=False writes a recipe `check_recipe` refuses (tests of the loader's refusals)."""
+    checked=False writes a recipe `check_recipe` refuses (tests of the loader's refusals).
+    hole_bytes: one more tensor (HOLE_TENSOR, I8, unused by the engine) of that many bytes, left
+    as a hole in the file (sparse where the file system allows): a file larger than a memory
+    limit without writing its bytes (tests of how the file is mapped)."""
     path = Path(path)
     if checked:
         check_recipe(recipe)
@@ -314,6 +320,9 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
                 qt = stored_types[name]
                 stored_shape = _byte_shape(qt, shape)
                 w.add_tensor_info(name, stored_shape, np.dtype(np.uint8), int(np.prod(stored_shape)), raw_dtype=qt)
+            if hole_bytes:
+                w.add_tensor_info(HOLE_TENSOR, (hole_bytes,), np.dtype(np.int8), hole_bytes,
+                                  raw_dtype=GGMLQuantizationType.I8)
             w.write_header_to_file()
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
@@ -323,7 +332,17 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
                 done += data.nbytes
                 if progress is not None:
                     progress(name, done / total)
+            if hole_bytes:  # the last tensor: its bytes are a hole up to the file's end
+                fout = w.fout[0]
+                w.write_padding(fout, fout.tell())
+                fout.flush()
+                end = fout.tell() + hole_bytes
+                fout.truncate(end)
+                fout.seek(end)
+                w.tensors[0].pop(HOLE_TENSOR)
         else:  # an edit may drop or replace a tensor: every tensor is made before the header
+            if hole_bytes:
+                raise ValueError("hole_bytes is for the streamed writer (no edit)")
             for name, shape in shapes.items():
                 qt = stored_types[name]
                 data = _stored(name, qt, shape, lambda: _floats(rng, name, shape), recipe.seed)  # noqa: B023
