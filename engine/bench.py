@@ -329,9 +329,22 @@ def cmd_run(ns: argparse.Namespace) -> int:
     model = open_model(ns.model, first_dev)
     log.info("model: %s", model.describe())
     # prompts
+    from . import memory_check
+
     sizes: list[int | None]
     fixed_ids: list[int] | None = None
+    logits_all = bool(ns.logits_out)
+
+    def check_fits(tokens: int, flag: str) -> None:
+        """Before a byte of the run is allocated: its KV, weights, scratch and logits fit."""
+        for _, cfg in configs:
+            memory_check.check_run(model, cfg, tokens, ns.decode_tokens, logits_all, flag)
+        if logits_out is not None:
+            memory_check.check_output("--logits-out", logits_out, tokens * model.spec.vocab * 4 + 128,
+                                      f"lower {flag}")
+
     if ns.prompt_ids:
+        check_fits(prompts.count_ids(ns.prompt_ids), "--prompt-ids")  # counted without holding them
         try:
             fixed_ids = prompts.read_ids(ns.prompt_ids)
         except UnicodeDecodeError as exc:
@@ -345,8 +358,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     elif ns.prompt is not None:
         fixed_ids = prompts.tokenize(model, ns.prompt)
         sizes = [len(fixed_ids)]
+        check_fits(len(fixed_ids), "--prompt")
     else:
         sizes = prompt_sizes(ns.prompt_tokens)
+        check_fits(max(sizes), "--prompt-tokens")
     sessions = []
     for name, cfg in configs:
         shown = _load_progress(model, name)
@@ -460,6 +475,9 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
     except synth.RecipeError as exc:
         raise ConfigError("--" + RECIPE_FLAGS.get(exc.field, exc.field).replace("_", "-"), exc.value, exc.allowed) \
             from None
+    from . import memory_check
+
+    memory_check.check_make_model(recipe, Path(ns.path))  # before a byte is drawn
     shown = LoadProgress(sys.stderr, 0, Path(ns.path).name, verb="writing")
     path = synth.write_model(ns.path, recipe, progress=shown)
     took = shown.clear()
@@ -623,6 +641,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("strata-bench: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        oom = failure.host_out_of_memory(exc)
+        if oom is not None:
+            print(f"strata-bench: error: {oom}", file=sys.stderr)
+            return failure.BAD_INPUT
         if failure.is_user_error(exc):
             print(f"strata-bench: error: {exc}", file=sys.stderr)
             return failure.BAD_INPUT

@@ -38,6 +38,24 @@ def warmup_ids(prompt_tokens: int, vocab: int) -> list[int]:
     return synthetic(prompt_tokens, vocab, nonce=WARMUP_NONCE)
 
 
+def count_ids(path: Path | str, block: int = 1 << 20) -> int:
+    """How many whitespace/comma separated items the file holds, read a block at a time (memory
+    stays one block, whatever the file's size); `read_ids` checks them."""
+    p = Path(path)
+    n = 0
+    tail = b""
+    try:
+        with p.open("rb") as fh:
+            while chunk := fh.read(block):
+                chunk = tail + chunk
+                items = re.split(rb"[\s,]+", chunk)
+                tail = items.pop()  # may continue in the next block
+                n += sum(1 for t in items if t)
+    except OSError as exc:
+        raise ConfigError("prompt_ids", str(p), "a readable file of token ids", str(exc)) from None
+    return n + (1 if tail else 0)
+
+
 def read_ids(path: Path | str) -> list[int]:
     """Integers separated by whitespace and/or commas."""
     p = Path(path)

@@ -249,6 +249,24 @@ def _byte_shape(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, 
     return tuple(gguf.quants.quant_shape_to_byte_shape(shape, qt))
 
 
+def write_needs(recipe: ModelRecipe) -> tuple[int, int, str]:
+    """(bytes of the file, host bytes the writer holds at its peak, the tensor of that peak) of
+    `write_model(recipe)`, computed before anything is drawn: tensors are made one at a time,
+    from float32 draws where the type is cast or quantised by gguf (random blocks otherwise)."""
+    spec = recipe.spec()
+    file_bytes = peak = 0
+    peak_name = ""
+    for name, shape in expected_shapes(spec).items():
+        qt = _stored_type(name, recipe.quant, shape, spec)
+        stored = int(np.prod(_byte_shape(qt, shape), dtype=np.float64))
+        floats = int(np.prod(shape, dtype=np.float64)) * 4 if qt in (_F32, _F16) or qt in _GGUF_QUANTIZES else 0
+        file_bytes += stored
+        held = 2 * floats + 2 * stored  # the draws and their product (a cast or quantisation), the bytes
+        if held > peak:
+            peak, peak_name = held, name
+    return file_bytes, peak, peak_name
+
+
 def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
                 edit: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
                 progress: Callable[[str, float], None] | None = None,
