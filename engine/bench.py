@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -369,8 +370,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
         shown.finish()
     points: list[Point] = []
     last = None
+    interrupted = False
+    pts: dict[str, Point] = {}
     try:
-        pts: dict[str, Point] = {}
         ids: list[int] | None = None
         for step in steps(sizes, ns.repeat, len(sessions)):  # engine/sweep.py: the app's Sweep walks the same
             n, rep = step.prompt_tokens, step.repeat
@@ -405,10 +407,18 @@ def cmd_run(ns: argparse.Namespace) -> int:
                     "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
                     "handoff_share": r.handoff_share,
                     "device_order": r.device_order}), flush=True)
-        points.extend(pts.values())
+    except KeyboardInterrupt:  # Ctrl-C: the repeats that finished are kept and printed
+        interrupted = True
     finally:
+        points.extend(p for p in pts.values() if p.reports)
         for _, sess in sessions:
             sess.close()
+    if interrupted:
+        done = sum(len(p.reports) for p in points)
+        print(f"strata-bench: interrupted; {done} measured run{'s' if done != 1 else ''} finished"
+              + (" and are shown below" if done else ", nothing to show"), file=sys.stderr)
+        if not points:
+            return 130
     if ns.format != "json" or len(points) > 1:
         print(render(points, [a for a, _ in arms], ns.format, model.spec, ns.peak_tflops))
     if ns.format == "md" and last is not None and last[1].report.attention:
@@ -435,6 +445,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
             p, sess.events, {"report": res.report}, telemetry=res.report.telemetry,
             stage_names=res.report.plan.stage_names()))
         log.info("wrote trace %s", trace_out)
+    if interrupted:
+        return 130
     return 0 if ok else 2
 
 
@@ -636,6 +648,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      ("decode_tokens", ns.decode_tokens, 0)):
                 if value < low:
                     raise ConfigError(name, value, f"an integer >= {low}")
+            if not (math.isfinite(ns.peak_tflops) and ns.peak_tflops >= 0):  # nan printed "nan%" MFU after the run
+                raise ConfigError("--peak-tflops", ns.peak_tflops, "a finite number of TFLOP/s >= 0 (0: no MFU column)")
         return ns.func(ns)
     except KeyboardInterrupt:
         print("strata-bench: interrupted", file=sys.stderr)

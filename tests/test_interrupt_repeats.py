@@ -1,0 +1,43 @@
+"""Ctrl-C during a multi-repeat `strata-bench run` keeps and prints the repeats that finished
+(issue 39: they were thrown away with "interrupted"); `--peak-tflops nan` is refused up front."""
+from __future__ import annotations
+
+import pytest
+
+from engine import bench
+from engine.pipeline import Session
+
+
+def test_ctrl_c_keeps_and_prints_the_finished_repeats(monkeypatch, capsys, demo_path):
+    real = Session.run
+    calls = {"n": 0}
+
+    def run(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # Ctrl-C during the third measured repeat
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Session, "run", run)
+    rc = bench.main(["run", "--model", str(demo_path), "--prompt-tokens", "32", "--repeat", "5", "--warmup", "0"])
+    out, err = capsys.readouterr()
+    assert rc == 130
+    assert "interrupted; 2 measured runs finished and are shown below" in err, err
+    assert "tok/s" in out and "digest:" in out  # the table of the two finished repeats
+    cells = [c.strip() for c in out.splitlines()[2].split("|")]
+    assert cells[1:3] == ["base", "32"] and cells[6].endswith("%"), out  # a spread: more than one repeat
+
+
+def test_ctrl_c_before_any_repeat_says_nothing_finished(monkeypatch, capsys, demo_path):
+    def run(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Session, "run", run)
+    assert bench.main(["run", "--model", str(demo_path), "--prompt-tokens", "32", "--warmup", "0"]) == 130
+    assert "0 measured runs finished, nothing to show" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_peak_tflops_must_be_a_finite_number(capsys, value):
+    assert bench.main(["run", "--model", "demo", "--prompt-tokens", "8", "--peak-tflops", value]) == 2
+    assert "invalid --peak-tflops" in capsys.readouterr().err
