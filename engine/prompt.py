@@ -73,8 +73,18 @@ def read_ids(path: Path | str) -> list[int]:
     return ids
 
 
+MAX_TEXT_CHARS = 4 << 20  # a text prompt above this is refused: 1M tokens are about 4M characters of prose
+
+
 def tokenize(model: LoadedModel, text: str) -> list[int]:
-    """Tokenise with the file's own vocabulary through transformers' GGUF tokenizer support."""
+    """Tokenise with the file's own vocabulary through transformers' GGUF tokenizer support.
+
+    A text longer than MAX_TEXT_CHARS is refused with its size before the tokenizer sees it
+    (a 50 MB text made the tokenizer take 7.5 GiB and abort without a word)."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise ConfigError("prompt", f"a text of {len(text):,} characters",
+                          f"a text of at most {MAX_TEXT_CHARS:,} characters (tokenising takes about 150 bytes of "
+                          f"memory a character)")
     if not model.has_vocab():
         raise GGUFError(model.path, "the file has no vocabulary (tokenizer.ggml.tokens): pass token ids instead")
     try:

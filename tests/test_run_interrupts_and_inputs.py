@@ -1,5 +1,6 @@
 """Ctrl-C during a multi-repeat `strata-bench run` keeps and prints the repeats that finished
-(issue 39: they were thrown away with "interrupted"); `--peak-tflops nan` is refused up front."""
+(issue 39: they were thrown away with "interrupted"); `--peak-tflops nan` is refused up front;
+a huge text prompt is refused with its size before the tokenizer runs out of memory."""
 from __future__ import annotations
 
 import pytest
@@ -41,3 +42,12 @@ def test_ctrl_c_before_any_repeat_says_nothing_finished(monkeypatch, capsys, dem
 def test_peak_tflops_must_be_a_finite_number(capsys, value):
     assert bench.main(["run", "--model", "demo", "--prompt-tokens", "8", "--peak-tflops", value]) == 2
     assert "invalid --peak-tflops" in capsys.readouterr().err
+
+
+def test_a_huge_text_prompt_is_refused_with_its_size_before_tokenising(tmp_path, capsys, demo_path):
+    from engine.prompt import MAX_TEXT_CHARS
+
+    text = "pipeline " * (MAX_TEXT_CHARS // 9 + 1)
+    assert bench.main(["run", "--model", str(demo_path), "--prompt", text, "--warmup", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"a text of {len(text):,} characters" in err and f"at most {MAX_TEXT_CHARS:,}" in err, err[:300]
