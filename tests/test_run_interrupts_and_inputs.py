@@ -51,3 +51,14 @@ def test_a_huge_text_prompt_is_refused_with_its_size_before_tokenising(tmp_path,
     assert bench.main(["run", "--model", str(demo_path), "--prompt", text, "--warmup", "0"]) == 2
     err = capsys.readouterr().err
     assert f"a text of {len(text):,} characters" in err and f"at most {MAX_TEXT_CHARS:,}" in err, err[:300]
+
+
+def test_rendezvous_port_65535_is_refused_up_front_naming_port_plus_one(capsys):
+    """The controller's store listens on PORT+1: 65535 used to be accepted and then fail to bind
+    port 65536 with a message about a port in use."""
+    from engine.config import ConfigError, EngineConfig
+
+    with pytest.raises(ConfigError, match=r"port 1\.\.65534 \(the controller's store listens on PORT\+1\)"):
+        EngineConfig.from_sources({"rendezvous": "127.0.0.1:65535", "executor": "processes"}, env={})
+    assert EngineConfig.from_sources({"rendezvous": "127.0.0.1:65534", "executor": "processes"},
+                                     env={}).rendezvous == "127.0.0.1:65534"
