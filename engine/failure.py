@@ -131,6 +131,10 @@ def record(exc: BaseException, context: str) -> InternalError:
 def dialog_text(exc: BaseException, context: str, title: str) -> tuple[str, str, str]:
     """(title, message, details) for the app's error dialog: a user error's own message; an
     internal error's one line (what failed, where, the log file) with its traceback as details."""
+    oom = host_out_of_memory(exc)
+    if oom is not None:
+        log.warning("%s failed: %s", context, exc)
+        return f"{title}: out of memory", oom, "".join(traceback.format_exception(exc))
     if is_user_error(exc):
         log.warning("%s failed: %s", context, exc)
         return f"{title}: {type(exc).__name__}", str(exc), "".join(traceback.format_exception(exc))

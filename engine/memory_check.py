@@ -88,8 +88,11 @@ def device_available(device: torch.device) -> int:
 
 
 def run_needs(source, config: EngineConfig, prompt_tokens: int, decode_tokens: int,
-              logits_all: bool) -> list[Need]:
-    """What a run of `prompt_tokens` + `decode_tokens` needs where (host first)."""
+              logits_all: bool, loaded: bool = False) -> list[Need]:
+    """What a run of `prompt_tokens` + `decode_tokens` needs where (host first).
+
+    loaded: the weights are in memory already (a Session that is kept between runs, as the
+    app's): only what grows with the tokens is counted (KV, ids, logits)."""
     from .memory_plan import plan_memory
 
     tokens = prompt_tokens + decode_tokens
@@ -100,8 +103,10 @@ def run_needs(source, config: EngineConfig, prompt_tokens: int, decode_tokens: i
         need = host if d.device == "cpu" else by_device.setdefault(d.device, Need(d.device))
         for part, n in (("KV cache", d.kv), ("dense weights", d.dense), ("experts", d.experts),
                         ("scratch", d.scratch)):
-            need.add(part, n)
-    host.add("host expert arena", plan.host_arena)
+            if part == "KV cache" or not loaded:
+                need.add(part, n)
+    if not loaded:
+        host.add("host expert arena", plan.host_arena)
     host.add("prompt ids", prompt_tokens * IDS_BYTES_PER_TOKEN)
     vocab = source.spec.vocab
     host.add("logits", (prompt_tokens if logits_all else 1) * vocab * 4 * (2 if logits_all else 1))
@@ -121,15 +126,16 @@ def check_fits(needs: Iterable[Need], setting: str, value: object, change: str) 
 
 
 def check_run(source, config: EngineConfig, prompt_tokens: int, decode_tokens: int, logits_all: bool,
-              prompt_setting: str = "--prompt-tokens") -> None:
+              prompt_setting: str = "--prompt-tokens", loaded: bool = False,
+              decode_setting: str = "--decode-tokens") -> None:
     """Refuse a run that cannot fit, naming the setting that makes it large."""
     if decode_tokens > prompt_tokens:
-        setting, value = "--decode-tokens", decode_tokens
+        setting, value = decode_setting, decode_tokens
+        change = f"lower {setting} (the KV cache holds every generated token)"
     else:
         setting, value = prompt_setting, prompt_tokens
-    change = (f"lower {setting} (KV and logits grow with the tokens), or spread the layers over more devices"
-              if setting != "--decode-tokens" else "lower --decode-tokens (the KV cache holds every generated token)")
-    check_fits(run_needs(source, config, prompt_tokens, decode_tokens, logits_all), setting, value, change)
+        change = f"lower {setting} (KV and logits grow with the tokens), or spread the layers over more devices"
+    check_fits(run_needs(source, config, prompt_tokens, decode_tokens, logits_all, loaded), setting, value, change)
 
 
 def check_output(flag: str, path: Path, nbytes: int, change: str = "") -> None:

@@ -101,3 +101,38 @@ def test_a_host_allocation_that_still_fails_is_reported_as_out_of_memory_with_it
     line = failure.host_out_of_memory(exc)
     assert line is not None and line.startswith("out of memory on the host allocating 19.07 GiB"), line
     assert failure.host_out_of_memory(RuntimeError("shape mismatch")) is None
+
+
+class _Outlet:
+    """A RunOutlet keeping every call (as the Qt worker would emit it)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args: self.calls.append((name, args))
+
+
+def test_the_apps_run_refuses_a_prompt_that_cannot_fit_before_its_kv_is_taken(demo_path, monkeypatch):
+    """The app's Run (RunJob, no Qt): the Session's weights are loaded, what grows with the
+    tokens is checked against what is left (here: a host with 64 MiB to spare)."""
+    import threading
+
+    from engine import memory_check
+    from engine.config import EngineConfig
+    from strata_gui.run.run_job import RunJob, RunRequest
+    from strata_gui.run.session_cache import SessionCache
+
+    monkeypatch.setattr(memory_check, "host_available", lambda: 64 << 20)
+    sessions = SessionCache()
+    out = _Outlet()
+    req = RunRequest(demo_path, EngineConfig.from_sources({"devices": "cpu"}, env={}), prompt_tokens=100_000)
+    try:
+        RunJob(req, sessions, threading.Event(), out).execute()
+    finally:
+        sessions.close()
+    failed = [args for name, args in out.calls if name == "failed"]
+    assert len(failed) == 1, out.calls
+    title, message, _ = failed[0]
+    assert "prompt_tokens=100000" in message and "KV cache" in message and "64.0 MiB available" in message, message
+    assert not any(name == "run_started" for name, _ in out.calls)
