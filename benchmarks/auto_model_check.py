@@ -4,8 +4,8 @@ and a per-(token x cached key) cost per layer and chunk; best of 3 after a warm-
 
     python3 benchmarks/auto_model_check.py
 
-The test asserts 8% (a loaded 2-core CI machine jitters); the issue's bar is 5%, which this
-prints against on a quiet machine.
+The issue's bar is 5%, which this prints against on a quiet machine; the test asserts no time
+(issue 37), only that the run runs the plan it modelled.
 """
 from __future__ import annotations
 

@@ -29,8 +29,8 @@ LB="$BUILD/bin/llama-bench -m $F -p $SIZES -n 0 -fa 1 -ngl 99 -r 3 -o json"
 $LB > /tmp/lb-default.json 2>/tmp/lb-default.err || tail -20 /tmp/lb-default.err
 $LB -b 8192 -ub 4096 > /tmp/lb-big.json 2>/tmp/lb-big.err || tail -20 /tmp/lb-big.err
 section "ours (strata-bench run, chunk auto, experts resident)"
-python3 -m engine.bench run --model "$F" --devices cuda:0 --prompt-tokens "$SIZES" --repeat 3 --expert-cache all \
-  --format json > /tmp/ours.json 2>/tmp/ours.err || tail -20 /tmp/ours.err
+python3 -m engine.bench run -m "$F" --devices cuda:0 -p "$SIZES" -r 3 --expert-cache all \
+  -o json > /tmp/ours.json 2>/tmp/ours.err || tail -20 /tmp/ours.err
 cp /tmp/lb-*.json /tmp/ours.json "${OUT:-/tmp}/" 2>/dev/null
 python3 - "$F" <<'PY'
 import json, sys
@@ -47,11 +47,7 @@ for name in ("/tmp/lb-default.json", "/tmp/lb-big.json"):
             if r["avg_ts"] > llama.get(n, (0, ""))[0]:
                 llama[n] = (r["avg_ts"], f"b {r['n_batch']} ub {r['n_ubatch']}")
 ours = {}
-for line in open("/tmp/ours.json"):
-    try:
-        r = json.loads(line)
-    except ValueError:
-        continue
+for r in rows("/tmp/ours.json"):  # -o json: one array, as llama-bench's
     if r.get("row") == "run":
         ours[r["prompt_tokens"]] = max(ours.get(r["prompt_tokens"], 0), r["prefill_tok_s"])
 print(f"\nfile {sys.argv[1]}\n")

@@ -81,6 +81,23 @@ def disk_full_error(exc: OSError, folder: Path) -> OSError:
                                  f"written, {free:,} bytes free on {folder}")
 
 
+class FileInUseError(PermissionError):
+    """The target exists and cannot be replaced: on Windows, a file another program has open or
+    mapped ([WinError 5] / [WinError 32]) — a GGUF the app or a strata-bench run has loaded."""
+
+    def __init__(self, path: Path, cause: OSError) -> None:
+        winerror = getattr(cause, "winerror", None)
+        code = f"WinError {winerror}" if winerror else (cause.strerror or type(cause).__name__)
+        super().__init__(cause.errno, f"cannot replace {path}: another program has the file open ({code}) — on Windows "
+                                      f"a GGUF that Strata GUI or a strata-bench run has loaded stays mapped until that "
+                                      f"program closes it. Close it there (or the app), or write to another path; "
+                                      f"{path.name} was left as it was")
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
 @contextmanager
 def atomic_path(path: Path | str) -> Iterator[Path]:
     """A temporary path beside `path` for the caller to write (by name: a writer that opens the
@@ -99,7 +116,12 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         finally:
             os.close(fd)
         os.chmod(tmp, 0o666 & ~UMASK)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except PermissionError as exc:  # Windows: the old file is open or mapped elsewhere
+            if path.exists() and not path.is_dir():
+                raise FileInUseError(path, exc) from None
+            raise
     except OSError as exc:
         full = disk_full_error(exc, path.parent)  # while the partial file still holds the space
         tmp.unlink(missing_ok=True)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +125,9 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, p
         elif pos == 0:
             o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
         else:
+            # imported here: torch.nn.attention.bias imports torch._dynamo (seconds at start-up)
+            from torch.nn.attention.bias import causal_lower_right
+
             o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=causal_lower_right(n, total), enable_gqa=gqa)
     return o.squeeze(0).transpose(0, 1).reshape(n, H * hd)
 

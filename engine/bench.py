@@ -2,30 +2,32 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import io
 import json
 import logging
 import math
 import os
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import numpy as np
-
-from . import failure
+from . import bench_format, failure
 from .atomic_file import atomic_open
 from .config import ConfigError, EngineConfig, parse_setting
 from .events import RunReport, format_timing
 from .load_progress import LoadProgress
+from .run_progress import RunProgress
 from .sweep import median_spread, parse_arm, steps
 
 log = logging.getLogger("strata.bench")
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class _NotImportedYet(Exception):
@@ -40,7 +42,8 @@ GGUFError: type[Exception] = _NotImportedYet
 StageError: type[Exception] = _NotImportedYet
 Cancelled: type[Exception] = _NotImportedYet
 PRESET_NAMES = ("demo", "qwen3-30b-a3b")  # synth.PRESETS without importing torch (a test keeps them equal)
-QUANT_NAMES = ("q4_k_m", "q6_k", "q8_0", "iq4_xs", "f16", "f32")  # synth.QUANTS, likewise
+QUANT_NAMES = ("q4_k_m", "q6_k", "q8_0", "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq1_s", "iq1_m",
+               "mxfp4", "f16", "f32")  # synth.QUANTS, likewise
 
 
 def _engine() -> None:
@@ -120,19 +123,25 @@ def open_model(spec: str, device_hint: str = "cpu"):
     return load(Path(spec))
 
 
-def check_writable(flag: str, path: str | Path) -> Path:
+def check_writable(flag: str, path: str | Path, *, folder_must_exist: bool = False) -> Path:
     """An output path that can be written, checked before a run: its nearest existing folder
-    takes a new file (tried, not guessed from permission bits).  ConfigError names the flag."""
+    takes a new file (tried, not guessed from permission bits).  ConfigError names the flag.
+    With `folder_must_exist` the file's own folder must be there already, as cp and
+    llama-quantize want it: a typo in a folder name is not silently made into a new folder."""
     p = Path(path)
     try:
         is_dir = p.is_dir()
         folder = p.parent
+        missing = not folder.exists()
         while not folder.exists() and folder != folder.parent:
             folder = folder.parent
     except OSError as exc:  # a name too long, a loop of links...
         raise ConfigError(flag, str(path), "a path that can be written", exc.strerror or str(exc)) from None
     if is_dir:
         raise ConfigError(flag, str(path), "a file path", "it is a folder")
+    if folder_must_exist and missing:
+        raise ConfigError(flag, str(path), "a path in an existing folder",
+                          f"No such file or directory: {p.parent} (create it first, e.g. mkdir -p {p.parent})")
     if not folder.is_dir():
         raise ConfigError(flag, str(path), "a path in a folder", f"{folder} is not a folder")
     try:
@@ -172,6 +181,8 @@ def write_or_fallback(flag: str, path: Path, write: Callable[[Path], None]) -> b
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
     """Atomically (a full disk leaves an earlier file at `path` as it was)."""
+    import numpy as np
+
     with atomic_open(path) as fh:  # a file object: np.save would add .npy to a name without it
         np.save(fh, array)
 
@@ -259,34 +270,57 @@ def _chunks(r: dict[str, Any]) -> str:
     return f"{r['chunk']}x{r['n_chunks']}"
 
 
-def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflops: float = 0.0) -> str:
+def summary_rows(points: list[Point], arms: list[str], spec=None, peak_tflops: float = 0.0,
+                 info: dict[str, Any] | None = None, decode_tokens: int = 0) -> list[dict[str, Any]]:
+    """One row per (arm, prompt size): ours, with llama-bench's fields where they mean the same
+    (test, n_prompt, n_gen, avg_ts, stddev_ts, samples_ts over the prefill's tok/s) and the model,
+    build and hardware fields of `info` (engine/bench_format.py)."""
     bases = {p.prompt_tokens: p for p in points if p.arm == arms[0]}
-    rows = [_row(p, bases.get(p.prompt_tokens), spec.prefill_flops(p.prompt_tokens) if spec else 0.0,
-                 peak_tflops) for p in points]
-    if fmt == "json":
-        return "\n".join(json.dumps(r) for r in rows)
-    cols = ["arm", "prompt", "chunk", "stages", "prefill tok/s", "±", "decode tok/s", "ratio",
-            "busy 0/1/..% ", "handoff", "digest"]
-    table = [[r["arm"], r["prompt_tokens"], _chunks(r), r["stages"],
-              f"{r['prefill_tok_s']:.1f}", f"{r['spread'] * 100:.1f}%",
-              f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "—",  # — : no decode steps
+    rows = []
+    for p in points:
+        r = {**(info or {}), **_row(p, bases.get(p.prompt_tokens),
+                                    spec.prefill_flops(p.prompt_tokens) if spec else 0.0, peak_tflops)}
+        r.update(test=bench_format.label(p.prompt_tokens, decode_tokens), n_prompt=p.prompt_tokens,
+                 n_gen=decode_tokens, avg_ts=statistics.fmean(p.tok_s) if p.tok_s else 0.0,
+                 stddev_ts=bench_format.stddev(p.tok_s), samples_ts=p.tok_s)
+        rows.append(r)
+    return rows
+
+
+TABLE_NOTE = ("prefill tok/s: the median of the repeats; ± sd: their sample standard deviation (tok/s); "
+              "ratio: against the first arm's median")
+
+
+def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflops: float = 0.0,
+           info: dict[str, Any] | None = None, decode_tokens: int = 0) -> str:
+    """The summary as a md or csv table, or its rows as json (one array), jsonl or sql."""
+    rows = summary_rows(points, arms, spec, peak_tflops, info, decode_tokens)
+    if fmt in ("json", "jsonl", "sql"):
+        return {"json": bench_format.to_json, "jsonl": bench_format.to_jsonl, "sql": bench_format.to_sql}[fmt](rows)
+    csv_out = fmt == "csv"
+    none = None if csv_out else "—"  # a cell with no value: empty in CSV
+    model_cols = ["model", "size", "params", "backend"] if info else []
+    cols = [*model_cols, "test", "arm", "chunk", "stages", "prefill tok/s", "± sd", "decode tok/s", "ratio",
+            "busy 0/1/..%", "handoff", "digest"]
+    table = [[*([r["model_type"], bench_format.human_size(r["model_size"]), bench_format.human_params(
+                r["model_n_params"]), r["backend"]] if info else []),
+              r["test"], r["arm"], _chunks(r), r["stages"],
+              f"{r['prefill_tok_s']:.1f}", f"{r['stddev_ts']:.1f}",
+              f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else none,  # no decode steps
               f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), _handoff(r), r["digest"][:12]] for r in rows]
     if any(r["experts"] for r in rows):
         cols[-1:-1] = ["expert hits", "streamed GiB (pinned)", "H2D GB/s"]
         for row, r in zip(table, rows):
             x = r["experts"]
             row[-1:-1] = ([f"{x['hit_rate'] * 100:.0f}%", f"{x['gib']:.1f} ({x['pinned_gib']:.1f})",
-                           f"{x['gbs']:.1f}"] if x else ["resident", "-", "-"])
+                           f"{x['gbs']:.1f}"] if x else ["resident", none, none])
     if peak_tflops:
-        cols[6:6] = ["TFLOP/s", "MFU/GPU"]
+        at = cols.index("decode tok/s")
+        cols[at:at] = ["TFLOP/s", "MFU/GPU"]
         for row, r in zip(table, rows):
-            row[6:6] = [f"{r['tflops']:.1f}", f"{r['mfu'] * 100:.1f}%"]
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(cols)
-        w.writerows(table)
-        return buf.getvalue().rstrip()
+            row[at:at] = [f"{r['tflops']:.1f}", f"{r['mfu'] * 100:.1f}%"]
+    if csv_out:
+        return bench_format.to_csv(cols, table)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in table]
     return "\n".join(lines)
@@ -304,12 +338,40 @@ def _split_for(model, config: EngineConfig, sess, name: str, n_tokens: int, ns):
 
     def rebuild(split: EngineConfig):
         sess.close()
-        shown = _load_progress(model, name)
+        shown = _load_progress(model, name, ns.quiet)
         new = Session(model, split, events=not ns.no_events, progress=shown)
         shown.finish()
         return new
 
     return name, split_choice.fit(sess, config, n_tokens, rebuild)
+
+
+def check_model_arg(spec: str) -> None:
+    """A --model that names a file: it exists and is a file (a synthetic spec is checked with
+    its recipe, which needs the engine)."""
+    if spec == "demo" or spec.startswith("synthetic:"):
+        return
+    p = Path(spec)
+    if not p.exists():
+        raise ConfigError("--model", spec, "a GGUF file, 'demo' or synthetic:PRESET[:key=val,...]",
+                          "no such file")
+    if p.is_dir():
+        raise ConfigError("--model", spec, "a GGUF file, 'demo' or synthetic:PRESET[:key=val,...]",
+                          "it is a folder")
+
+
+def configs_from_args(ns: argparse.Namespace) -> list[tuple[str, EngineConfig]]:
+    """(arm name, config) of every arm, from the flags, the environment and each --arm, checked
+    against the machine as far as that is known without torch (engine/machine.py): every bad
+    setting is refused here, before anything heavy is imported."""
+    from .machine import check_machine_early
+
+    base = _base_settings(ns)
+    texts = getattr(ns, "arm", None) or [""]
+    configs = [(t or "base", EngineConfig.from_sources({**base, **parse_arm(t)})) for t in texts]
+    for _, cfg in configs:
+        check_machine_early(cfg)
+    return configs
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -321,11 +383,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
         trace_out = check_writable("--trace", ns.trace)
     if ns.prompt_ids is None and ns.prompt is None:
         prompt_sizes(ns.prompt_tokens)
-    base = _base_settings(ns)
+    if ns.prompt_ids is not None and not Path(ns.prompt_ids).is_file():
+        raise ConfigError("--prompt-ids", ns.prompt_ids, "a text file of token ids", "no such file")
+    check_model_arg(ns.model)
+    configs = configs_from_args(ns)
     _engine()
-    arm_texts = ns.arm or [""]
-    arms = [(t or "base", {**base, **parse_arm(t)}) for t in arm_texts]
-    configs = [(name, EngineConfig.from_sources(s)) for name, s in arms]
     first_dev = configs[0][1].devices[0]
     model = open_model(ns.model, first_dev)
     log.info("model: %s", model.describe())
@@ -365,13 +427,17 @@ def cmd_run(ns: argparse.Namespace) -> int:
         check_fits(max(sizes), "--prompt-tokens")
     sessions = []
     for name, cfg in configs:
-        shown = _load_progress(model, name)
+        shown = _load_progress(model, name, ns.quiet)
         sessions.append((name, Session(model, cfg, events=not ns.no_events, progress=shown)))
         shown.finish()
     points: list[Point] = []
+    run_rows: list[dict[str, Any]] = []
     last = None
     interrupted = False
     pts: dict[str, Point] = {}
+    shown_runs = RunProgress.for_stream(sys.stderr, quiet=ns.quiet, force=ns.progress,
+                                        measured=len(sizes) * ns.repeat * len(sessions),
+                                        warmups=len(sizes) * ns.warmup * len(sessions))
     try:
         ids: list[int] | None = None
         for step in steps(sizes, ns.repeat, len(sessions)):  # engine/sweep.py: the app's Sweep walks the same
@@ -386,31 +452,36 @@ def cmd_run(ns: argparse.Namespace) -> int:
                 # unmeasured runs at this size: the first sight of its chunk shapes plans kernels and
                 # captures CUDA graphs, which a measured run must not pay for
                 warm = fixed_ids if fixed_ids is not None else prompts.warmup_ids(n, model.spec.vocab)
-                for _ in range(ns.warmup):
-                    for _, s in sessions:
+                for w in range(ns.warmup):
+                    for a, s in sessions:
+                        shown_runs.start(a, n, warmup=w)
                         s.run(warm, 0)
             if step.arm == 0:  # every arm of this (size, repeat) on the same prompt
                 ids = fixed_ids if fixed_ids is not None else prompts.synthetic(n, model.spec.vocab, step.nonce)
+            shown_runs.start(name, n, repeat=rep)
             res = sess.run(ids, ns.decode_tokens, logits_all=bool(ns.logits_out))
             pts[name].reports.append(res.report)
             last = (sess, res)
             if sess.config.timing:
                 print(f"# timing: arm {name}, {n} tokens, repeat {rep}\n{format_timing(res.report.per_stage)}",
                       file=sys.stderr)
-            if ns.format == "json":
-                r = res.report
-                print(json.dumps({
-                    "row": "run", "arm": name, "prompt_tokens": n, "repeat": rep, "chunk": r.plan.chunk,
-                    "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
-                    "digest": r.digest, "generated": r.generated, "busy_histogram": r.busy_histogram,
-                    "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
-                    "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
-                    "handoff_share": r.handoff_share,
-                    "device_order": r.device_order}), flush=True)
+            r = res.report
+            run_rows.append({
+                "row": "run", "test": bench_format.label(n, ns.decode_tokens), "arm": name, "prompt_tokens": n,
+                "repeat": rep, "chunk": r.plan.chunk,
+                "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
+                "digest": r.digest, "generated": r.generated, "busy_histogram": r.busy_histogram,
+                "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
+                "kernels": r.kernels, "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
+                "handoff_share": r.handoff_share,
+                "device_order": r.device_order})
+            if ns.format == "jsonl":  # one line a run as it ends
+                print(json.dumps(run_rows[-1]), flush=True)
     except KeyboardInterrupt:  # Ctrl-C: the repeats that finished are kept and printed
         interrupted = True
     finally:
         points.extend(p for p in pts.values() if p.reports)
+        shown_runs.close()
         for _, sess in sessions:
             sess.close()
     if interrupted:
@@ -419,22 +490,38 @@ def cmd_run(ns: argparse.Namespace) -> int:
               + (" and are shown below" if done else ", nothing to show"), file=sys.stderr)
         if not points:
             return 130
-    if ns.format != "json" or len(points) > 1:
-        print(render(points, [a for a, _ in arms], ns.format, model.spec, ns.peak_tflops))
-    if ns.format == "md" and last is not None and last[1].report.attention:
-        print(f"\nattention: {last[1].report.attention}")
+    info = {**bench_format.model_fields(model), **bench_format.build_fields(),
+            **bench_format.hardware_fields([d for _, c in configs for d in c.devices])}
+    arm_names = [a for a, _ in configs]
+    if ns.format in ("json", "sql"):  # one document: every run, then every (arm, size)
+        rows = run_rows + summary_rows(points, arm_names, model.spec, ns.peak_tflops, info, ns.decode_tokens)
+        print(bench_format.to_json(rows) if ns.format == "json" else bench_format.to_sql(rows))
+    else:
+        print(render(points, arm_names, ns.format, model.spec, ns.peak_tflops, info, ns.decode_tokens))
     if ns.format == "md":
-        for p in points:
-            r = p.reports[-1] if p.reports else None
-            if r is not None and r.plan.modelled_s > 0 and not r.cancelled:
-                print(f"model: arm {p.arm}, {p.prompt_tokens} tokens: predicted {r.plan.modelled_s * 1e3:.1f} ms, "
-                      f"measured {r.prefill_s * 1e3:.1f} ms ({(r.prefill_s / r.plan.modelled_s - 1) * 100:+.1f}%)")
-    if ns.format != "json" and last is not None and len(points) == 1:
+        print(f"\n{TABLE_NOTE}")
+        gpu = f" · GPU: {info['gpu_info']}" if info["gpu_info"] else ""
+        print(f"build: {info['build_commit']} ({info['build_version']}){gpu} · CPU: {info['cpu_info']}")
+        if last is not None and last[1].report.attention:
+            print(f"attention: {last[1].report.attention}")
+        if last is not None and last[1].report.kernels:
+            print(f"kernels: {last[1].report.kernels}")
+            for note in last[1].report.notes:
+                if note.startswith("fast kernel missing"):
+                    print(f"warning: {note}")
+    for p in points:
+        r = p.reports[-1] if p.reports else None
+        if r is not None and r.plan.modelled_s > 0 and not r.cancelled:
+            log.info("chunk-cost model, arm %s, %d tokens: it predicted %.1f ms for this prefill, the run took "
+                     "%.1f ms (%+.1f%%); the chunk size was picked with it, so a large error (a busy machine, "
+                     "a first run paying set-up) means the pick may not be the fastest", p.arm, p.prompt_tokens,
+                     r.plan.modelled_s * 1e3, r.prefill_s * 1e3, (r.prefill_s / r.plan.modelled_s - 1) * 100)
+    if ns.format == "md" and last is not None and len(points) == 1:
         r = last[1].report
         print((f"\ngenerated: {r.generated}" if r.generated else "") + f"\ndigest: {r.digest}")
     ok = True
     if logits_out is not None and last is not None:
-        logits = last[1].logits.numpy().astype(np.float32)
+        logits = last[1].logits.float().numpy()
         ok &= write_or_fallback("--logits-out", logits_out, lambda p: _save_npy(p, logits))
         log.info("wrote logits %s", tuple(logits.shape))
     if trace_out is not None and last is not None:
@@ -450,18 +537,19 @@ def cmd_run(ns: argparse.Namespace) -> int:
     return 0 if ok else 2
 
 
-def _load_progress(model, arm: str = "") -> LoadProgress:
+def _load_progress(model, arm: str = "", quiet: bool = False) -> LoadProgress:
     size = model.file_bytes if hasattr(model, "file_bytes") else 0
     label = Path(str(model.path)).name + (f" (arm {arm})" if arm and arm != "base" else "")
-    return LoadProgress(sys.stderr, size, label)
+    return LoadProgress(io.StringIO() if quiet else sys.stderr, size, label)
 
 
 def cmd_load(ns: argparse.Namespace) -> int:
     """Load a model onto the devices and report how fast (GB/s of file) and where it went."""
-    cfg = EngineConfig.from_sources(_base_settings(ns))
+    check_model_arg(ns.model)
+    [(_, cfg)] = configs_from_args(ns)
     _engine()
     model = open_model(ns.model, cfg.devices[0])
-    shown = _load_progress(model)
+    shown = _load_progress(model, quiet=ns.quiet)
     sess = Session(model, cfg, events=False, progress=shown)
     try:
         took = shown.finish()
@@ -479,7 +567,7 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
     changes = {k: getattr(ns, k) for k in ("arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim",
                                            "n_experts", "n_experts_used", "expert_ffn", "ffn", "vocab",
                                            "context_length", "seed", "quant")}
-    check_writable("make-model PATH", ns.path)
+    check_writable("make-model PATH", ns.path, folder_must_exist=True)
     _engine()
     recipe = synth.recipe_from_args(ns.preset, **changes)
     try:
@@ -513,7 +601,7 @@ def cmd_stage(ns: argparse.Namespace) -> int:
     if not ns.timeout > 0:
         raise ConfigError("--timeout", ns.timeout, "seconds > 0")
     try:
-        return attach(ns.rendezvous, rank, world, ns.timeout)
+        return attach(ns.rendezvous, rank, world, ns.timeout, key_file=ns.key_file)
     except AttachError as exc:
         print(f"strata-bench stage: error: {exc}", file=sys.stderr)
         return 2
@@ -536,18 +624,45 @@ def cmd_devices(ns: argparse.Namespace) -> int:
     return 0
 
 
+OUTPUT_FORMATS = ("md", "csv", "json", "jsonl", "sql")  # llama-bench's -o, with jsonl and sql
+
+
+class VersionAction(argparse.Action):
+    """--version: computed when asked (it runs git), printed to stdout, exit 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(bench_format.version_text())
+        parser.exit(0)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit 2, like every other input error here (its
+    subcommands' parsers are of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="strata-bench", description=__doc__)
+    ap = OneLineParser(prog="strata-bench", description=__doc__)
     ap.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    ap.add_argument("--version", action=VersionAction, help="print the version, the build's commit and torch's")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    r = sub.add_parser("run", help="prefill (and decode) prompts through the split; print a table")
-    r.add_argument("--model", default="demo", help="GGUF path, 'demo', or synthetic:PRESET[:key=val,...]")
+    r = sub.add_parser("run", help="prefill (and decode) prompts through the split; print a table",
+                       description="Prefill (and decode) prompts through the split and print a table. "
+                       "llama-bench's short flags work: -m model, -p prompt sizes, -n tokens to generate, "
+                       "-r repetitions, -o md|csv|json|jsonl|sql; tests are named pp<N> / pp<N>+tg<M>.")
+    r.add_argument("-m", "--model", default="demo", help="GGUF path, 'demo', or synthetic:PRESET[:key=val,...]")
     g = r.add_mutually_exclusive_group()
-    g.add_argument("--prompt-tokens", default="512", help="synthetic prompt size(s), comma-separated")
+    g.add_argument("-p", "--prompt-tokens", default="512", help="synthetic prompt size(s), comma-separated")
     g.add_argument("--prompt-ids", help="file of token ids (whitespace or commas)")
     g.add_argument("--prompt", help="text, tokenised with the file's own vocabulary")
-    r.add_argument("--decode-tokens", type=int, default=0, help="tokens to generate greedily after the prompt (0: none)")
+    r.add_argument("-n", "--decode-tokens", type=int, default=0,
+                   help="tokens to generate greedily after the prompt (0: none; the test is then pp<N>+tg<M>)")
     r.add_argument("--devices", help="comma-separated stage devices, e.g. cuda:0,cuda:1 or cpu,cpu (default: every GPU)")
     r.add_argument("--layer-split", dest="layer_split",
                    help="auto (balanced), counts per device such as 12,12,24, or interleave:V (V groups per device)")
@@ -574,10 +689,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cuda-graphs", dest="cuda_graphs", nargs="?", const="1", metavar="0|1",
                    help="replay layers as CUDA graphs (default 1; 0 runs every op eagerly)")
     r.add_argument("--arm", action="append", help='settings of one arm, e.g. "pipeline_depth=0" (repeatable)')
-    r.add_argument("--repeat", type=int, default=1, help="measured runs per arm and prompt size (median and spread)")
+    r.add_argument("-r", "--repeat", type=int, default=1,
+                   help="measured runs per arm and prompt size (median and standard deviation)")
     r.add_argument("--warmup", type=int, default=1, help="unmeasured warm-up runs per arm and prompt size")
-    r.add_argument("--format", choices=("md", "csv", "json"), default="md",
-                   help="md or csv table; json: JSON Lines, one object per run, then one per point")
+    r.add_argument("-o", "--output", "--format", dest="format", choices=OUTPUT_FORMATS, default="md",
+                   help="md or csv: a table; json: one JSON array of every run and every (arm, size); "
+                   "jsonl: the same, one object a line (runs as they end); sql: CREATE TABLE and INSERTs "
+                   f"for sqlite3 (table {bench_format.SQL_TABLE})")
+    r.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="log at INFO level (as strata-bench -v run)")
+    r.add_argument("--quiet", action="store_true", help="no progress on stderr (load and runs)")
+    r.add_argument("--progress", action="store_true",
+                   help="progress on stderr even when it is not a terminal (a line per run)")
     r.add_argument("--logits-out", help="save logits of every prompt position (float32 [tokens, vocab])")
     r.add_argument("--trace", help="write the last run's Chrome trace (.json or .json.gz)")
     r.add_argument("--peak-tflops", type=float, default=0.0,
@@ -586,7 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     lo = sub.add_parser("load", help="load a model onto the devices; print the load rate (GB/s of file)")
-    lo.add_argument("--model", default="demo", help="GGUF path, 'demo', or synthetic:PRESET[:key=val,...]")
+    lo.add_argument("-m", "--model", default="demo", help="GGUF path, 'demo', or synthetic:PRESET[:key=val,...]")
+    lo.add_argument("--quiet", action="store_true", help="no progress on stderr")
     lo.add_argument("--devices")
     lo.add_argument("--layer-split", dest="layer_split")
     lo.add_argument("--expert-cache", dest="expert_cache")
@@ -611,7 +735,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--context", dest="context_length", type=int)
     m.add_argument("--seed", type=int)
     m.add_argument("--quant", choices=QUANT_NAMES,
-                   help="llama.cpp's tensor-type mix (q4_k_m, q6_k, q8_0, iq4_xs) or plain f16/f32")
+                   help="llama.cpp's tensor-type mix (q4_k_m, q6_k, q8_0, iq4_xs, iq3_xxs, iq3_s, iq2_xxs, "
+                        "iq2_xs, iq1_s, iq1_m; mxfp4: gpt-oss's MXFP4 experts) or plain f16/f32")
     m.set_defaults(func=cmd_make_model)
 
     g = sub.add_parser("stage", help="serve one pipeline stage for a controller elsewhere (run it under "
@@ -620,6 +745,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rank", type=int, help="this stage's index (default: $RANK, as torchrun sets it)")
     g.add_argument("--world", type=int, help="the number of stages (default: $WORLD_SIZE)")
     g.add_argument("--timeout", type=float, default=60.0, help="seconds to reach the controller")
+    g.add_argument("--key-file", help="a file holding the controller's key (default: $STRATA_RENDEZVOUS_KEY)")
     g.set_defaults(func=cmd_stage)
 
     d = sub.add_parser("devices", help="GPU topology: PCIe links, link class, peer access")
@@ -648,8 +774,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      ("decode_tokens", ns.decode_tokens, 0)):
                 if value < low:
                     raise ConfigError(name, value, f"an integer >= {low}")
-            if not (math.isfinite(ns.peak_tflops) and ns.peak_tflops >= 0):  # nan printed "nan%" MFU after the run
-                raise ConfigError("--peak-tflops", ns.peak_tflops, "a finite number of TFLOP/s >= 0 (0: no MFU column)")
+            if not (math.isfinite(ns.peak_tflops) and ns.peak_tflops >= 0):
+                raise ConfigError("--peak-tflops", ns.peak_tflops, "TFLOP/s >= 0 (0: no MFU columns)")
         return ns.func(ns)
     except KeyboardInterrupt:
         print("strata-bench: interrupted", file=sys.stderr)

@@ -11,11 +11,18 @@ holds exactly `pos` tokens, so a warm-up or capture pass never leaves the cache 
 ahead of the call that is timed.  The graph factory and the device sync are parameters, so
 the bookkeeping is tested on CPU with a recording fake (tests/test_chunk_cost.py).
 
-`measured(key, measure)` keeps one measurement per process for a key (model shape, device
+`measured(key, limit, measure)` keeps one measurement per process for a key (model shape, device
 kind, dtype, streaming, graphs, expert types: `cost_key`), so the sessions of one benchmark or app plan the
 same chunks and their digests stay comparable; `measure_layer` is the threaded executor's
 measurement, `probe_shape` the sizes and shapes it (and a stage process) measures at;
 `measure_hop` times a session's first hand-off.
+
+A prompt is never probed past its own length: `probe_shape(device, n_tokens)` keeps the
+candidate sizes below the prompt and adds the prompt's own length (its one-chunk option), and
+the attention probe (a chunk behind a prefix) fits in it too.  A measurement's `limit` is the
+largest size it timed; a later, longer prompt measures again up to its length (and replaces
+the process's measurement), a shorter one reuses what is known.  A prompt no longer than the
+smallest chunk candidate has one chunk whatever the costs, and is not probed at all (run_plan).
 """
 from __future__ import annotations
 
@@ -191,7 +198,8 @@ class ChunkCostProbe:
 
 # ---------------------------------------------------------------- a session's measurement
 Measured = tuple[dict[int, float], float, float]  # LayerCost.astuple(): chunking.ChunkCost's first three
-_MEASURED: dict[tuple, Measured] = {}  # one measurement per process and key (see `measured`)
+ProbeShape = tuple[tuple[int, ...], int, int, int]  # (sizes, attention prefix, probe chunk, repetitions)
+_MEASURED: dict[tuple, tuple[int, Measured]] = {}  # per process and key: (limit, measurement); see `measured`
 _MEASURED_LOCK = threading.Lock()
 
 
@@ -205,27 +213,53 @@ def cost_key(spec: object, device: torch.device, dtype: torch.dtype, streamed: b
     return (repr(spec), dev, str(dtype), streamed, cuda_graphs, tuple(sorted(stored)))
 
 
-def measured(key: tuple, measure: Callable[[], Measured]) -> Measured:
-    """The measurement for `key`, taken by `measure()` the first time in this process."""
+def measured(key: tuple, limit: int, measure: Callable[[], Measured]) -> tuple[Measured, int]:
+    """The measurement for `key` and the largest size it timed: the one this process took
+    already when it timed sizes up to `limit` or beyond, else a new one by `measure()` (timing
+    sizes up to `limit`), which then replaces it."""
     with _MEASURED_LOCK:
         got = _MEASURED.get(key)
-        if got is None:
-            got = _MEASURED[key] = measure()
-        return got
+        if got is None or got[0] < limit:
+            got = _MEASURED[key] = (limit, measure())
+        return got[1], got[0]
 
 
-def probe_shape(device: torch.device) -> tuple[tuple[int, ...], int, int, int]:
-    """(candidate sizes, attention prefix, probe chunk, timed repetitions) for a device kind."""
+def _full_shape(device: torch.device) -> ProbeShape:
     if device.type == "cuda":
         return chunking.GPU_CANDIDATES, 8192, 2048, 2
     return chunking.CPU_CANDIDATES[2:6], 256, 64, 4
 
 
-def measure_layer(layer: Layer, device: torch.device, dtype: torch.dtype, cuda_graphs: bool) -> Measured:
+def probe_shape(device: torch.device, n_tokens: int | None = None) -> ProbeShape:
+    """(candidate sizes, attention prefix, probe chunk, timed repetitions) for a device kind,
+    none of them past a prompt of `n_tokens` (None: no prompt in view, the full range): the
+    sizes below the prompt and the prompt itself (its one-chunk option, where it is shorter
+    than the largest size), and an attention probe of half the largest size behind a prefix
+    of the rest at most, so that every timed call runs at most `n_tokens` positions."""
+    sizes, prefix, probe, reps = _full_shape(device)
+    if n_tokens is None or n_tokens >= sizes[-1]:
+        return sizes, prefix, probe, reps
+    if n_tokens < 2:
+        raise ValueError(f"no chunk cost to measure for a prompt of {n_tokens} token(s)")
+    sizes = (*(s for s in sizes if s < n_tokens), n_tokens)
+    top = sizes[-1]
+    probe = min(probe, top // 2)
+    return sizes, min(prefix, top - probe), probe, reps
+
+
+def one_chunk_only(device: torch.device, n_tokens: int) -> bool:
+    """Whether a prompt of n_tokens is no longer than the smallest chunk auto considers on the
+    device kind: then it runs as one chunk whatever the costs, and nothing is probed."""
+    smallest = chunking.GPU_CANDIDATES[0] if device.type == "cuda" else chunking.CPU_CANDIDATES[0]
+    return n_tokens <= smallest
+
+
+def measure_layer(layer: Layer, device: torch.device, dtype: torch.dtype, cuda_graphs: bool,
+                  shape: ProbeShape | None = None) -> Measured:
     """Time one layer the way a fixed-size chunk runs: per candidate size at position 0,
     attention's extra time per (token x cached key), and host launch time per layer (graph
-    replays when `cuda_graphs` is on and the device is a GPU)."""
-    sizes, prefix, probe, reps = probe_shape(device)
+    replays when `cuda_graphs` is on and the device is a GPU); `shape` from `probe_shape`."""
+    sizes, prefix, probe, reps = shape or probe_shape(device)
     cost = ChunkCostProbe(layer, device, dtype, graphs=device.type == "cuda" and cuda_graphs, reps=reps)
     return cost.measure(sizes, prefix=prefix, probe=probe).astuple()
 

@@ -376,7 +376,7 @@ def format_setting(name: str, value: Any) -> str:
         return str(value)
     if name in CHOICES or name == "rendezvous":
         return str(value)
-    raise ConfigError(name, value, "a known setting name", f"unknown setting {name!r}")
+    raise unknown_setting(name)
 
 
 def _parse(name: str, raw: Any, label: str) -> Any:
@@ -450,7 +450,17 @@ def _parse(name: str, raw: Any, label: str) -> Any:
         if s not in allowed:
             raise ConfigError(label, raw, " or ".join(allowed))
         return s
-    raise ConfigError(label, raw, "a known setting name", f"unknown setting {name!r}")
+    raise unknown_setting(name)
+
+
+def unknown_setting(name: str) -> ConfigError:
+    """The error for a name that is no setting: it lists the names there are, and the closest."""
+    import difflib
+
+    close = difflib.get_close_matches(name, SETTING_NAMES, n=2, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return ConfigError("setting name", name, "one of " + ", ".join(sorted(SETTING_NAMES)),
+                       f"unknown setting {name!r}{hint}")
 
 
 def interleave_groups(split: object) -> int | None:

@@ -18,8 +18,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES
 
 log = logging.getLogger(__name__)
@@ -255,11 +257,204 @@ def _iq4_xs(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return _mul(dl, q, dtype).reshape(n, QK_K)
 
 
+# ---------------------------------------------------- lattice (IQ1/IQ2/IQ3) and 4-bit-float types
+# Every code book below is read from gguf's own classes at import (its grids, its sign table,
+# its e2m1 values and its e8m0 / ue4m3 scale decoders), never written out here.
+def _gguf_grid(name: str) -> np.ndarray:
+    """gguf's lattice of an IQ type as float32 [points, values per point]."""
+    cls = getattr(gguf_quants, name)
+    cls.init_grid()
+    return np.ascontiguousarray(cls.grid.reshape(cls.grid_shape), dtype=np.float32)
+
+
+def _sign_table() -> np.ndarray:
+    """ggml's ksigns_iq2xs (128 even-parity sign bytes) as float32 [128, 8] of +1/-1 (bit j set:
+    value j negative), the signs the IQ2/IQ3 types index with 7 bits."""
+    ks = np.frombuffer(gguf_quants.IQ2_XXS.ksigns, dtype=np.uint8)
+    bits = (ks.reshape(-1, 1) >> np.arange(8, dtype=np.uint8)) & 1
+    return np.where(bits == 0, np.float32(1), np.float32(-1)).astype(np.float32)
+
+
+_NP_TABLES: dict[str, Callable[[], np.ndarray]] = {
+    "IQ2_XXS": lambda: _gguf_grid("IQ2_XXS"), "IQ2_XS": lambda: _gguf_grid("IQ2_XS"),
+    "IQ2_S": lambda: _gguf_grid("IQ2_S"), "IQ3_XXS": lambda: _gguf_grid("IQ3_XXS"),
+    "IQ3_S": lambda: _gguf_grid("IQ3_S"), "IQ1_S": lambda: _gguf_grid("IQ1_S"),
+    "ksigns": _sign_table,
+    "e2m1": lambda: np.array(gguf_quants.MXFP4.kvalues, dtype=np.float32),
+    # the scale decoders applied to every byte: a table of 256 exact float32 scales
+    "e8m0_half": lambda: gguf_quants.MXFP4.e8m0_to_fp32_half(np.arange(256, dtype=np.uint8)).astype(np.float32),
+    "ue4m3": lambda: np.asarray(gguf_quants.NVFP4.ue4m3_to_fp32(np.arange(256, dtype=np.uint8)), dtype=np.float32),
+}
+_HOST_TABLES: dict[str, torch.Tensor] = {name: torch.from_numpy(make()) for name, make in _NP_TABLES.items()}
+_DEVICE_TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def _table(name: str, device: torch.device) -> torch.Tensor:
+    """One of gguf's code books as a float32 tensor on `device` (copied there once)."""
+    key = (name, device)
+    t = _DEVICE_TABLES.get(key)
+    if t is None:
+        t = _DEVICE_TABLES[key] = _HOST_TABLES[name].to(device)
+    return t
+
+
+def _rows(name: str, idx: torch.Tensor) -> torch.Tensor:
+    """table[idx] of a code book: idx [...] -> [..., table width] (or [...] for a flat table)."""
+    return _table(name, idx.device)[idx.to(torch.int64)]
+
+
+def _bit_signs(b: torch.Tensor) -> torch.Tensor:
+    """Sign bytes [n, m] -> float32 [n, m, 8] of +1/-1, bit j of a byte the sign of value j."""
+    bits = (b.unsqueeze(-1) >> torch.arange(8, device=b.device, dtype=torch.uint8)) & 1
+    return 1.0 - 2.0 * bits.to(torch.float32)
+
+
+def _iq2_xxs(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # d f16 | 8 x (4 grid bytes | u32: four 7-bit sign indices, 4-bit scale on top)
+    n = blocks.shape[0]
+    d = _f16(blocks[:, 0:2])
+    q = blocks[:, 2:66].reshape(n, 8, 8)
+    aux = _u32(q[:, :, 4:8].reshape(n * 8, 4)).reshape(n, 8)
+    db = (d * (0.5 + (aux >> 28).to(torch.float32)) * 0.25).reshape(n, 8, 1, 1)
+    sidx = (aux.unsqueeze(-1) >> torch.tensor([0, 7, 14, 21], device=blocks.device)) & 0x7F
+    signs = _rows("ksigns", sidx)  # [n, 8, 4, 8]
+    grid = _rows("IQ2_XXS", q[:, :, 0:4])  # [n, 8, 4, 8]
+    return _mul(db * grid, signs, dtype).reshape(n, QK_K)
+
+
+def _iq2_xs(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # d f16 | qs[32] u16 (9-bit grid index | 7-bit sign index) | scales[8] (two 4-bit each)
+    n = blocks.shape[0]
+    d = _f16(blocks[:, 0:2])
+    qs = _u16(blocks[:, 2:66].reshape(n * 32, 2)).reshape(n, 32)
+    sc = blocks[:, 66:74]
+    scales = torch.stack((sc & 0x0F, sc >> 4), dim=2).reshape(n, 16)
+    db = (d * (0.5 + scales.to(torch.float32)) * 0.25).reshape(n, 16, 1, 1)
+    signs = _rows("ksigns", qs >> 9).reshape(n, 16, 2, 8)
+    grid = _rows("IQ2_XS", qs & 511).reshape(n, 16, 2, 8)
+    return _mul(db * grid, signs, dtype).reshape(n, QK_K)
+
+
+def _iq2_s(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # d f16 | qs[32] (grid index low 8 bits) | signs[32] | qh[8] (2 high bits each) | scales[8]
+    n = blocks.shape[0]
+    d = _f16(blocks[:, 0:2])
+    sc = blocks[:, 74:82]
+    scales = torch.stack((sc & 0x0F, sc >> 4), dim=2).reshape(n, 16)
+    db = (d * (0.5 + scales.to(torch.float32)) * 0.25).reshape(n, 16, 1, 1)
+    signs = _bit_signs(blocks[:, 34:66]).reshape(n, 16, 2, 8)
+    qh = _bits(blocks[:, 66:74], (0, 2, 4, 6), 3).transpose(1, 2).reshape(n, 32)
+    idx = blocks[:, 2:34].to(torch.int64) | (qh.to(torch.int64) << 8)
+    grid = _rows("IQ2_S", idx).reshape(n, 16, 2, 8)
+    return _mul(db * grid, signs, dtype).reshape(n, QK_K)
+
+
+def _iq3_xxs(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # d f16 | qs[64] (grid bytes, 4 values each) | 8 x u32 (four 7-bit sign indices | 4-bit scale)
+    n = blocks.shape[0]
+    d = _f16(blocks[:, 0:2])
+    aux = _u32(blocks[:, 66:98].reshape(n * 8, 4)).reshape(n, 8)
+    db = (d * (0.5 + (aux >> 28).to(torch.float32)) * 0.5).reshape(n, 8, 1, 1)
+    sidx = (aux.unsqueeze(-1) >> torch.tensor([0, 7, 14, 21], device=blocks.device)) & 0x7F
+    signs = _rows("ksigns", sidx)  # [n, 8, 4, 8]
+    grid = _rows("IQ3_XXS", blocks[:, 2:66]).reshape(n, 8, 4, 8)
+    return _mul(db * grid, signs, dtype).reshape(n, QK_K)
+
+
+def _iq3_s(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # d f16 | qs[64] (grid index low 8 bits) | qh[8] (ninth bits) | signs[32] | scales[4]
+    n = blocks.shape[0]
+    d = _f16(blocks[:, 0:2])
+    sc = blocks[:, 106:110]
+    scales = torch.stack((sc & 0x0F, sc >> 4), dim=2).reshape(n, 8).to(torch.int32)
+    db = (d * (1 + 2 * scales)).reshape(n, 8, 1, 1)
+    signs = _bit_signs(blocks[:, 74:106]).reshape(n, 8, 4, 8)
+    qh = _bits(blocks[:, 66:74], range(8), 1).transpose(1, 2).reshape(n, 64)
+    idx = blocks[:, 2:66].to(torch.int64) | (qh.to(torch.int64) << 8)
+    grid = _rows("IQ3_S", idx).reshape(n, 8, 4, 8)
+    return _mul(db * grid, signs, dtype).reshape(n, QK_K)
+
+
+IQ1_DELTA = 0.125  # ggml's IQ1S_DELTA (gguf: IQ1_S.delta), checked against gguf at import
+assert float(gguf_quants.IQ1_S.delta) == IQ1_DELTA
+
+
+def _iq1_s(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # d f16 | qs[32] (grid index low 8 bits) | qh[8] u16 (3 high bits x4 | 3-bit scale | delta sign)
+    n = blocks.shape[0]
+    d = _f16(blocks[:, 0:2])
+    qh = _u16(blocks[:, 34:50].reshape(n * 8, 2)).reshape(n, 8)
+    dl = (d * (2 * ((qh >> 12) & 7) + 1)).reshape(n, 8, 1, 1)
+    delta = torch.where((qh & 0x8000) == 0, IQ1_DELTA, -IQ1_DELTA).reshape(n, 8, 1, 1)
+    hi = (qh.unsqueeze(-1) >> torch.tensor([0, 3, 6, 9], device=blocks.device, dtype=torch.int32)) & 7
+    idx = blocks[:, 2:34].to(torch.int64) | (hi.reshape(n, 32).to(torch.int64) << 8)
+    grid = _rows("IQ1_S", idx).reshape(n, 8, 4, 8)
+    return _mul(dl, grid + delta, dtype).reshape(n, QK_K)
+
+
+def _iq1_m(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # qs[32] | qh[16] (per 8 values: 3 high index bits | delta sign) | 4 x u16 scales: four 3-bit
+    # sub-scales each, and the block's f16 scale spread over their top nibbles
+    n = blocks.shape[0]
+    sc = _u16(blocks[:, 48:56].reshape(n * 4, 2)).reshape(n, 4)
+    top = (sc & 0xF000) >> torch.tensor([12, 8, 4, 0], device=blocks.device, dtype=torch.int32)
+    dbits = top[:, 0] | top[:, 1] | top[:, 2] | top[:, 3]
+    d = (dbits - ((dbits & 0x8000) << 1)).to(torch.int16).view(torch.float16).to(torch.float32).reshape(n, 1)
+    sub = (sc.unsqueeze(-1) >> torch.tensor([0, 3, 6, 9], device=blocks.device, dtype=torch.int32)) & 7
+    dl = (d * (2 * sub.reshape(n, 16) + 1)).reshape(n, 8, 2, 1, 1)
+    qh = blocks[:, 32:48]
+    nib = torch.stack((qh & 0x0F, qh >> 4), dim=2).reshape(n, 32)
+    idx = blocks[:, 0:32].to(torch.int64) | ((nib & 7).to(torch.int64) << 8)
+    delta = torch.where((nib & 8) == 0, IQ1_DELTA, -IQ1_DELTA).reshape(n, 8, 2, 2, 1)
+    grid = _rows("IQ1_S", idx).reshape(n, 8, 2, 2, 8)
+    return _mul(dl, grid + delta, dtype).reshape(n, QK_K)
+
+
+def _mxfp4(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # e8m0 scale (1 byte, as half its power of two) | 16 bytes of e2m1 nibbles (doubled values)
+    d = _rows("e8m0_half", blocks[:, 0:1])
+    q = _rows("e2m1", _nibbles(blocks[:, 1:17], 16))
+    return _mul(d, q, dtype)
+
+
+def _nvfp4(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # 4 ue4m3 scales (one per 16 values) | 4 x 8 bytes of e2m1 nibbles (doubled values)
+    n = blocks.shape[0]
+    d = _rows("ue4m3", blocks[:, 0:4]).reshape(n, 4, 1)
+    q = _rows("e2m1", _nibbles(blocks[:, 4:36], 8)).reshape(n, 4, 16)
+    return _mul(d, q, dtype).reshape(n, 64)
+
+
+def _tq1_0(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # qs[48] (5 base-3 digits per byte, as a fraction of 256) | qh[4] (4 digits each) | d f16
+    n = blocks.shape[0]
+    dev = blocks.device
+    d = _f16(blocks[:, 52:54])
+    p5 = torch.tensor([1, 3, 9, 27, 81], device=dev, dtype=torch.int32).reshape(1, 5, 1)
+    qs = blocks[:, 0:48].to(torch.int32)
+    q0 = ((qs[:, 0:32].reshape(n, 1, 32) * p5) & 0xFF).reshape(n, 160)  # uint8 products wrap
+    q1 = ((qs[:, 32:48].reshape(n, 1, 16) * p5) & 0xFF).reshape(n, 80)
+    qh = ((blocks[:, 48:52].to(torch.int32).reshape(n, 1, 4) * p5[:, :4]) & 0xFF).reshape(n, 16)
+    q = ((torch.cat((q0, q1, qh), dim=1) * 3) >> 8) - 1
+    return _mul(d, q, dtype)
+
+
+def _tq2_0(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # qs[64] (2-bit digits, 4 per byte) | d f16
+    n = blocks.shape[0]
+    d = _f16(blocks[:, 64:66])
+    q = _bits(blocks[:, 0:64].reshape(n, 2, 32), (0, 2, 4, 6), 3)  # [n, 4, 2, 32]
+    q = q.transpose(1, 2).reshape(n, QK_K).view(torch.int8) - 1
+    return _mul(d, q, dtype)
+
+
 DEQUANTIZERS: dict[T, Callable[[torch.Tensor, torch.dtype], torch.Tensor]] = {
     T.F32: _float32, T.F16: _float16, T.BF16: _bfloat16,
     T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
     T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
     T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs,
+    T.IQ2_XXS: _iq2_xxs, T.IQ2_XS: _iq2_xs, T.IQ2_S: _iq2_s, T.IQ3_XXS: _iq3_xxs, T.IQ3_S: _iq3_s,
+    T.IQ1_S: _iq1_s, T.IQ1_M: _iq1_m, T.MXFP4: _mxfp4, T.NVFP4: _nvfp4, T.TQ1_0: _tq1_0, T.TQ2_0: _tq2_0,
 }
 SUPPORTED: frozenset[T] = frozenset(DEQUANTIZERS)
 

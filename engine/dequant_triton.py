@@ -25,18 +25,20 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 
+from .triton_import import load
+
 log = logging.getLogger(__name__)
 
 ENV = "STRATA_DEQUANT"  # "torch": never the Triton kernels
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NUM_WARPS = 4
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # not a dependency: the torch path serves
-    triton = None
-    tl = None
+
+def _probe() -> None:
+    """What engine.triton_import jits to learn whether this module's kernels can be defined."""
+
+
+triton, tl, UNAVAILABLE = load(_probe)  # not a dependency (the cuda extra): the torch path serves
 
 
 if triton is not None:
@@ -298,11 +300,18 @@ def _kernels() -> dict[T, tuple[Any, int, int]] | None:
         log.info("GGUF dequantiser: torch (%s=torch)", ENV)
         return None
     if triton is None:
-        log.info("GGUF dequantiser: torch (triton is not importable)")
+        log.info("GGUF dequantiser: torch (%s)", UNAVAILABLE)
         return None
     log.info("GGUF dequantiser: Triton %s for %s; torch for the other types", triton.__version__,
              ", ".join(sorted(t.name for t in _TABLE)))
     return _TABLE
+
+
+def status() -> tuple[str, str]:
+    """("Triton <version>", "") where the kernels serve CUDA tensors, else ("torch", why)."""
+    if _kernels() is None:
+        return "torch", f"{ENV}=torch" if triton is not None else UNAVAILABLE
+    return f"Triton {triton.__version__}", ""
 
 
 def handles(qtype: T, dtype: torch.dtype) -> bool:

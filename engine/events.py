@@ -135,6 +135,7 @@ class RunReport:
     telemetry: list[dict] = field(default_factory=list)  # GPU samples on the event clock
     telemetry_status: str = ""
     attention: str = ""  # the attention kernel per device (engine/attention.py)
+    kernels: str = ""  # the kernel of dequant, MoE, q/k-norm+RoPE (engine/kernel_report.py)
     handoff_bytes: int = 0  # activations handed between stages during prefill (all hops)
     # the chunk-cost probe's figures (engine.planner.probe_dict) when the run measured them: what the
     # planner prices chunk sizes the run did not execute from

@@ -20,27 +20,33 @@ import dataclasses
 import logging
 import os
 import pickle
+import shutil
 import signal
 import socket
+import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from .chunk_cost import Measured, probe_shape
+from . import wire
+from .chunk_cost import Measured, ProbeShape
 from .config import ConfigError, rendezvous_address
 from .errors import Cancelled, NonFiniteError, StageError
 from .events import StageEvent
 from .experts import ExpertStats, arena_bytes, resolve_pin_limit
 from .pipeline import Session
+from .rendezvous_key import attach_commands, bind_host, controller_key, exposure_warning
 from .sizes import size_text
 from .stage import StageContext
-from .stage_process import RunOrder, SourceRef, StageSpec
+from .stage_process import LIBUV, RunOrder, SourceRef, StageSpec, hello_fields, versions
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,8 @@ DEFAULT_TIMEOUT_S = 60.0
 POLL_S = 0.2  # how often a wait looks at the stage processes' liveness and its deadline
 PINGS = 7  # clock-offset exchanges per stage at start-up (the one of least round trip counts)
 STOP_GRACE_S = 5.0  # a stopped stage process that has not exited by then is killed
+HANDSHAKE_S = 10.0  # an attaching connection proves the key and says hello within this
+MAX_PENDING = 32  # connections in their handshake at once (more are closed at once)
 
 
 class StageLost(RuntimeError):
@@ -218,7 +226,28 @@ def _versions(v: dict[str, str]) -> str:
     return ", ".join(f"{k} {x}" for k, x in sorted(v.items()))
 
 
-def _kill_all(members: list[_Member]) -> None:
+def _tcp_store(bind: str, port: int, timeout_s: float, rendezvous: str):
+    """The process group's store for attached stages, listening only on `bind` (torch's TCPStore
+    alone would listen on every interface: it is handed a socket bound here instead)."""
+    import torch.distributed as dist
+
+    try:
+        sock = socket.create_server((bind, port), family=socket.AF_INET6 if ":" in bind else socket.AF_INET,
+                                    backlog=64)
+    except OSError as exc:
+        raise ConfigError("rendezvous", rendezvous, "a HOST:PORT whose PORT+1 is free too",
+                          f"cannot start the process group's store on {bind}:{port}: {exc.strerror or exc}") from None
+    try:
+        store = dist.TCPStore(bind, port, world_size=None, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=timeout_s), master_listen_fd=sock.detach(),
+                              use_libuv=LIBUV)
+    except Exception as exc:  # torch raises DistNetworkError (a RuntimeError)
+        raise ConfigError("rendezvous", rendezvous, "a HOST:PORT whose PORT+1 is free too",
+                          f"cannot start the process group's store on {bind}:{port}: {exc}") from None
+    return store
+
+
+def _kill_all(members: list[_Member], store_dir: str | None = None) -> None:
     """Kill and join every stage process (also run by the session's finalizer)."""
     for m in members:
         if m.proc.is_alive():
@@ -229,13 +258,14 @@ def _kill_all(members: list[_Member]) -> None:
             m.conn.close()
         except OSError:
             pass
+    if store_dir:
+        shutil.rmtree(store_dir, ignore_errors=True)
 
 
 class _Job:
     """The stage processes of one session, their pipes and the rendezvous store."""
 
     def __init__(self, session: ProcessSession) -> None:
-        import torch.distributed as dist
         import torch.multiprocessing as mp
 
         from . import stage_process
@@ -245,19 +275,17 @@ class _Job:
         world = len(session.stages)
         self.backend = session.backend
         rendezvous = session.config.rendezvous
-        # the controller hosts the process group's store: on this machine at a port the OS picks;
-        # for attached stages at the rendezvous port + 1 (one known pair of ports for a firewall)
-        if rendezvous:
-            bind, port = rendezvous_address(rendezvous)
-            bind, store_port = ("" if bind in ("0.0.0.0", "::") else bind), port + 1
-        else:
-            bind, store_port = "127.0.0.1", 0
-        try:
-            self.store = dist.TCPStore(bind or "0.0.0.0", store_port, world_size=None, is_master=True,
-                                       wait_for_workers=False, timeout=timedelta(seconds=session.timeout_s))
-        except Exception as exc:  # torch raises DistNetworkError (a RuntimeError) for a port in use
-            raise ConfigError("rendezvous", rendezvous or "", "a HOST:PORT whose PORT+1 is free too",
-                              f"cannot start the process group's store on port {store_port}: {exc}") from None
+        self.store_dir: str | None = None
+        self.store = None
+        if rendezvous:  # stages elsewhere meet at a TCP store at the rendezvous port + 1, bound where asked
+            controller_key()  # an empty or short key is refused before any port opens
+            host, port = rendezvous_address(rendezvous)
+            bind, store_port = bind_host(host), port + 1
+            self.store = _tcp_store(bind, store_port, session.timeout_s, rendezvous)
+            store_host = "" if host in ("", "0.0.0.0", "::") else host
+        else:  # spawned stages meet through a file in a private folder: no port is opened
+            self.store_dir = tempfile.mkdtemp(prefix="strata-store-")
+            store_host, store_port = "", 0
         ref = source_ref(session.source)
         ranges = tuple((st.first, st.end) for st in session.stages)
         self.members: list[_Member] = []
@@ -265,7 +293,7 @@ class _Job:
         self.emit: Callable[[StageEvent], None] = lambda ev: None  # the current run's (set by its prefill)
         self.note: Callable[[str], None] = lambda text: None  # the current run's report notes
         self.run_id = ""  # the current run (stage stats and notes of another are dropped)
-        self._finalizer = weakref.finalize(self, _kill_all, self.members)
+        self._finalizer = weakref.finalize(self, _kill_all, self.members, self.store_dir)
 
         experts = session.stage_experts
 
@@ -273,7 +301,8 @@ class _Job:
             ex = experts[st.index] if experts else StageExperts(0, 0, "")
             return StageSpec(rank=st.index, world=world, device=st.name, first=st.first, end=st.end,
                              source=ref, dtype=str(session.dtypes[st.device]).removeprefix("torch."),
-                             store_host=bind, store_port=self.store.port, backend=session.backend,
+                             store_host=store_host, store_port=store_port, backend=session.backend,
+                             store_path=str(Path(self.store_dir) / "store") if self.store_dir else "",
                              threads=torch.get_num_threads(), timeout_s=session.timeout_s,
                              parent_pid=parent_pid, ranges=ranges, hooks=session.child_hooks,
                              expert_slots=ex.slots, pin_bytes=ex.pin_bytes, pin_note=ex.pin_note)
@@ -305,30 +334,57 @@ class _Job:
 
     def attach(self, rendezvous: str, spec_of: Callable) -> None:
         """Wait for the stages started elsewhere (`strata-bench stage --rendezvous HOST:PORT`, one
-        per rank) to connect, check what they say about themselves, and hand each its spec."""
+        per rank) to connect and prove the key, check what they say about themselves, and hand
+        each its spec.  Each connection is handled on its own thread under a deadline, so a stray,
+        silent or hostile client never holds up the real stages."""
         import queue
-        import threading
-        from multiprocessing.connection import Listener
-
-        from .stage_process import authkey, versions
 
         host, port = rendezvous_address(rendezvous)
+        key = controller_key()
+        world = len(self.session.stages)
+        if self.session.child_hooks is not None:
+            raise ConfigError("rendezvous", rendezvous, "no pipeline hooks with attached stages",
+                              "hooks reach spawned stage processes only (they do not travel over the network)")
         try:
-            listener = Listener((host or "0.0.0.0", port), authkey=authkey())
+            listener = socket.create_server((bind_host(host), port),
+                                            family=socket.AF_INET6 if ":" in bind_host(host) else socket.AF_INET)
         except OSError as exc:
             raise ConfigError("rendezvous", rendezvous, "a HOST:PORT this machine can listen on",
                               f"cannot listen: {exc.strerror or exc}") from None
-        world = len(self.session.stages)
+        warning = exposure_warning(host)
+        if warning:
+            log.warning("%s", warning)
+        commands = attach_commands(rendezvous, world, key.decode())
+        log.warning("waiting for %d stage(s) at %s; start each with:\n  %s", world, rendezvous, "\n  ".join(commands))
+        self.session._progress(f"waiting for {world} stage(s) to attach at {rendezvous}", 0.0)
         arrived: queue.SimpleQueue = queue.SimpleQueue()
+        handshake_s = min(HANDSHAKE_S, self.timeout_s)
+        pending = threading.BoundedSemaphore(MAX_PENDING)
+
+        def greet(sock: socket.socket, peer: str) -> None:
+            try:
+                ch = wire.accept(sock, key, time.monotonic() + handshake_s, self.timeout_s, peer)
+                hello = hello_fields(ch.recv(timeout=handshake_s))
+                arrived.put((ch, hello))
+            except (OSError, EOFError, wire.WireError, ValueError) as exc:
+                log.warning("refused a connection to %s from %s: %s", rendezvous, peer, exc or type(exc).__name__)
+                sock.close()
+            finally:
+                pending.release()
 
         def accept() -> None:
             while True:
                 try:
-                    arrived.put(listener.accept())
+                    sock, addr = listener.accept()
                 except OSError:  # the listener was closed: every stage is in, or the wait ended
                     return
-                except Exception as exc:  # a wrong key or a stray client: refuse it, keep listening
-                    log.warning("refused a connection to %s: %s", rendezvous, exc)
+                peer = f"{addr[0]}:{addr[1]}"
+                if not pending.acquire(blocking=False):
+                    log.warning("refused a connection to %s from %s: %d handshakes already pending",
+                                rendezvous, peer, MAX_PENDING)
+                    sock.close()
+                    continue
+                threading.Thread(target=greet, args=(sock, peer), daemon=True, name="strata-greet").start()
 
         threading.Thread(target=accept, daemon=True, name="strata-rendezvous").start()
         mine = versions()
@@ -338,29 +394,36 @@ class _Job:
             while len(by_rank) < world:
                 left = deadline - time.monotonic()
                 try:
-                    conn = arrived.get(timeout=max(left, 0.01))
+                    conn, (rank, their_world, pid, host_name, theirs) = arrived.get(timeout=max(left, 0.01))
                 except queue.Empty:
                     raise ConfigError("rendezvous", rendezvous, f"{world} stages attached",
                                       f"only ranks {sorted(by_rank) or 'none'} attached within {self.timeout_s:g} s; "
-                                      f"start `strata-bench stage --rendezvous HOST:{port}` for each") from None
-                if not conn.poll(max(left, 0.01)):
-                    conn.close()
-                    continue
-                _, rank, their_world, pid, host_name, theirs = conn.recv()
-                why = ""
+                                      f"start `{commands[0]}` with each rank") from None
+                why = fatal = ""
                 if theirs != mine:
-                    why = (f"version mismatch between hosts: stage {rank} on host {host_name} runs "
-                           f"{_versions(theirs)}, the controller on {self.host} {_versions(mine)}")
+                    fatal = (f"version mismatch between hosts: stage {rank} on host {host_name} runs "
+                             f"{_versions(theirs)}, the controller on {self.host} {_versions(mine)}")
                 elif their_world != world:
-                    why = f"stage {rank} on host {host_name} expects {their_world} stages, this split has {world}"
+                    fatal = f"stage {rank} on host {host_name} expects {their_world} stages, this split has {world}"
                 elif not 0 <= rank < world or rank in by_rank:
                     why = f"rank {rank} from host {host_name} is out of range or taken (ranks 0..{world - 1})"
-                if why:
-                    conn.send(("refused", why))
+                if why or fatal:
+                    try:
+                        conn.send(("refused", why or fatal))
+                    except OSError:
+                        pass
                     conn.close()
-                    raise ConfigError("rendezvous", rendezvous, "stages of the same versions, one per rank", why)
+                    if fatal:
+                        raise ConfigError("rendezvous", rendezvous, "stages of the same versions, one per rank", fatal)
+                    log.warning("refused a stage at %s: %s", rendezvous, why)
+                    continue
                 st = self.session.stages[rank]
                 by_rank[rank] = _Member(rank, st.name, _Attached(pid), conn, pid=pid, host=host_name)
+                self.session._progress(f"waiting for {world} stage(s) to attach at {rendezvous}", len(by_rank) / world)
+        except BaseException:
+            for m in by_rank.values():
+                m.conn.close()
+            raise
         finally:
             listener.close()
         self.members.extend(by_rank[r] for r in range(world))
@@ -400,7 +463,7 @@ class _Job:
                     continue
                 try:
                     msg = m.conn.recv()
-                except (EOFError, OSError):
+                except (EOFError, OSError, wire.WireError):
                     m.closed = True
                     self.lost(m)
                 got = True
@@ -426,7 +489,7 @@ class _Job:
                 if not m.conn.poll():
                     return
                 msg = m.conn.recv()
-            except (EOFError, OSError):
+            except (EOFError, OSError, wire.WireError):
                 m.closed = True
                 return
             self.handle(m, msg)
@@ -534,10 +597,7 @@ class _Job:
             fin()
         else:
             _kill_all(self.members)
-        try:
-            del self.store
-        except AttributeError:
-            pass
+        self.store = None
 
     # ------------------------------------------------------------------ clocks
     def measure_clocks(self) -> None:
@@ -661,10 +721,9 @@ class ProcessSession(Session):
     def prepare(self, capacity: int, chunk: int, hooks=None) -> None:
         self._capacity, self._chunk = capacity, chunk  # the stage processes allocate at the run's start
 
-    def _measure_layer(self) -> Measured:
+    def _measure_layer(self, shape: ProbeShape) -> Measured:
         cuda = self.stages[0].device.type == "cuda"
-        sizes_cost, per_key, launch = self._job_or_start().measure(*probe_shape(self.stages[0].device),
-                                                                   graphs=cuda and self.config.cuda_graphs)
+        sizes_cost, per_key, launch = self._job_or_start().measure(*shape, graphs=cuda and self.config.cuda_graphs)
         return dict(sizes_cost), per_key, launch
 
     def stage_pids(self) -> list[int]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +22,7 @@ from gguf import GGMLQuantizationType
 from . import dequant
 from .config import ConfigError
 from .gguf_model import ModelSpec
+from .machine import physical_ram  # its home before issue 37: still importable from here
 from .qtensor import has_blocks, stored
 
 log = logging.getLogger(__name__)
@@ -32,26 +32,6 @@ PIN_PIECE = 1 * GiB  # registered in pieces, never one giant call
 PAGE = 4096
 # experts are expanded (compute dtype) in batches of at most this many bytes before their GEMMs
 EXPAND_SCRATCH_BYTES = 2 * GiB
-
-
-def physical_ram() -> int:
-    """Bytes of physical memory (POSIX sysconf; GlobalMemoryStatusEx on Windows)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - Windows
-        import ctypes
-
-        class MemoryStatusEx(ctypes.Structure):
-            _fields_ = [("dwLength", ctypes.c_ulong), ("dwMemoryLoad", ctypes.c_ulong),
-                        ("ullTotalPhys", ctypes.c_ulonglong), ("ullAvailPhys", ctypes.c_ulonglong),
-                        ("ullTotalPageFile", ctypes.c_ulonglong), ("ullAvailPageFile", ctypes.c_ulonglong),
-                        ("ullTotalVirtual", ctypes.c_ulonglong), ("ullAvailVirtual", ctypes.c_ulonglong),
-                        ("ullAvailExtendedVirtual", ctypes.c_ulonglong)]
-
-        st = MemoryStatusEx()
-        st.dwLength = ctypes.sizeof(MemoryStatusEx)
-        ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(st))  # type: ignore[attr-defined]
-        return int(st.ullTotalPhys)
 
 
 def expert_elems(spec: ModelSpec) -> int:

@@ -146,6 +146,23 @@ def supported_types() -> set[GGMLQuantizationType]:
     return set(dequant.SUPPORTED)
 
 
+def _type_sizes(raw_type: int) -> tuple[int, int] | None:
+    """(values, bytes) per block of a ggml type id, None for an id gguf does not know."""
+    try:
+        return GGML_QUANT_SIZES.get(GGMLQuantizationType(raw_type))
+    except ValueError:
+        return None
+
+
+def unknown_type_message(tensor: str, raw_type: int) -> str:
+    """One line for a tensor whose ggml type id gguf does not know (ik_llama.cpp's IQ*_K, _KS,
+    _KT and _R4 types, or a ggml newer than the installed gguf): its block size is unknown, so
+    neither the tensor nor anything after it can be read."""
+    return (f"tensor {tensor}: unknown tensor type {raw_type} (a ggml type id this gguf does not know: "
+            f"ik_llama.cpp's IQ*_K/_KS/_KT/_R4 types or a newer ggml's have no dequantiser here); "
+            f"supported: {dequant.supported_names()}")
+
+
 @dataclass
 class LoadedModel:
     """A parsed, validated GGUF file.  Tensors stay memory-mapped until asked for."""
@@ -523,11 +540,10 @@ class _Scanner:
                                            f"{n_elems} exceeds 2**63-1")
             raw_type = self.u32(pos, f"tensor {name}: type")
             pos += 4
-            try:
-                qtype = GGMLQuantizationType(raw_type)
-                block, type_size = GGML_QUANT_SIZES[qtype]
-            except (ValueError, KeyError):
-                raise self.fail(KIND_TYPE, f"tensor {name}: unknown tensor type {raw_type}") from None
+            sizes = _type_sizes(raw_type)
+            if sizes is None:  # its bytes cannot even be counted: the rest of the file is unreadable
+                raise self.fail(KIND_TYPE, unknown_type_message(name, raw_type))
+            qtype, (block, type_size) = GGMLQuantizationType(raw_type), sizes
             if block > 1 and (not dims or dims[0] % block):
                 raise self.fail(KIND_DIMS, f"tensor {name}: first dimension {dims[0] if dims else '(none)'} is not "
                                            f"a multiple of {qtype.name}'s block size {block}")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
-from . import moe_kernels
+from . import moe_kernels, routed_experts
 from .attention import chunk_attention, kernel_for
 from .experts import EXPAND_SCRATCH_BYTES
 from .gguf_keys import RopeScaling
@@ -342,29 +342,20 @@ class Layer:
         if self.cache is not None:
             ys = self._streamed_experts(xs, counts)
         elif self.use_grouped_mm:
-            offs = torch.cumsum(counts, 0, dtype=torch.int32)
-            if fast and self.fused.gate_up_exps is not None:
+            if fast and self.fused.gate_up_exps is not None:  # float experts: no expansion to save
+                offs = torch.cumsum(counts, 0, dtype=torch.int32)
                 f = s.expert_ffn
                 gu = torch._grouped_mm(xs, self.fused.gate_up_exps.transpose(-2, -1), offs=offs)
                 a = moe_kernels.swiglu(gu, f)
                 down = w.down_exps
             else:
-                gate, up, down = self._resident_experts(h.dtype)
+                gate, up, down, offs = self._grouped_experts(flat, order, counts, n, h.dtype)
                 g = torch._grouped_mm(xs, gate.transpose(-2, -1), offs=offs)
                 u = torch._grouped_mm(xs, up.transpose(-2, -1), offs=offs)
                 a = F.silu(g) * u
             ys = torch._grouped_mm(a, down.transpose(-2, -1), offs=offs)
         else:
-            ys = torch.empty_like(xs)
-            start = 0
-            for e, c in enumerate(counts.tolist()):
-                if c == 0:
-                    continue
-                seg = xs[start:start + c]
-                gate, up, down = self._expert(e, h.dtype)
-                a = F.silu(F.linear(seg, gate)) * F.linear(seg, up)
-                ys[start:start + c] = F.linear(a, down)
-                start += c
+            ys = self._reference_experts(xs, counts, h.dtype)
         # back to (token, slot) order by a gather through the inverse permutation: the same values
         # as a scatter (index_copy_) of ys, at a third of its GPU time (measured on H200)
         inv = torch.empty_like(order)
@@ -383,13 +374,59 @@ class Layer:
             return w.gate_exps.dequantize(dtype), w.up_exps.dequantize(dtype), w.down_exps.dequantize(dtype)
         return w.gate_exps, w.up_exps, w.down_exps
 
-    def _expert(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Expert e's gate, up and down (stored ones expanded one expert at a time)."""
-        w = self.w
-        if isinstance(w.gate_exps, QTensor):
-            return (w.gate_exps.expert(e).dequantize(dtype), w.up_exps.expert(e).dequantize(dtype),
-                    w.down_exps.expert(e).dequantize(dtype))
-        return w.gate_exps[e], w.up_exps[e], w.down_exps[e]
+    def _grouped_experts(self, flat: torch.Tensor, order: torch.Tensor, counts: torch.Tensor, n: int,
+                         dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """gate, up, down and the group offsets for the grouped GEMMs over rows sorted by expert.
+
+        Few tokens (engine/routed_experts.py's rule on the bound min(n*k, E)): the routed
+        experts gathered into a compact scratch, groups remapped to its slots.  Otherwise every
+        expert, one group each.  Neither synchronises with the host (CUDA graphs hold both; the
+        choice depends on the chunk size only)."""
+        s, w = self.spec, self.w
+        slots = routed_experts.slot_bound(n, s.n_experts_used, s.n_experts)
+        if isinstance(w.gate_exps, QTensor) and routed_experts.compact_wanted(slots, s.n_experts, flat.device.type):
+            cr = routed_experts.compact_routing(flat[order], slots)
+            return (w.gate_exps.gather(cr.experts, dtype), w.up_exps.gather(cr.experts, dtype),
+                    w.down_exps.gather(cr.experts, dtype), cr.offsets)
+        gate, up, down = self._resident_experts(dtype)
+        return gate, up, down, torch.cumsum(counts, 0, dtype=torch.int32)
+
+    def _reference_experts(self, xs: torch.Tensor, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Expert FFN one expert at a time over rows sorted by expert (CPU, or a GPU without
+        grouped GEMMs).  Stored experts are expanded in batches that fit
+        `routed_experts.REFERENCE_SCRATCH_BYTES`: only the experts the chunk routes to where
+        they are few (`routed_experts.compact_wanted` on the distinct count), else every expert
+        in consecutive slices.  Each expert's arithmetic is the same either way."""
+        s, w = self.spec, self.w
+        counts_host = counts.tolist()
+        starts = [0]
+        for c in counts_host:
+            starts.append(starts[-1] + c)
+        used = [e for e, c in enumerate(counts_host) if c]
+        ys = torch.empty_like(xs)
+
+        def run(e: int, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> None:
+            seg = xs[starts[e]:starts[e + 1]]
+            a = F.silu(F.linear(seg, gate)) * F.linear(seg, up)
+            ys[starts[e]:starts[e + 1]] = F.linear(a, down)
+
+        if not isinstance(w.gate_exps, QTensor):
+            for e in used:
+                run(e, w.gate_exps[e], w.up_exps[e], w.down_exps[e])
+            return ys
+        parts = (w.gate_exps, w.up_exps, w.down_exps)
+        per_expert = 3 * s.expert_ffn * s.hidden * torch.empty((), dtype=dtype).element_size()
+        compact = routed_experts.compact_wanted(len(used), s.n_experts, xs.device.type)
+        for batch in routed_experts.batches(used if compact else list(range(s.n_experts)), per_expert):
+            if compact:
+                idx = torch.tensor(batch, dtype=torch.int64, device=xs.device)
+                gate, up, down = (t.gather(idx, dtype) for t in parts)
+            else:  # consecutive experts: a slice of the stored bytes, no gather
+                gate, up, down = (t.experts(batch[0], batch[-1] + 1).dequantize(dtype) for t in parts)
+            for j, e in enumerate(batch):
+                if counts_host[e]:
+                    run(e, gate[j], up[j], down[j])
+        return ys
 
     def _streamed_experts(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Expert FFN with weights from the device's ExpertCache, in batches the cache can hold.

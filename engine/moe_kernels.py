@@ -24,20 +24,29 @@ import os
 import torch
 import torch.nn.functional as F
 
+from .triton_import import load
+
 log = logging.getLogger(__name__)
 
 ENV = "STRATA_MOE_KERNELS"  # "torch": never the Triton kernels
 
 
+def _probe() -> None:
+    """What engine.triton_import jits to learn whether this module's kernels can be defined."""
+
+
+@functools.cache
+def _load():
+    return load(_probe)
+
+
 @functools.cache
 def _kernels():
-    """The compiled-on-demand Triton kernels, or None where Triton is missing."""
+    """The compiled-on-demand Triton kernels, or None where Triton is missing (`status` says why)."""
     if os.environ.get(ENV, "").strip().lower() == "torch":
         return None
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
+    triton, tl, _why = _load()
+    if triton is None:
         return None
 
     @triton.jit
@@ -64,6 +73,13 @@ def _kernels():
 
     log.info("MoE kernels: Triton %s", triton.__version__)
     return swiglu_kernel, combine_kernel
+
+
+def status() -> tuple[str, str]:
+    """("Triton <version>", "") where the kernels serve CUDA tensors, else ("torch", why)."""
+    if _kernels() is None:
+        return "torch", f"{ENV}=torch" if os.environ.get(ENV, "").strip().lower() == "torch" else _load()[2]
+    return f"Triton {_load()[0].__version__}", ""
 
 
 def available(x: torch.Tensor) -> bool:

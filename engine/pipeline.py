@@ -31,8 +31,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from gguf import GGMLQuantizationType
 
-from . import chunk_cost, chunking, run_plan, topology
+from . import chunk_cost, chunking, kernel_report, run_plan, topology
 from .attention import kernel_for
 from .config import ConfigError, EngineConfig
 from .errors import Cancelled, DeviceMemoryError, NonFiniteError, StageError
@@ -126,6 +127,7 @@ class Session:
         self._last_events: list[StageEvent] = []
         self._progress = progress or (lambda what, frac: None)
         self._chunk_cost: chunking.ChunkCost | None = None
+        self._cost_limit: int | None = None  # the largest chunk size that measurement timed (None: any)
         self._hop_s: float | None = None  # hand-off seconds per token between the first two devices
         order, self.order_reason = topology.split_order(self.config.devices, self.config.gpu_order)
         self.device_order = order
@@ -148,6 +150,10 @@ class Session:
         self.expert_plan = plan_experts(self.config.expert_cache, self.spec, self.stages, self.dtypes,
                                         max((lay.row_bytes for lay in self.expert_layouts), default=None),
                                         expert_qtypes(self.expert_layouts))
+        # which kernel each Triton-capable part runs, and a note when a fast one is missing on CUDA
+        self.kernel_parts = kernel_report.kernel_parts((d.type for d in self.devices), is_moe=self.spec.is_moe,
+                                                       qtypes=self._weight_qtypes())
+        self.setup_notes.extend(kernel_report.warnings(self.kernel_parts))
         self.arena: HostArena | None = None
         self._main_extra: list[Layer] | None = None  # prefill-main: later layers on the main device
         self._main_head: Head | None = None
@@ -229,6 +235,17 @@ class Session:
         whatever the number of layer groups a device holds."""
         return [st.index % len(self.devices) for st in self.stages]
 
+    def _weight_qtypes(self) -> set:
+        """The GGUF types the model's weights are stored in (a file's whole mix; else the experts')."""
+        mix = getattr(self.source, "quant_mix", None)
+        names = [name for name, _ in mix()] if callable(mix) else []
+        known = {q for q in (getattr(GGMLQuantizationType, n, None) for n in names) if q is not None}
+        return known | expert_qtypes(self.expert_layouts)
+
+    def kernels(self) -> str:
+        """The kernel of each Triton-capable part, e.g. "dequant: Triton 3.8.0 (Q4_K, Q6_K); MoE: …"."""
+        return kernel_report.describe(self.kernel_parts)
+
     def attention_kernels(self) -> str:
         """The attention kernel of each device of the split, e.g. "cuda:0 cuDNN prefix+diagonal split"."""
         s = self.spec
@@ -241,20 +258,24 @@ class Session:
         return self._last_events
 
     # ------------------------------------------------------ costs and planning
-    def chunk_cost(self) -> chunking.ChunkCost:
+    def chunk_cost(self, n_tokens: int | None = None) -> chunking.ChunkCost:
         """One layer of the main device, measured once per process for a (model shape, device
         kind, dtype, streaming, graphs, expert types) key (engine/chunk_cost.py), with this split's depth: the
-        most layers one device runs per chunk."""
-        if self._chunk_cost is None:
-            st = self.stages[0]
+        most layers one device runs per chunk.  For a prompt of `n_tokens` no size above it is
+        timed (`chunk_cost.probe_shape`); a measurement that timed up to that length or beyond
+        already serves as it is."""
+        st = self.stages[0]
+        shape = chunk_cost.probe_shape(st.device, n_tokens)
+        limit = shape[0][-1]
+        if self._chunk_cost is None or (self._cost_limit is not None and self._cost_limit < limit):
             key = chunk_cost.cost_key(self.spec, st.device, st.dtype, self.expert_plan.streamed,
                                       self.config.cuda_graphs, [q.name for q in expert_qtypes(self.expert_layouts)])
-            measured = chunk_cost.measured(key, self._measure_layer)
+            measured, self._cost_limit = chunk_cost.measured(key, limit, lambda: self._measure_layer(shape))
             per_device: dict[int, int] = {}  # interleaved groups of a device all run on it
             for s, lane in zip(self.stages, self.stage_lanes()):
                 per_device[lane] = per_device.get(lane, 0) + s.end - s.first
             self._chunk_cost = chunking.ChunkCost(*measured, max(per_device.values()))
-            log.info("chunk cost on %s: %s", st.name, self._chunk_cost)
+            log.info("chunk cost on %s (sizes up to %d): %s", st.name, self._cost_limit, self._chunk_cost)
         return self._chunk_cost
 
     @property
@@ -262,9 +283,9 @@ class Session:
         """The chunk cost when it has been measured (None: not yet; a fixed chunk needs none)."""
         return self._chunk_cost
 
-    def _measure_layer(self) -> chunk_cost.Measured:
+    def _measure_layer(self, shape: chunk_cost.ProbeShape) -> chunk_cost.Measured:
         st = self.stages[0]
-        return chunk_cost.measure_layer(st.layers[0], st.device, st.dtype, self.config.cuda_graphs)
+        return chunk_cost.measure_layer(st.layers[0], st.device, st.dtype, self.config.cuda_graphs, shape)
 
     def hop_s_per_token(self) -> float:
         """Seconds per token of a chunk to hand activations from the first device to the

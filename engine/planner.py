@@ -578,14 +578,19 @@ def _plan_from(d: dict[str, Any]) -> RunPlan:
                    bounds=tuple((int(a), int(n)) for a, n in d.get("bounds", ()) or ()))
 
 
+REPORT_REPR_MAX = 1 << 20  # characters of an older trace's report repr the planner parses
+
+
 def _report_dict(meta_report: Any) -> dict[str, Any]:
     """A trace's report: a dict, or (older exports) its Python repr; the fields the planner reads."""
     if isinstance(meta_report, dict):
         return meta_report
     text = str(meta_report)
+    if len(text) > REPORT_REPR_MAX:  # literal_eval only reads literals, but its parse is not bounded
+        raise PlanError(f"the trace's report text is {len(text)} characters (at most {REPORT_REPR_MAX} are read)")
     try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, RecursionError, MemoryError, TypeError):
         pass
     out: dict[str, Any] = {}
     m = re.search(r"'plan': (\{.*?'chunk_reason': '(?:[^'\\]|\\.)*'[^}]*\})", text)

@@ -19,6 +19,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from .triton_import import load
+
 ENV = "STRATA_QK_KERNEL"  # "torch": never the Triton kernel
 
 
@@ -32,12 +34,19 @@ def _kernel():
     return _compiled()
 
 
+def _probe() -> None:
+    """What engine.triton_import jits to learn whether this module's kernel can be defined."""
+
+
+@functools.cache
+def _load():
+    return load(_probe)
+
+
 @functools.cache
 def _compiled():
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
+    triton, tl, _why = _load()
+    if triton is None:
         return None
 
     @triton.jit
@@ -64,6 +73,15 @@ def _compiled():
             tl.store(k_ptr + (t * KV + (h - H)) * HD + offs, out.to(k_ptr.dtype.element_ty))
 
     return qk_norm_rope_kernel
+
+
+def status() -> tuple[str, str]:
+    """("Triton <version>", "") where the kernel serves CUDA tensors, else ("torch", why)."""
+    if os.environ.get(ENV, "").strip().lower() == "torch":
+        return "torch", f"{ENV}=torch"
+    if _compiled() is None:
+        return "torch", _load()[2]
+    return f"Triton {_load()[0].__version__}", ""
 
 
 def _torch(qk: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,

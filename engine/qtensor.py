@@ -40,8 +40,24 @@ class QTensor:
         per = self.raw.numel() // self.shape[0]
         return QTensor(self.raw[e * per:(e + 1) * per], self.qtype, self.shape[1:])
 
+    def experts(self, lo: int, hi: int) -> QTensor:
+        """Rows lo..hi-1 of the leading dimension, as a view of the same bytes."""
+        per = self.raw.numel() // self.shape[0]
+        return QTensor(self.raw[lo * per:hi * per], self.qtype, (hi - lo, *self.shape[1:]))
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return dequant.dequantize(self.raw, self.qtype, self.shape, dtype)
+
+    def gather(self, experts: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows `experts` of the leading dimension expanded into one [len(experts), ...] scratch
+        in `dtype`: the Triton dequantiser reads them in place, the torch path copies their
+        blocks first.  `experts`: a 1-D int64 index on this tensor's device, each entry in
+        [0, shape[0]) (not checked here: a check would synchronise a GPU with the host)."""
+        rows = self.shape[0]
+        per = self.raw.numel() // rows
+        index = experts.to(device=self.raw.device, dtype=torch.int64).contiguous()
+        return dequant.dequantize(self.raw.view(rows, per), self.qtype, (index.numel(), *self.shape[1:]), dtype,
+                                  rows=index)
 
     def to(self, device: torch.device | str) -> QTensor:
         return QTensor(self.raw.to(device), self.qtype, self.shape)

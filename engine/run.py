@@ -328,7 +328,7 @@ class Run:
             busy_histogram=busy_histogram(by_device(prefill_events, s.stage_lanes()), len(s.devices)),
             handoff=s.handoff_kind, device_order=list(s.device_order),
             order_reason=s.order_reason, cancelled=cancelled, notes=list(s.setup_notes) + self.notes,
-            expert_stats=expert_stats, attention=s.attention_kernels(),
+            expert_stats=expert_stats, attention=s.attention_kernels(), kernels=s.kernels(),
             handoff_bytes=cost.nbytes, executor=s.config.executor, handoff_s=cost.seconds,
             handoff_gbps=cost.gbps, handoff_share=cost.share,
             cost_profile=planner.probe_dict(s.measured_chunk_cost),

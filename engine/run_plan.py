@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import chunking
+from . import chunk_cost, chunking
 from .events import RunPlan, StagePlan
 
 if TYPE_CHECKING:
@@ -23,10 +23,15 @@ def grain(session: Session) -> int:
     return BALANCED_GRAIN_CUDA if session.devices[0].type == "cuda" else chunking.GRAIN
 
 
-def balanced_floor(session: Session, chunk: int) -> int:
+def balanced_floor(session: Session, chunk: int, n_tokens: int) -> int:
     """The smallest balanced chunk from a user's chunk size: the efficient size, but never
     above the size the user asked for (they asked for that many chunks)."""
-    return min(chunking.efficient_floor(session.chunk_cost()), chunk)
+    return min(chunking.efficient_floor(session.chunk_cost(n_tokens)), chunk)
+
+
+def _one_chunk(session: Session, n_tokens: int) -> bool:
+    """A prompt no longer than the smallest chunk candidate: one chunk, nothing to measure."""
+    return chunk_cost.one_chunk_only(session.devices[0], n_tokens)
 
 
 def choice(session: Session, n_tokens: int, interleave: int | None = None) -> chunking.Choice:
@@ -45,29 +50,38 @@ def choice(session: Session, n_tokens: int, interleave: int | None = None) -> ch
     g = grain(session)
     hop = session.hop_s_per_token() if n_dev > 1 and (what_if or not isinstance(c, int) or kind != "fixed") else 0.0
     if isinstance(c, int):
-        if kind in ("balanced", "auto") and c < n_tokens:
-            cost = session.chunk_cost()
+        if kind in ("balanced", "auto") and c < n_tokens and n_tokens > 1:
+            cost = session.chunk_cost(n_tokens)
             if kind == "auto":  # a user's chunk size with schedule auto: the cheaper of the two
                 fixed = chunking.bounds_makespan(chunking.chunk_bounds(n_tokens, c), n_dev, cost, v, hop)
                 bal = chunking.bounds_makespan(chunking.schedule(n_tokens, c, "balanced", cost, g,
-                                                                 balanced_floor(session, c)), n_dev, cost, v, hop)
+                                                                 balanced_floor(session, c, n_tokens)),
+                                               n_dev, cost, v, hop)
                 if fixed <= bal:
                     return chunking.Choice(c, "fixed", fixed, f"fixed {c} (schedule auto: balanced models "
                                                               f"{bal * 1e3:.1f} ms, fixed {fixed * 1e3:.1f} ms)", v)
-            bounds = chunking.schedule(n_tokens, c, "balanced", cost, g, balanced_floor(session, c))
+            bounds = chunking.schedule(n_tokens, c, "balanced", cost, g, balanced_floor(session, c, n_tokens))
             est = chunking.bounds_makespan(bounds, n_dev, cost, v, hop)
             return chunking.Choice(c, "balanced", est, f"balanced from {c}-token chunks: equal modelled cost each", v)
         # a fixed size needs no measurement: modelled only when the costs are known already
-        known = session.chunk_cost() if what_if else session.measured_chunk_cost
+        known = session.chunk_cost(n_tokens) if what_if and n_tokens > 1 else session.measured_chunk_cost
         est = chunking.bounds_makespan(chunking.chunk_bounds(n_tokens, c), n_dev, known, v, hop) if known else 0.0
         return chunking.Choice(c, "fixed", est, f"fixed {c}", v)
+    if n_tokens > 0 and _one_chunk(session, n_tokens):
+        # no shorter chunk is a candidate: nothing to choose, so nothing is probed (a 16-token
+        # prompt once paid for timing 64- to 512-token chunks); modelled when costs are known
+        # (a what-if, weighing layer splits, measures: up to the prompt's length only)
+        known = session.chunk_cost(n_tokens) if what_if and n_tokens > 1 else session.measured_chunk_cost
+        est = chunking.bounds_makespan([(0, n_tokens)], n_dev, known, v, hop) if known else 0.0
+        return chunking.Choice(n_tokens, "fixed", est, f"auto: the whole prompt ({n_tokens} tokens) as one chunk", v)
     cuda = session.devices[0].type == "cuda"
-    cands = session.chunk_cost().sizes if cuda else chunking.CPU_CANDIDATES  # the sizes that fit
+    cost = session.chunk_cost(n_tokens) if n_tokens > 0 else session.chunk_cost()
+    cands = cost.sizes if cuda else chunking.CPU_CANDIDATES  # the sizes that fit
     alts: tuple[int, ...] = ()
     if n_dev > 1 and not what_if and (config.layer_split == "auto" or v > 1):
         alts = tuple(k for k in (1, 2, 3, 4) if n_dev * k <= session.spec.n_layers)
     kinds = ("fixed", "balanced") if kind == "auto" else (kind,)
-    return chunking.choose(n_tokens, n_dev, session.chunk_cost(), cands, kinds, v, hop, g, alts)
+    return chunking.choose(n_tokens, n_dev, cost, cands, kinds, v, hop, g, alts)
 
 
 def plan(session: Session, n_tokens: int, decode_tokens: int = 0, run_id: str = "") -> RunPlan:
@@ -75,8 +89,8 @@ def plan(session: Session, n_tokens: int, decode_tokens: int = 0, run_id: str = 
     chosen = choice(session, n_tokens)
     chunk, kind = chosen.chunk, chosen.kind
     if kind == "balanced":
-        cost = session.chunk_cost()
-        floor = balanced_floor(session, config.chunk_tokens) if isinstance(config.chunk_tokens, int) \
+        cost = session.chunk_cost(n_tokens)
+        floor = balanced_floor(session, config.chunk_tokens, n_tokens) if isinstance(config.chunk_tokens, int) \
             else chunking.efficient_floor(cost)
         bounds = chunking.schedule(n_tokens, chunk, kind, cost, grain(session), floor)
         chunk = max(n for _, n in bounds)  # buffers are sized by the largest chunk

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import nvtx
 from .errors import Cancelled, NonFiniteError, StageError
 from .events import StageEvent
 from .experts import ExpertCache
@@ -175,7 +176,8 @@ class Stage:
             self.cache.chunk = chunk
         if self.device.type == "cuda":
             ev0 = timing_event(self.device) if timed else None
-            x = self.forward_layers(ctx, x, layers, kvs, pos, chunk)
+            with nvtx.span(self.device, nvtx.block_name(self.index, chunk, layers[0].index, layers[-1].index)):
+                x = self.forward_layers(ctx, x, layers, kvs, pos, chunk)
             self.done = ev1 = timing_event(self.device)
             if timed:
                 self._gpu_event(ctx, chunk, "compute", ev0, ev1, tokens=tokens, note=note)
@@ -254,11 +256,11 @@ class Stage:
         buf_bytes = chunk * hidden * esize
         if self.index > 0 and (self.input_buf is None or self.input_buf.shape[0] < chunk):
             self.input_buf = alloc(
-                f"the chunk input buffer ({chunk} tokens)", self.device, buf_bytes, "lower the chunk size (--prefill)",
+                f"the chunk input buffer ({chunk} tokens)", self.device, buf_bytes, "lower the chunk size (--chunk-tokens)",
                 lambda: torch.empty(chunk, hidden, device=self.device, dtype=dt))
         if self.handoff == "host" and (self.host_buf is None or self.host_buf.shape[0] < chunk):
             self.host_buf = alloc(
-                f"the pinned hand-off buffer ({chunk} tokens)", "host", buf_bytes, "lower the chunk size (--prefill)",
+                f"the pinned hand-off buffer ({chunk} tokens)", "host", buf_bytes, "lower the chunk size (--chunk-tokens)",
                 lambda: torch.empty(chunk, hidden, dtype=dt, pin_memory=torch.cuda.is_available()))
 
     def free_buffers(self) -> None:

@@ -28,8 +28,10 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import multiprocessing
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -39,24 +41,23 @@ from typing import Any
 
 import torch
 
+from . import nvtx, wire
+from .synth import ModelRecipe
+
+wire.register(ModelRecipe)  # a synthetic source's recipe travels in a StageSpec
+
 log = logging.getLogger(__name__)
 
 # header kinds of a message from a predecessor: [kind, chunk, pos, n]
 CHUNK, DECODE, KV, END_PREFILL, END_RUN = 0, 1, 2, 3, 4
 TAG_READY, TAG_HEADER, TAG_DATA, TAG_DONE, TAG_KV = 1, 2, 3, 4, 5
-PARENT_POLL_S = 1.0  # a stage whose controller vanished exits within this
-AUTHKEY_ENV = "STRATA_RENDEZVOUS_KEY"  # the shared secret of a controller and its attached stages
-DEFAULT_AUTHKEY = "strata-gui"
 CONNECT_RETRY_S = 0.5
-
-
-def authkey() -> bytes:
-    return os.environ.get(AUTHKEY_ENV, DEFAULT_AUTHKEY).encode()
+# torch's Windows wheels are built without libuv: their TCPStore must be asked for the other backend
+LIBUV = sys.platform != "win32"
 
 
 def versions() -> dict[str, str]:
     """What must match between the controller and every stage (hosts run the same code)."""
-    import sys
     from importlib import metadata
 
     try:
@@ -67,6 +68,7 @@ def versions() -> dict[str, str]:
             "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
 
 
+@wire.register
 @dataclass(frozen=True)
 class SourceRef:
     """How a stage process reopens the model: a GGUF file, or a synthetic recipe."""
@@ -86,6 +88,7 @@ class SourceRef:
         return SyntheticSource(self.recipe, self.device)
 
 
+@wire.register
 @dataclass(frozen=True)
 class StageSpec:
     """Everything a stage process needs, picklable."""
@@ -111,8 +114,12 @@ class StageSpec:
     expert_slots: int = 0
     pin_bytes: int = 0
     pin_note: str = ""
+    # spawned stages meet through a FileStore at this path (a private folder; no port opened);
+    # attached ones through the controller's TCP store at store_host:store_port
+    store_path: str = ""
 
 
+@wire.register
 @dataclass(frozen=True)
 class RunOrder:
     """One run's parameters, sent to every stage before its first chunk."""
@@ -138,12 +145,37 @@ class StageFailure(RuntimeError):
         super().__init__(str(cause))
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit when the controller is gone (killed without tearing its stages down): no orphans."""
-    while True:
-        time.sleep(PARENT_POLL_S)
-        if os.getppid() != parent_pid:
-            os._exit(3)
+def _watch_parent() -> None:
+    """Exit when the controller is gone (killed without tearing its stages down): no orphans.
+    Waits on the parent's sentinel (a pipe that closes on POSIX, its process handle on Windows,
+    where os.getppid() keeps naming a dead parent)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    parent.join()
+    os._exit(3)
+
+
+def hello_fields(msg) -> tuple[int, int, int, str, dict]:
+    """(rank, world, pid, host, versions) of a stage's hello, or ValueError naming what is off."""
+    if not (isinstance(msg, tuple) and len(msg) == 6 and msg[0] == "hello"):
+        raise ValueError("the first message was not a stage's hello")
+    _, rank, world, pid, host, vers = msg
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world, pid))
+    if not (ints and isinstance(host, str) and len(host) <= 255 and isinstance(vers, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in vers.items())):
+        raise ValueError("a malformed hello")
+    return rank, world, pid, host, vers
+
+
+def _gloo_loopback() -> None:
+    """Stages on one machine: gloo's pair sockets on the loopback interface, not on whatever
+    address the host name resolves to (unless the user chose an interface)."""
+    if "GLOO_SOCKET_IFNAME" in os.environ or not sys.platform.startswith("linux"):
+        return
+    names = {name for _, name in socket.if_nameindex()}
+    if "lo" in names:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
 
 
 def main(spec: StageSpec, conn) -> None:
@@ -152,8 +184,7 @@ def main(spec: StageSpec, conn) -> None:
     ctl = out = conn
     logging.basicConfig(level=logging.WARNING)
     if spec.parent_pid:  # a spawned stage; an attached one ends when its connection does
-        threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True,
-                         name="strata-parent-watch").start()
+        threading.Thread(target=_watch_parent, daemon=True, name="strata-parent-watch").start()
     try:
         torch.set_num_threads(spec.threads)
         stage = StageProcess(spec, out)
@@ -173,33 +204,46 @@ class AttachError(RuntimeError):
     """A stage could not attach to its controller (unreachable, refused, version mismatch)."""
 
 
-def attach(rendezvous: str, rank: int, world: int, timeout_s: float) -> int:
+def attach(rendezvous: str, rank: int, world: int, timeout_s: float, key_file: str | None = None) -> int:
     """`strata-bench stage`: connect to the controller at HOST:PORT (retrying until timeout_s),
-    introduce this stage (rank, world, pid, host, versions), take its StageSpec and serve.
-    Returns when the controller stops the job; raises AttachError with the reason otherwise."""
-    from multiprocessing.connection import Client
-
+    prove the key and check that the controller proves it too, introduce this stage (rank,
+    world, pid, host, versions), take its StageSpec and serve.  Returns when the controller stops
+    the job; raises AttachError with the reason otherwise (never later than timeout_s)."""
     from .config import ConfigError, rendezvous_address
+    from .rendezvous_key import stage_key
 
     addr = rendezvous_address(rendezvous)
     if addr is None or not addr[0]:
         raise ConfigError("--rendezvous", rendezvous, "HOST:PORT of the controller")
+    key = stage_key(key_file)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            conn = Client(addr, authkey=authkey())
+            sock = socket.create_connection(addr, timeout=max(deadline - time.monotonic(), 0.01))
             break
-        except (TimeoutError, ConnectionRefusedError, socket.gaierror, OSError) as exc:
+        except OSError as exc:
             if time.monotonic() > deadline:
                 raise AttachError(f"cannot reach the controller at {rendezvous} within {timeout_s:g} s: "
                                   f"{exc}") from None
             time.sleep(CONNECT_RETRY_S)
-    conn.send(("hello", rank, world, os.getpid(), socket.gethostname(), versions()))
-    if not conn.poll(timeout_s):
-        raise AttachError(f"the controller at {rendezvous} did not answer within {timeout_s:g} s")
-    reply = conn.recv()
-    if reply[0] == "refused":
+    try:
+        conn = wire.connect(sock, key, deadline, timeout_s, rendezvous)
+        conn.send(("hello", rank, world, os.getpid(), socket.gethostname(), versions()))
+        reply = conn.recv(timeout=max(deadline - time.monotonic(), 0.01))
+    except TimeoutError:
+        sock.close()
+        raise AttachError(f"the controller at {rendezvous} did not answer within {timeout_s:g} s") from None
+    except EOFError:
+        sock.close()
+        raise AttachError(f"the controller at {rendezvous} closed the connection: wrong key "
+                          f"(STRATA_RENDEZVOUS_KEY), or it is not waiting for stages") from None
+    except (OSError, wire.WireError) as exc:
+        sock.close()
+        raise AttachError(f"the controller at {rendezvous} failed the handshake: {exc}") from None
+    if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "refused":
         raise AttachError(f"the controller at {rendezvous} refused stage {rank}: {reply[1]}")
+    if not (isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "spec" and isinstance(reply[1], StageSpec)):
+        raise AttachError(f"the controller at {rendezvous} sent no stage spec")
     spec: StageSpec = reply[1]
     if not spec.store_host:  # the controller listens on every interface: its store is where we reached it
         spec = dataclasses.replace(spec, store_host=addr[0])
@@ -257,8 +301,12 @@ class StageProcess:
         self.graphs = StageGraphs(self.device, self.name, self.note)  # CUDA graphs per chunk size
         self.pending_done = False
         self._ready_work = None
-        store = dist.TCPStore(spec.store_host, spec.store_port, is_master=False,
-                              timeout=timedelta(seconds=spec.timeout_s))
+        if spec.store_path:  # spawned on this machine: a file in the controller's private folder
+            _gloo_loopback()
+            store = dist.FileStore(spec.store_path, spec.world)
+        else:
+            store = dist.TCPStore(spec.store_host, spec.store_port, is_master=False,
+                                  timeout=timedelta(seconds=spec.timeout_s), use_libuv=LIBUV)
         dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world,
                                 timeout=timedelta(seconds=spec.timeout_s))
         # NCCL moves CUDA tensors only (control tokens too); gloo moves host tensors, so a CUDA
@@ -346,7 +394,8 @@ class StageProcess:
         if self.cache is not None:
             self.cache.chunk = chunk
         t0 = time.perf_counter_ns()
-        x = self.forward(x, layers, kvs, pos, chunk)
+        with nvtx.span(self.device, nvtx.block_name(self.rank, chunk, layers[0].index, layers[-1].index)):
+            x = self.forward(x, layers, kvs, pos, chunk)
         self._sync()
         self.event(chunk, "compute", t0, time.perf_counter_ns(), tokens=n, note=note)
         self.emit_streams()

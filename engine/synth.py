@@ -45,7 +45,7 @@ class ModelRecipe:
     rope_base: float = 1_000_000.0
     rms_eps: float = 1e-6
     seed: int = 0
-    quant: str = "q8_0"  # q4_k_m, q6_k, q8_0, iq4_xs (llama.cpp's mixes), f16 or f32
+    quant: str = "q8_0"  # quant_recipe.FTYPES (llama.cpp's mixes: q4_k_m ... iq3_xxs ... mxfp4), f16 or f32
     tied: bool = False
 
     def spec(self) -> ModelSpec:
@@ -425,6 +425,10 @@ class SyntheticSource:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
+
+    def tensor_names(self) -> list[str]:
+        """Every tensor the recipe makes (as a file's tensor_names)."""
+        return list(self._shapes)
 
     def nbytes(self, name: str) -> int:
         n = 1

@@ -51,6 +51,12 @@ if (-not $TestOnly) {
 }
 
 if (-not (Test-Path $Exe)) { Fail "$Exe is missing; build first" }
+$Bench = Join-Path $App "strata-bench.exe"
+if (-not (Test-Path $Bench)) { Fail "$Bench is missing; build first" }
+# the console program answers in the shell (the windowed one cannot)
+$usage = & $Bench --help 2>&1 | Out-String
+if ($LASTEXITCODE -ne 0 -or $usage -notmatch "usage: strata-bench") { Fail "$Bench --help did not print its usage" }
+Write-Host "build.ps1: strata-bench.exe --help prints its usage"
 $files = Get-ChildItem -Path $App -Recurse -File
 $total = ($files | Measure-Object -Property Length -Sum).Sum
 Write-Host ("build.ps1: {0} is {1:N0} MiB ({2} files); largest parts (MiB):" -f $App, ($total / 1MB), $files.Count)

@@ -35,10 +35,19 @@ if (( build )); then
   echo "build.sh: build took $((SECONDS - t0)) s"
 fi
 
-if [[ ! -x "$APP/strata-gui" ]]; then
-  echo "build.sh: $APP/strata-gui is missing; build first" >&2
+for prog in strata-gui strata-bench; do
+  if [[ ! -x "$APP/$prog" ]]; then
+    echo "build.sh: $APP/$prog is missing; build first" >&2
+    exit 1
+  fi
+done
+# the console program answers in the shell (the windowed one cannot)
+usage="$("$APP/strata-bench" --help 2>&1 || true)"
+if [[ "$usage" != *"usage: strata-bench"* ]]; then
+  echo "build.sh: $APP/strata-bench --help did not print its usage" >&2
   exit 1
 fi
+echo "build.sh: $APP/strata-bench --help prints its usage"
 echo "build.sh: $APP is $(du -sm "$APP" | cut -f1) MiB ($(find "$APP" -type f | wc -l) files); largest parts (MiB):"
 du -sm "$APP"/_internal/* | sort -rn | sed 's/^/  /' | awk 'NR <= 8'  # awk reads all: no SIGPIPE under pipefail
 

@@ -21,7 +21,15 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-APP_NAME = "strata-gui"
+APP_NAME = "strata-gui"  # the windowed app
+BENCH_NAME = "strata-bench"  # the console CLI beside it (--help, `stage` for attached stages, benchmarks)
+
+# Modules shipped as .py source files instead of bytecode in the executable's archive:
+# Triton's @jit reads a kernel's source (inspect), and raises "ValueError: @jit functions should be
+# defined in a Python file" for a module loaded from bytecode.  engine/ holds our kernels;
+# triton (also the module name of triton-windows) holds @jit functions of its own
+# (triton.language.standard).  "py": loaded from the .py files in _internal/, as from a venv.
+COLLECTION_MODE = {"engine": "py", "triton": "py"}
 
 
 def trim_enabled() -> bool:

@@ -16,7 +16,17 @@ ALL_TYPES = sorted(dequant.SUPPORTED, key=lambda t: t.name)
 SCALE_OFFSETS: dict[T, tuple[int, ...]] = {
     T.Q8_0: (0,), T.Q4_0: (0,), T.Q5_0: (0,), T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.Q4_1: (0, 2),
     T.Q5_1: (0, 2), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q6_K: (208,),
+    T.IQ2_XXS: (0,), T.IQ2_XS: (0,), T.IQ2_S: (0,), T.IQ3_XXS: (0,), T.IQ3_S: (0,), T.IQ1_S: (0,),
+    T.TQ1_0: (52,), T.TQ2_0: (64,),
 }
+# IQ1_M spreads its f16 scale over the top nibbles of the block's last four u16 (bytes 48-55);
+# NVFP4's ue4m3 scales are finite for every byte; MXFP4's e8m0 are, but 2^127 x 6 is not
+
+
+def _finite_scales(n: int, rng: np.random.Generator) -> np.ndarray:
+    """n finite float16 scales of a weight's magnitude (subnormals included), as uint16."""
+    scale = rng.standard_normal(n) * 10.0 ** rng.integers(-7, 0, n)
+    return scale.astype(np.float16).view(np.uint16)
 
 
 def random_blocks(qtype: T, rows: int, blocks_per_row: int, seed: int,
@@ -32,8 +42,16 @@ def random_blocks(qtype: T, rows: int, blocks_per_row: int, seed: int,
     if finite and qtype in SCALE_OFFSETS:
         blocks = raw.reshape(rows * blocks_per_row, ts)
         for off in SCALE_OFFSETS[qtype]:
-            scale = (rng.standard_normal(blocks.shape[0]) * 10.0 ** rng.integers(-7, 0, blocks.shape[0]))
-            blocks[:, off:off + 2] = scale.astype(np.float16).view(np.uint8).reshape(-1, 2)
+            blocks[:, off:off + 2] = _finite_scales(blocks.shape[0], rng).view(np.uint8).reshape(-1, 2)
+    elif finite and qtype == T.MXFP4:  # e8m0 exponents of a weight's magnitude (2^-27..2^0)
+        blocks = raw.reshape(rows * blocks_per_row, ts)
+        blocks[:, 0] = rng.integers(100, 128, blocks.shape[0], dtype=np.uint8)
+    elif finite and qtype == T.IQ1_M:
+        blocks = raw.reshape(rows * blocks_per_row, ts)
+        d = _finite_scales(blocks.shape[0], rng).reshape(-1, 1)
+        nibbles = (d >> np.array([0, 4, 8, 12], dtype=np.uint16)) & 0xF
+        sc = blocks[:, 48:56].copy().view(np.uint16)
+        blocks[:, 48:56] = ((sc & 0x0FFF) | (nibbles << 12)).astype(np.uint16).view(np.uint8)
     return raw, (rows, blocks_per_row * bs)
 
 

@@ -49,5 +49,27 @@ class Sleep:
 
 
 def process_gone(pid: int) -> bool:
-    """True once a pid no longer names a process (reaped; not even a zombie)."""
-    return not Path(f"/proc/{pid}").exists()
+    """True once a pid no longer names a process (reaped; not even a zombie).  Linux reads
+    /proc; Windows asks for the process's exit code (a handle to an ended process says it has
+    one; no handle: no such process); other systems ask with signal 0."""
+    if sys.platform == "win32":
+        import ctypes
+
+        kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return True
+        try:
+            code = ctypes.c_ulong()
+            return bool(kernel32.GetExitCodeProcess(handle, ctypes.byref(code))) and code.value != 259  # STILL_ACTIVE
+        finally:
+            kernel32.CloseHandle(handle)
+    if Path("/proc/self").exists():
+        return not Path(f"/proc/{pid}").exists()
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

@@ -27,7 +27,7 @@ def test_make_model_is_deterministic_and_loadable(tmp_path, capsys):
 
 def test_run_json_has_the_fields(demo_path, capsys):
     rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu", "--prompt-tokens", "48",
-                         "--decode-tokens", "4", "--chunk-tokens", "16", "--format", "json", "--warmup", "0")
+                         "--decode-tokens", "4", "--chunk-tokens", "16", "--format", "jsonl", "--warmup", "0")
     assert rc == 0
     rows = [json.loads(line) for line in out.splitlines()]
     run = rows[0]
@@ -38,7 +38,7 @@ def test_run_json_has_the_fields(demo_path, capsys):
 def test_arms_and_sweep_share_prompts(demo_path, capsys):
     rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu,cpu", "--chunk-tokens", "32",
                          "--prompt-tokens", "64,96", "--arm", "pipeline_depth=0", "--arm", "pipeline_depth=1",
-                         "--repeat", "2", "--format", "json", "--warmup", "0")
+                         "--repeat", "2", "--format", "jsonl", "--warmup", "0")
     assert rc == 0
     rows = [json.loads(line) for line in out.splitlines()]
     runs = [r for r in rows if r["row"] == "run"]
@@ -58,14 +58,14 @@ def test_md_table_and_prompt_ids_and_logits(tmp_path, demo_path, capsys):
     out_npy = tmp_path / "logits.npy"
     rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--prompt-ids", str(ids), "--decode-tokens", "3",
                          "--logits-out", str(out_npy), "--warmup", "0")
-    assert rc == 0 and out.startswith("| arm | prompt |") and "digest:" in out
+    assert rc == 0 and out.startswith("| model | size | params | backend | test | arm |") and "digest:" in out
     arr = np.load(out_npy)
     assert arr.shape == (10, gguf_model.load(demo_path).spec.vocab) and arr.dtype == np.float32
 
 
 def test_text_prompt_uses_the_files_vocabulary(demo_path, capsys):
     rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--prompt", "hello world, the pipeline",
-                         "--format", "json", "--warmup", "0")
+                         "--format", "jsonl", "--warmup", "0")
     assert rc == 0
     assert json.loads(out.splitlines()[0])["prompt_tokens"] > 3
 
@@ -73,7 +73,7 @@ def test_text_prompt_uses_the_files_vocabulary(demo_path, capsys):
 @pytest.mark.parametrize("argv, words", [
     (["--pipeline-depth", "2"], ["pipeline_depth", "0 (join) or 1 (overlap)"]),
     (["--devices", "cpu,cpu", "--layer-split", "1,1"], ["layer_split", "4 layers"]),
-    (["--model", "/nonexistent.gguf"], ["/nonexistent.gguf", "file not found"]),
+    (["--model", "/nonexistent.gguf"], ["/nonexistent.gguf", "no such file"]),
     (["--arm", "pipeline_depth"], ["arm", "setting=value"]),
 ])
 def test_errors_are_one_clear_line(demo_path, capsys, argv, words):
@@ -110,7 +110,7 @@ def test_warm_up_runs_every_prompt_size_unmeasured(demo_path, capsys, monkeypatc
     monkeypatch.setattr(Session, "run", run)
     rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu", "--chunk-tokens", "16",
                          "--prompt-tokens", "32,48", "--arm", "pipeline_depth=0", "--arm", "pipeline_depth=1",
-                         "--format", "json", "--warmup", "1")
+                         "--format", "jsonl", "--warmup", "1")
     assert rc == 0
     runs = [json.loads(line) for line in out.splitlines() if json.loads(line)["row"] == "run"]
     assert len(runs) == 4  # warm-ups print no rows

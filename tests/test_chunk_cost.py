@@ -126,9 +126,9 @@ def test_same_shape_in_another_quant_is_measured_again(make_arch, monkeypatch):
     calls: list[str] = []
     real = Session._measure_layer
 
-    def counting(self):
+    def counting(self, shape):
         calls.append(self.source.path.name if hasattr(self.source, "path") else "?")
-        return real(self)
+        return real(self, shape)
 
     monkeypatch.setattr(Session, "_measure_layer", counting)
     shape = dict(hidden=256, head_dim=64, n_experts=8, expert_ffn=256, ffn=512)
@@ -139,3 +139,63 @@ def test_same_shape_in_another_quant_is_measured_again(make_arch, monkeypatch):
         finally:
             sess.close()
     assert len(calls) == 2  # F16 once (its second session reuses it), Q4_K_M once
+
+
+def test_probe_shape_never_passes_the_prompt():
+    """The sizes, and the attention probe's chunk behind its prefix, stay within the prompt; a
+    prompt at or past the largest size gets the full probe."""
+    from engine import chunk_cost, chunking
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert chunk_cost.probe_shape(cpu) == (chunking.CPU_CANDIDATES[2:6], 256, 64, 4)
+    assert chunk_cost.probe_shape(cpu, 512) == chunk_cost.probe_shape(cpu, 4096) == chunk_cost.probe_shape(cpu)
+    assert chunk_cost.probe_shape(cpu, 200) == ((64, 128, 200), 136, 64, 4)
+    assert chunk_cost.probe_shape(cpu, 40) == ((40,), 20, 20, 4)
+    assert chunk_cost.probe_shape(gpu, 1500) == ((1024, 1500), 750, 750, 2)
+    for n in (2, 17, 63, 64, 65, 300, 511, 513):
+        for dev in (cpu, gpu):
+            sizes, prefix, probe, _ = chunk_cost.probe_shape(dev, n)
+            assert max(sizes) <= n and prefix + probe <= max(n, 512 if dev is cpu else 10240), (dev, n)
+    assert chunk_cost.one_chunk_only(cpu, 16) and not chunk_cost.one_chunk_only(cpu, 17)
+    assert chunk_cost.one_chunk_only(gpu, 1024) and not chunk_cost.one_chunk_only(gpu, 1025)
+
+
+def test_a_prompt_is_never_probed_past_its_length(demo_path, monkeypatch):
+    """Issue 33: a 16-token prompt was probed with 64- to 512-token chunks.  Every call the
+    probe makes runs at most the prompt's positions; a 16-token prompt (one chunk whatever the
+    costs) is not probed at all; a shorter prompt reuses a longer one's measurement; a longer
+    one measures again, up to its own length."""
+    from engine import chunk_cost
+
+    monkeypatch.setattr(chunk_cost, "_MEASURED", {})
+    calls: list[tuple[int, int]] = []  # (chunk tokens, position) of every layer call of the probe
+    real = ChunkCostProbe._call
+
+    def recording(self, x, pos):
+        calls.append((x.shape[0], pos))
+        return real(self, x, pos)
+
+    monkeypatch.setattr(ChunkCostProbe, "_call", recording)
+    model = load(demo_path)
+
+    def run(n: int, devices=("cpu",)) -> tuple[list[tuple[int, int]], object]:
+        calls.clear()
+        sess = Session(model, EngineConfig(devices=list(devices)))
+        try:
+            rep = sess.run([i % 300 for i in range(n)], 0).report
+        finally:
+            sess.close()
+        return list(calls), rep
+
+    got, rep = run(16)
+    assert got == [] and rep.plan.n_chunks == 1 and "whole prompt (16 tokens)" in rep.plan.chunk_reason
+    got, rep = run(40, ("cpu", "cpu"))
+    assert got and max(n + pos for n, pos in got) <= 40 and {n for n, pos in got if pos == 0} >= {40}
+    assert {n for n, _ in got} <= {40, 20}
+    got, _ = run(200)
+    assert got and max(n + pos for n, pos in got) <= 200
+    assert {n for n, _ in got} == {64, 128, 200}  # the sizes (the attention probe: 64 behind 136)
+    got, _ = run(100)
+    assert got == []  # the 200-token measurement serves
+    got, _ = run(1000)
+    assert got and max(n for n, _ in got) == 512 and max(n + pos for n, pos in got) <= 512

@@ -504,6 +504,47 @@ def test_cuda_triton_dequant_bit_exact_casts_strided_and_graphed(monkeypatch, na
     dequant_triton._kernels.cache_clear()
 
 
+TORCH_ONLY_DEQUANT_TYPES = ["IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4",
+                            "NVFP4", "TQ1_0", "TQ2_0"]
+
+
+@cuda
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", TORCH_ONLY_DEQUANT_TYPES)
+def test_cuda_lattice_and_fp4_types_take_the_torch_path_bit_exact(monkeypatch, name):
+    """The IQ1/IQ2/IQ3 lattice types and the 4-bit float / ternary types have no Triton kernel:
+    on CUDA the dispatcher picks the torch path for them (whether or not triton imports), and
+    that path gives gguf's bits for valid blocks and every bit pattern, in steps, gathered by a
+    row index (the expert cache's slots) and cast to bf16."""
+    from dequant_support import assert_bit_exact, random_blocks
+    from gguf import GGMLQuantizationType as T
+    from gguf import quants as gguf_quants
+
+    from engine import dequant, dequant_triton
+
+    qtype = T[name]
+    monkeypatch.delenv(dequant_triton.ENV, raising=False)
+    dequant_triton._kernels.cache_clear()
+    assert dequant.backend("cuda:0", qtype, torch.bfloat16) == "torch"
+    assert dequant.gpu_temporaries("cuda:0", [qtype], torch.bfloat16) == dequant.STEP_BYTES_CUDA
+    for seed, finite in ((0, False), (1, True), (2, True)):
+        raw, shape = random_blocks(qtype, 64, 9, seed, finite=finite)
+        ref = gguf_quants.dequantize(raw, qtype)
+        t = torch.from_numpy(raw).cuda()
+        f32 = dequant.dequantize(t, qtype, shape)
+        assert f32.is_cuda
+        assert_bit_exact(f32, ref, f"{name} on CUDA, seed {seed}")
+        bf = dequant.dequantize(t, qtype, shape, dtype=torch.bfloat16)
+        assert torch.equal(bf.float().nan_to_num(), f32.to(torch.bfloat16).float().nan_to_num()), name
+        idx = torch.arange(63, -1, -1, device="cuda:0")
+        gathered = dequant.dequantize(t, qtype, shape, rows=idx)
+        assert_bit_exact(gathered, ref[::-1], f"{name} gathered rows on CUDA, seed {seed}")
+    monkeypatch.setattr(dequant, "CHUNK_BLOCKS_CUDA", 7)
+    stepped = dequant.dequantize(t, qtype, shape)
+    assert_bit_exact(stepped, ref, f"{name} in steps on CUDA")
+    dequant_triton._kernels.cache_clear()
+
+
 @cuda
 def test_yarn_rope_on_cuda_matches_transformers_and_the_cpu(tmp_path):
     """YaRN only changes the RoPE tables (frequencies, and cos/sin times its attention factor):
@@ -532,3 +573,114 @@ def test_yarn_rope_on_cuda_matches_transformers_and_the_cpu(tmp_path):
     rel = (bf16.logits.float() - ref).abs().amax(-1) / ref.abs().amax(-1)  # per position, as above
     assert rel.median().item() <= 0.03
     assert (bf16.logits.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
+
+
+def _q4_k_m_source(device: str, n_layers: int = 2):
+    from engine import synth
+    shapes = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
+    return synth.SyntheticSource(synth.recipe_from_args("demo", quant="q4_k_m", n_layers=n_layers, **shapes), device)
+
+
+@cuda
+def test_cuda_compact_experts_match_full_and_replay_in_a_graph(monkeypatch):
+    """Resident Q4_K_M experts on the grouped-GEMM path (bf16): gathering only the routed experts
+    (engine/routed_experts.py) gives the full expansion's output for a decode token and small
+    chunks, and a CUDA graph captured at one token replays it correctly for other routings."""
+    from engine import routed_experts
+    from engine.model import Layer, Rope, load_layer_weights
+    from engine.qtensor import QTensor
+
+    src = _q4_k_m_source("cuda:0")
+    dev = torch.device("cuda:0")
+    spec = src.spec
+    w = load_layer_weights(src, 1, dev, torch.bfloat16)
+    assert isinstance(w.gate_exps, QTensor)
+    layer = Layer(spec, 1, w, Rope(spec.head_dim, spec.rope_base, spec.rope_style, dev))
+    layer.use_grouped_mm = True
+
+    def force(compact: bool) -> None:
+        monkeypatch.setitem(routed_experts.COMPACT_MAX_FRACTION, "cuda", 2.0 if compact else 0.0)
+
+    g = torch.Generator(device=dev).manual_seed(2)
+    for n in (1, 3, 5):
+        h = torch.randn(n, spec.hidden, device=dev, dtype=torch.bfloat16, generator=g)
+        force(False)
+        full = layer.moe(h)
+        force(True)
+        compact = layer.moe(h)
+        diff = (compact.float() - full.float()).abs().max().item()
+        print(f"n={n}: compact vs full max |diff| {diff:.3g} (exact: {torch.equal(compact, full)})")
+        assert diff <= 1e-2 * full.float().abs().max().item()
+    force(True)
+    static = torch.randn(1, spec.hidden, device=dev, dtype=torch.bfloat16, generator=g)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        layer.moe(static)  # warm-up off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer.moe(static)
+    for _ in range(4):  # new tokens route to other experts: the graph's compact slots follow
+        static.copy_(torch.randn(1, spec.hidden, device=dev, dtype=torch.bfloat16, generator=g))
+        graph.replay()
+        assert torch.equal(out, layer.moe(static))
+    graph.reset()
+
+
+@cuda
+@pytest.mark.parametrize("quant,dtype", [("f16", "bfloat16"), ("q4_k_m", "bfloat16"), ("q4_k_m", "float32")])
+def test_cuda_greedy_decode_is_the_prefill_argmax(quant, dtype):
+    """Greedy decode (graphed steps of one token, compact experts) equals the argmax of one
+    prefill pass over prompt + generated; in bf16 a disagreement must be a rounding near-tie
+    (within 3% of the largest logit), in fp32 none is allowed."""
+    from decode_support import decode_and_prefill, disagreements
+
+    from engine import synth
+    shapes = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
+    src = synth.SyntheticSource(synth.recipe_from_args("demo", quant=quant, n_layers=2, **shapes), "cuda:0")
+    gen, logits = decode_and_prefill(src, ["cuda:0"], dtype, decode=8)
+    argmax = logits.argmax(-1).tolist()
+    print(f"{quant} {dtype}: decode {gen}, prefill argmax {argmax}")
+    if dtype == "float32":
+        assert gen == argmax
+    else:
+        assert not disagreements(gen, logits, 0.03), (gen, argmax)
+
+
+@cuda
+def test_cuda_chunks_carry_nvtx_ranges_named_as_the_gantt(demo_path, monkeypatch):
+    """`nsys profile` sees one range per (stage, chunk) with the Gantt's name (issue 37)."""
+    from engine import nvtx  # noqa: F401  (the ranges come from engine.stage)
+
+    names: list[str] = []
+    real_push = torch.cuda.nvtx.range_push
+
+    def push(name: str):
+        names.append(name)
+        return real_push(name)
+
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", push)
+    model = gguf_model.load(demo_path)
+    Session(model, EngineConfig(devices=["cuda:0", "cuda:0"], layer_split="2,2", chunk_tokens=16, cuda_graphs=False)).run(
+        synthetic(48, model.spec.vocab, nonce=2), decode_tokens=0)
+    for c in range(3):
+        assert f"stage 0 C{c} layers 0-1" in names and f"stage 1 C{c} layers 2-3" in names, names
+
+
+@cuda
+def test_the_report_names_triton_kernels_and_the_selftest_exercise_runs_one(demo_path):
+    """engine/kernel_report.py on a CUDA machine with triton: what the run report and the frozen
+    self-test say there (issue 36)."""
+    pytest.importorskip("triton")
+    from engine import kernel_report
+
+    ok, what = kernel_report.exercise("cuda")
+    assert ok and "matches torch" in what, what
+    sess = Session(gguf_model.load(demo_path), EngineConfig(devices=["cuda:0"]))
+    try:
+        report = sess.run(synthetic(256, sess.spec.vocab, nonce=3)).report
+    finally:
+        sess.close()
+    assert "MoE: Triton" in report.kernels and "q/k-norm+RoPE: Triton" in report.kernels, report.kernels
+    assert not any(n.startswith("fast kernel missing") for n in report.notes)

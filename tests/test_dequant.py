@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from dequant_support import ALL_TYPES, check_type, random_blocks
+from dequant_support import ALL_TYPES, assert_bit_exact, check_type, random_blocks
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
@@ -16,8 +16,15 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 def test_every_type_the_issue_lists_is_supported():
     wanted = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-              "IQ4_NL", "IQ4_XS", "BF16", "F16", "F32"}
+              "IQ4_NL", "IQ4_XS", "BF16", "F16", "F32",
+              "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4",
+              "TQ1_0", "TQ2_0", "NVFP4"}
     assert {t.name for t in dequant.SUPPORTED} == wanted
+
+
+def test_every_type_gguf_dequantises_is_supported():
+    """gguf's reference dequantiser is the oracle: whatever it expands, so does the engine."""
+    assert set(gguf_quants._type_traits) <= set(dequant.SUPPORTED)
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
@@ -26,7 +33,41 @@ def test_bit_exact_against_gguf(qtype, seed):
     check_type(qtype, "cpu", rows=11, blocks_per_row=5, seed=seed)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.IQ4_XS, T.Q5_1], ids=lambda t: t.name)
+LATTICE_AND_FP4 = [T.IQ3_XXS, T.IQ3_S, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S, T.IQ1_M, T.MXFP4,
+                   T.NVFP4, T.TQ1_0, T.TQ2_0]
+
+
+@pytest.mark.parametrize("qtype", LATTICE_AND_FP4, ids=lambda t: t.name)
+@pytest.mark.parametrize("seed", [3, 4])
+def test_valid_blocks_bit_exact_and_all_finite(qtype, seed):
+    """Valid blocks (finite scales, subnormal ones included): every value finite and gguf's bit
+    for bit, so no difference hides behind a NaN block; a block count above one step too."""
+    raw, shape = random_blocks(qtype, 9, 7, seed, finite=True)
+    ref = gguf_quants.dequantize(raw, qtype)
+    assert np.isfinite(ref).all()
+    assert np.count_nonzero(ref) > ref.size // 2
+    got = dequant.dequantize(torch.from_numpy(raw), qtype, shape)
+    assert_bit_exact(got, ref, f"{qtype.name} valid blocks")
+
+
+def test_code_books_are_gguf_s():
+    """The lattices, sign table and fp4 scales are read from gguf, not written out here: they
+    have gguf's sizes and values."""
+    for name, rows in (("IQ2_XXS", 256), ("IQ2_XS", 512), ("IQ2_S", 1024), ("IQ3_XXS", 256),
+                       ("IQ3_S", 512), ("IQ1_S", 2048)):
+        cls = getattr(gguf_quants, name)
+        cls.init_grid()
+        table = dequant._HOST_TABLES[name]
+        assert table.shape[0] == rows
+        np.testing.assert_array_equal(table.numpy(), cls.grid.reshape(cls.grid_shape))
+    signs = dequant._HOST_TABLES["ksigns"].numpy()
+    assert signs.shape == (128, 8) and set(np.unique(signs)) == {-1.0, 1.0}
+    assert ((signs < 0).sum(axis=1) % 2 == 0).all()  # ggml's sign bytes have even parity
+    assert dequant._HOST_TABLES["e8m0_half"][127].item() == 0.5  # 2**(127-127) halved
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.IQ4_XS, T.Q5_1, T.IQ3_XXS, T.IQ3_S, T.IQ2_S,
+                                   T.IQ1_M, T.MXFP4, T.NVFP4], ids=lambda t: t.name)
 def test_three_dimensional_tensor_and_chunked_out(monkeypatch, qtype):
     """Expert tensors are [E, f, d]; writing into a preallocated scratch in small steps gives
     the same values as one call, and bf16 output is the cast of the float32 result."""
@@ -54,8 +95,8 @@ def test_non_contiguous_byte_slice():
 
 
 def test_unsupported_type_and_bad_sizes_are_refused():
-    with pytest.raises(dequant.UnsupportedType, match="unsupported type IQ2_XXS; supported: .*Q4_K"):
-        dequant.dequantize(torch.zeros(66, dtype=torch.uint8), T.IQ2_XXS, (256,))
+    with pytest.raises(dequant.UnsupportedType, match="unsupported type Q8_K; supported: .*IQ3_XXS"):
+        dequant.dequantize(torch.zeros(292, dtype=torch.uint8), T.Q8_K, (256,))
     with pytest.raises(ValueError, match="not whole Q4_K blocks"):
         dequant.dequantize(torch.zeros(144, dtype=torch.uint8), T.Q4_K, (2, 128))
     with pytest.raises(ValueError, match="143 bytes"):

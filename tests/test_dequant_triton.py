@@ -169,3 +169,21 @@ def test_row_index_gathers_in_place(fresh_choice, qtype):
     assert_bit_exact(got, want, f"{qtype.name} gathered")
     with pytest.raises(ValueError, match="do not fill"):
         fresh_choice.dequantize_into(pool[:, 24:24 + raw.shape[1]], qtype, torch.empty(3, cols), rows=rows)
+
+
+@pytest.mark.parametrize("qtype", [T.IQ3_XXS, T.IQ3_S, T.IQ2_XXS, T.IQ1_M, T.MXFP4, T.NVFP4, T.TQ2_0],
+                         ids=lambda t: t.name)
+def test_types_without_a_kernel_fall_back_to_torch_on_cuda(fresh_choice, qtype, caplog):
+    """No Triton kernel for the lattice / fp4 / ternary types: a CUDA tensor of theirs takes the
+    torch path (and its step temporaries are budgeted), and the log line naming the Triton
+    types says the others use torch."""
+    assert qtype not in fresh_choice.TYPES
+    assert not fresh_choice.handles(qtype, torch.bfloat16)
+    assert dequant.backend("cuda:0", qtype, torch.bfloat16) == "torch"
+    assert dequant.gpu_temporaries("cuda:0", [T.Q4_K, qtype], torch.bfloat16) == dequant.STEP_BYTES_CUDA
+    if HAVE_TRITON and os.environ.get("STRATA_DEQUANT", "") != "torch":
+        fresh_choice._kernels.cache_clear()
+        with caplog.at_level("INFO", logger="engine.dequant_triton"):
+            fresh_choice.handles(qtype, torch.bfloat16)
+        assert "torch for the other types" in caplog.text
+        assert qtype.name not in caplog.text.split("torch for")[0]

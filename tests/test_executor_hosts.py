@@ -7,21 +7,46 @@ import os
 import socket
 import subprocess
 import threading
-from multiprocessing.connection import Client
+import time
 
 import pytest
 from executor_support import ROOT, env, free_port, reap, stage_command
+from platform_support import posix_signals
 
-from engine import gguf_model
+from engine import gguf_model, wire
 from engine.config import ConfigError, EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
-from engine.stage_process import authkey, versions
+from engine.stage_process import versions
 
 
 @pytest.fixture(scope="module")
 def demo(demo_path):
     return gguf_model.load(demo_path)
+
+
+@pytest.fixture(autouse=True)
+def key(monkeypatch) -> str:
+    """The key controller and stages share in these tests (random: there is no default)."""
+    import secrets
+
+    k = secrets.token_urlsafe(24)
+    monkeypatch.setenv("STRATA_RENDEZVOUS_KEY", k)
+    return k
+
+
+def connect(port: int, key: str, timeout: float = 10.0) -> wire.Channel:
+    """A stage's side of the rendezvous from a test (retrying until the controller listens)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=1)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    return wire.connect(sock, key.encode(), time.monotonic() + timeout, timeout)
 
 
 def test_stages_started_apart_attach_and_match_threads(demo):
@@ -65,19 +90,14 @@ def test_an_unreachable_controller_is_a_clear_error():
     assert f"cannot reach the controller at 127.0.0.1:{port} within 1 s" in out.stderr, out.stderr
 
 
-def test_a_version_mismatch_between_hosts_is_refused_with_both_versions(demo, monkeypatch):
+def test_a_version_mismatch_between_hosts_is_refused_with_both_versions(demo, monkeypatch, key):
     monkeypatch.setenv("STRATA_STAGE_TIMEOUT_S", "30")
     port = free_port()
     theirs = dict(versions(), torch="0.0.1")
     answer: list = []
 
     def other_host() -> None:  # a stage of another install, speaking the protocol
-        for _ in range(200):
-            try:
-                conn = Client(("127.0.0.1", port), authkey=authkey())
-                break
-            except OSError:
-                threading.Event().wait(0.05)
+        conn = connect(port, key)
         conn.send(("hello", 1, 2, 4242, "ws-b", theirs))
         answer.append(conn.recv())
 
@@ -89,6 +109,7 @@ def test_a_version_mismatch_between_hosts_is_refused_with_both_versions(demo, mo
     assert answer and answer[0][0] == "refused" and "version mismatch" in answer[0][1]
 
 
+@posix_signals
 def test_an_attached_stage_killed_mid_run_is_named_and_the_other_one_ends(demo):
     import signal
     import time

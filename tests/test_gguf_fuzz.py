@@ -44,18 +44,15 @@ def _tensor(layout: GGUFLayout, name: str):
 def expect(tmp_path: Path, data: bytes, kind: str | set[str], *words: str) -> str:
     p = tmp_path / "case.gguf"
     p.write_bytes(data)
-    t0 = time.perf_counter()
     with pytest.raises(GGUFError) as ei:
         m = gguf_model.load(p)
         for name in m.tensor_names():
             m.tensor(name)
-    took = time.perf_counter() - t0
     msg = str(ei.value)
     assert ei.value.kind in ({kind} if isinstance(kind, str) else kind), msg
     assert msg.startswith(f"{p}: ") and len(msg) < 600, msg
     for w in words:
         assert w in msg, msg
-    assert took < 1.0, f"{took:.2f} s: {msg}"
     return msg
 
 
@@ -64,7 +61,10 @@ def expect(tmp_path: Path, data: bytes, kind: str | set[str], *words: str) -> st
 def test_fuzz_cases_load_or_raise_gguf_error(base, tmp_path, seed):
     data, layout = base
     outcomes = gguf_fuzz.run_cases(data, seed, range(FUZZ_CASES_PER_SEED), jobs=0, workdir=tmp_path)
-    summary = gguf_fuzz.Summary(len(outcomes), seed, 0, len(data), Limits(), 0.0, 0, outcomes)
+    # no time limit per case here (a busy machine's seconds are no bug; the watchdog still stops a
+    # hang): `python -m engine.gguf_fuzz` holds each case to Limits.seconds and prints the times
+    no_clock = Limits(seconds=math.inf)
+    summary = gguf_fuzz.Summary(len(outcomes), seed, 0, len(data), no_clock, 0.0, 0, outcomes)
     assert not summary.violations, gguf_fuzz.render(summary)
     assert {o.mutation for o in outcomes} == set(Mutator(data, layout).op_names)  # every class, 3+ times
     statuses = {o.status for o in outcomes}
@@ -214,9 +214,7 @@ def test_metadata_arrays_are_bounded_by_the_bytes_left_not_an_item_budget(base, 
     assert gguf_model.load(p).metadata["x.many"] is not None
     huge = encode_kv("x.huge", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.STRING, 2**40))
     f = rebuild(data, L, [*kv_blobs(data, L), huge], info_blobs(data, L))
-    t0 = time.perf_counter()
-    expect(tmp_path, f, "count", "x.huge", "cannot fit")
-    assert time.perf_counter() - t0 < 0.5
+    expect(tmp_path, f, "count", "x.huge", "cannot fit")  # the count check's own message: refused before a walk
 
 
 def _with_kv(data: bytes, L: GGUFLayout, key: str, vtype: int, payload: bytes) -> bytes:
@@ -228,10 +226,15 @@ def test_model_metadata_values_are_checked_before_use(base, tmp_path):
     """Values that the structure allows but the model cannot use (each escaped or hung before)."""
     data, L = base
     bc = _kv(L, "qwen3moe.block_count")
-    t0 = time.perf_counter()  # was: expected_shapes looping over 4 billion layers
-    expect(tmp_path, _put(data, bc.value_offset, "I", 2**32 - 1), "metadata", "block_count 4294967295",
-           "more layers than")
-    assert time.perf_counter() - t0 < 0.5
+    shapes = []  # was: expected_shapes looping over 4 billion layers; now refused before it is called
+    real_shapes = gguf_model.expected_shapes
+    gguf_model.expected_shapes = lambda spec: shapes.append(spec) or real_shapes(spec)
+    try:
+        expect(tmp_path, _put(data, bc.value_offset, "I", 2**32 - 1), "metadata", "block_count 4294967295",
+               "more layers than")
+    finally:
+        gguf_model.expected_shapes = real_shapes
+    assert shapes == []
     rope = _kv(L, "qwen3moe.rope.freq_base")
     expect(tmp_path, _put(data, rope.value_offset, "f", math.nan), "metadata", "rope.freq_base", "finite number")
     f = _with_kv(data, L, "qwen3moe.block_count", GGUFValueType.FLOAT32, struct.pack("<f", math.nan))

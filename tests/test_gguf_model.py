@@ -88,8 +88,9 @@ def test_unsupported_tensor_type(tmp_path):
     def edit(name, d):
         return np.zeros(128, dtype=np.int32) if name == "blk.0.attn_norm.weight" else d
     p = synth.write_model(tmp_path / "i32.gguf", synth.DEMO_RECIPE, edit=edit)
-    _expect(p, "unsupported type I32 in tensor blk.0.attn_norm.weight; supported: BF16, F16, F32, IQ4_NL, IQ4_XS, "
-               "Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0")
+    _expect(p, "unsupported type I32 in tensor blk.0.attn_norm.weight; supported: BF16, F16, F32, IQ1_M, IQ1_S, "
+               "IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, NVFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, "
+               "Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TQ1_0, TQ2_0")
 
 
 def test_missing_metadata_key(tmp_path):
@@ -101,3 +102,30 @@ def test_missing_metadata_key(tmp_path):
     w.write_tensors_to_file()
     w.close()
     _expect(p, "missing metadata key qwen3moe.embedding_length")
+
+
+@pytest.mark.parametrize("raw_type", [139, 2**31 + 5])  # ik_llama.cpp's IQ*_K ids sit above ggml's
+def test_unknown_type_id_is_one_line_naming_tensor_id_and_supported_list(tmp_path, demo_path, capsys, raw_type):
+    """A type id gguf does not know (ik_llama.cpp's IQ2_K..., a newer ggml's) is refused at scan,
+    before any tensor is read: the file's path, the tensor, the id and the supported types, in
+    one line; the CLI says it with exit code 2 and no traceback."""
+    import struct
+
+    from engine import bench, failure
+
+    data = bytearray(demo_path.read_bytes())
+    layout = gguf_model.scan_buffer(bytes(data), demo_path)
+    t = next(t for t in layout.tensors if t.name == "blk.1.ffn_up_exps.weight")
+    struct.pack_into("<I", data, t.type_at, raw_type)
+    p = tmp_path / "ik.gguf"
+    p.write_bytes(bytes(data))
+    msg = _expect(p, "tensor blk.1.ffn_up_exps.weight", f"unknown tensor type {raw_type}", "ik_llama.cpp",
+                  "supported: BF16", "IQ3_XXS", "MXFP4")
+    assert "\n" not in msg
+    rc = bench.main(["run", "--model", str(p), "--devices", "cpu", "--prompt-tokens", "8", "--warmup", "0"])
+    err = capsys.readouterr().err
+    assert rc == failure.BAD_INPUT == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert f"unknown tensor type {raw_type}" in lines[0] and "blk.1.ffn_up_exps.weight" in lines[0]
+

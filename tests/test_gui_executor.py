@@ -2,6 +2,8 @@
 says which executor ran and what the hand-offs cost, and the digest is the threaded one."""
 from __future__ import annotations
 
+import re
+
 from executor_support import process_gone
 from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, window  # noqa: F401
 from PySide6.QtCore import Qt
@@ -58,10 +60,21 @@ def test_the_form_attaches_the_app_to_stages_started_elsewhere(window, qtbot):
     assert "ws-a:99999" in win.validation.errors["rendezvous"]
     assert win.settings_panel.rendezvous.isEnabled()
     port = free_port()
+    panel = win.settings_panel
+    set_form(win, rendezvous=f"0.0.0.0:{port}")  # every interface: said, before Run
+    assert panel.attach_warning.isVisibleTo(panel) and "not the process group" in panel.attach_warning.text()
+    set_form(win, rendezvous=f"127.0.0.1:{port}")
+    assert not panel.attach_warning.isVisibleTo(panel)
+    # the app shows the command with its own key; the stages are started with exactly that
+    command = panel.attach_command.text()
+    assert panel.boxes["attach"].isVisibleTo(panel)
+    m = re.fullmatch(rf"STRATA_RENDEZVOUS_KEY=(\S+) strata-bench stage --rendezvous 127.0.0.1:{port} --rank 0 --world 2",
+                     command)
+    assert m and len(m.group(1)) >= 20 and m.group(1) != "strata-gui", command
     procs = [subprocess.Popen(stage_command(port, "--rank", str(r), "--world", "2", "--timeout", "120"), cwd=ROOT,
-                              env=env(), stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+                              env=env(STRATA_RENDEZVOUS_KEY=m.group(1)), stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
     try:
-        set_form(win, rendezvous=f"127.0.0.1:{port}")
         _run(qtbot, win)
         session = win.controller.sessions.session
         assert isinstance(session, ProcessSession)
@@ -69,7 +82,7 @@ def test_the_form_attaches_the_app_to_stages_started_elsewhere(window, qtbot):
         ok, what = win.gantt.store.one_compute_per_stage_chunk(2, 4)
         assert ok, what
         set_form(win, executor="threads")  # a new session: the attached stages are released and end
-        assert not win.settings_panel.rendezvous.isEnabled()
+        assert not win.settings_panel.rendezvous.isEnabled() and not panel.boxes["attach"].isVisibleTo(panel)
         _run(qtbot, win)
         for p in procs:
             assert p.wait(timeout=30) == 0, p.stderr.read()

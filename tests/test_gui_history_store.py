@@ -198,13 +198,13 @@ def test_a_writer_killed_mid_write_leaves_every_finished_run(tmp_path, demo_runs
             if line.startswith("in-transaction"):
                 break
         assert len(saved) == 3, saved
-        proc.send_signal(signal.SIGKILL)
+        proc.kill()  # SIGKILL on POSIX, TerminateProcess on Windows: no cleanup either way
         proc.wait(10)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.returncode == (1 if sys.platform == "win32" else -signal.SIGKILL)
     assert Path(f"{path}-wal").exists()  # the killed writer's log is what the next open recovers from
     with RunHistory(path) as h:
         assert h.integrity() == "ok"

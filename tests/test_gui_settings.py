@@ -2,6 +2,7 @@
 GGUF in the picker, persistence across restarts, GPU ordering preview and drag reordering."""
 from __future__ import annotations
 
+import pytest
 from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, wait_model, window  # noqa: F401
 from PySide6.QtCore import QModelIndex, Qt
 from PySide6.QtWidgets import QAbstractItemView
@@ -202,6 +203,34 @@ def test_model_quant_mix_and_memory_plan_are_shown_before_run(window, qtbot, tmp
     assert "expert cache" in plan and "slots" in plan and "host arena" in plan and "page-locked 0 B" in plan
     win.devices_panel.devices.setCurrentText("cpu,cpu,cpu,cpu,cpu")  # invalid: no plan
     assert not win.settings_panel.memory_plan.isVisible()
+
+
+@pytest.mark.parametrize("quant,types", [("iq3_xxs", ("IQ3_XXS", "IQ3_S", "IQ2_S", "Q5_K")),
+                                         ("mxfp4", ("MXFP4", "Q8_0"))])
+def test_low_bit_quant_mix_and_memory_plan_are_shown(window, qtbot, tmp_path, quant, types):
+    """An IQ3_XXS-mix or MXFP4 file: the model line names its types, and the memory plan sizes
+    its experts by their own blocks (resident: the file's expert bytes; streamed: the arena)."""
+    from engine import synth
+    from engine.gguf_model import load
+    from engine.sizes import size_text
+
+    win = window
+    p = synth.write_model(tmp_path / f"{quant}.gguf", synth.recipe_from_args(
+        "demo", quant=quant, hidden=256, head_dim=64, n_experts=16, expert_ffn=256))
+    win.settings_panel.set_model_path(str(p))
+    wait_model(qtbot, win)
+    info = win.settings_panel.model_info.text()
+    assert all(t in info for t in types), info
+    assert "unsupported" not in info and "cannot" not in info, info
+    model = load(p)
+    exps = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    stored = [sum(model.nbytes(f"blk.{i}.{t}.weight") for t in exps) for i in range(model.spec.n_layers)]
+    plan = win.settings_panel.memory_plan.text()
+    assert "stage 0 cpu (layers 0-1)" in plan and "every expert resident" in plan
+    assert f"experts {size_text(stored[0] + stored[1])}" in plan, plan
+    win.settings_panel.expert_cache.setText("0.001")
+    plan = win.settings_panel.memory_plan.text()
+    assert f"host arena {size_text(sum(stored))}" in plan, plan
 
 
 def test_devices_panel_shows_driver_models_and_what_follows_from_a_fake_nvml(themed_app, qtbot, monkeypatch):

@@ -2,7 +2,6 @@
 dequantising bad blocks warns nothing; small files with 100k-152k token vocabularies load."""
 from __future__ import annotations
 
-import time
 import warnings
 
 import numpy as np
@@ -76,10 +75,8 @@ def test_small_files_with_large_vocabularies_load(tmp_path, vocab):
                                     head_dim=8, ffn=32, vocab=vocab, tied=True)
     path = synth.write_model(tmp_path / f"v{vocab}.gguf", recipe)
     assert path.stat().st_size // 64 < 2 * vocab  # the old budget: max(32768, size / 64) items, ~2 per token
-    t0 = time.perf_counter()
     model = load(path)
     assert model.spec.vocab == vocab and len(model.metadata["tokenizer.ggml.tokens"]) == vocab
-    assert time.perf_counter() - t0 < 10
 
 
 def test_an_f32_tensor_relabelled_q4_0_leaks_no_warning_and_no_silent_table(make_arch, tmp_path, capsys):

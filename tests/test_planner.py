@@ -19,10 +19,10 @@ from engine.prompt import synthetic
 
 SLEEP = 0.03  # per layer and chunk: the modelled work, releases the GIL like a GPU wait
 TOKENS, CHUNK = 96, 16
-# The issue's bar is 5%; one best-of-3 CPU measurement on a 2-core CI machine jitters by up to
-# ~5.5% (seen in a clean CI run), so the tests hold 8% and 8 points, and
-# benchmarks/plan_cpu_check.py prints the figures against the 5% bar (docs/benchmarks.md).
-TIME_TOL, HIST_POINTS = 0.08, 8.0
+# No wall-clock bar here (issue 37: a busy machine's jitter is no bug): the tests check what the
+# prediction must share with the run whatever the machine's load — the same stages and chunks,
+# the orders the pipeline imposes, how many stages ever compute at once.  How close the predicted
+# times come (the issue's 5% bar) is printed by benchmarks/plan_cpu_check.py (docs/benchmarks.md).
 
 
 @pytest.fixture(scope="module")
@@ -64,17 +64,61 @@ def profile(demo):
     return planner.profile_from_run(measure(demo, ["cpu", "cpu"], 1))
 
 
+def computes(events) -> dict[tuple[int, int], object]:
+    """(stage, chunk) -> its compute event (one per stage and chunk)."""
+    out = {}
+    for e in events:
+        if e.kind == "compute":
+            assert (e.stage, e.chunk) not in out, (e.stage, e.chunk)
+            out[(e.stage, e.chunk)] = e
+    return out
+
+
+def most_at_once(hist: list[float]) -> int:
+    """The most stages ever computing at once: the highest bin of the busy histogram with time in it."""
+    return max(k for k, share in enumerate(hist) if share > 0)
+
+
+def usual(hist: list[float]) -> int:
+    """How many stages compute at once most of the time: the busy histogram's fullest bin."""
+    return max(range(len(hist)), key=lambda k: hist[k])
+
+
+def pipeline_orders(events, n_stages: int, depth: int) -> dict[str, bool]:
+    """The orders the pipeline imposes or allows, read from a run's or a prediction's events."""
+    c = computes(events)
+    n_chunks = 1 + max(chunk for _, chunk in c)
+    last = n_stages - 1
+    return {
+        # a chunk leaves a stage before the next stage starts it
+        "stage_after_stage": all(c[(s + 1, k)].start_ns >= c[(s, k)].end_ns
+                                 for s in range(last) for k in range(n_chunks)),
+        # a stage takes its chunks in order
+        "chunks_in_order": all(c[(s, k + 1)].start_ns >= c[(s, k)].end_ns
+                               for s in range(n_stages) for k in range(n_chunks - 1)),
+        # join: stage 0 starts chunk k+1 only after the last stage ended chunk k; overlap: before
+        "joined": all(c[(0, k + 1)].start_ns >= c[(last, k)].end_ns for k in range(n_chunks - 1)),
+    }
+
+
 @pytest.mark.parametrize("n_stages", [1, 2, 3])
 @pytest.mark.parametrize("depth", [0, 1])
-def test_prediction_within_the_bar_of_measured(demo, profile, n_stages, depth):
+def test_prediction_has_the_runs_shape(demo, profile, n_stages, depth):
     run = measure(demo, ["cpu"] * n_stages, depth)
     pred = planner.predict_run(profile, run)
     assert all(e.predicted for e in pred.events)
-    err = pred.prefill_s / run.prefill_s - 1
-    assert abs(err) <= TIME_TOL, f"predicted {pred.prefill_s * 1e3:.1f} ms, measured {run.prefill_s * 1e3:.1f} ms"
-    points = planner.ErrorRow("", "", run.prefill_tok_s, pred.prefill_tok_s, run.busy_histogram,
-                              pred.busy_histogram).hist_points
-    assert points <= HIST_POINTS, (run.busy_histogram, pred.busy_histogram)
+    assert set(computes(pred.events)) == set(computes(run.events))  # every stage computes every chunk once
+    want = {"stage_after_stage": True, "chunks_in_order": True, "joined": depth == 0 or n_stages == 1}
+    assert pipeline_orders(run.events, n_stages, depth) == want
+    assert pipeline_orders(pred.events, n_stages, depth) == want
+    # join: one stage at a time; overlap: stages compute together (all of them only for slivers
+    # when their layer counts differ: 4 layers on 3 stages), and the usual count is the same
+    assert usual(run.busy_histogram) == usual(pred.busy_histogram)
+    if depth == 0 or n_stages == 1:
+        assert most_at_once(run.busy_histogram) == most_at_once(pred.busy_histogram) == 1
+    else:
+        assert most_at_once(run.busy_histogram) >= 2 and most_at_once(pred.busy_histogram) >= 2
+    assert pred.prefill_s > 0 and len(pred.busy_histogram) == len(run.busy_histogram)
 
 
 def test_interleaved_groups_predict_stages_sharing_a_device(demo, profile):
@@ -84,8 +128,11 @@ def test_interleaved_groups_predict_stages_sharing_a_device(demo, profile):
     pred = planner.simulate(profile, machine, settings)
     assert [(s.device, s.first_layer, s.end_layer) for s in pred.stages] == \
         [(s.device, s.first_layer, s.end_layer) for s in run.plan.stages]
-    assert abs(pred.prefill_s / run.prefill_s - 1) <= TIME_TOL
-    assert max(abs(a - b) for a, b in zip(pred.busy_histogram, run.busy_histogram)) <= HIST_POINTS / 100
+    assert set(computes(pred.events)) == set(computes(run.events))
+    want = {"stage_after_stage": True, "chunks_in_order": True, "joined": False}
+    assert pipeline_orders(run.events, 3, 1) == pipeline_orders(pred.events, 3, 1) == want
+    assert usual(run.busy_histogram) == usual(pred.busy_histogram)
+    assert most_at_once(run.busy_histogram) >= 2 and most_at_once(pred.busy_histogram) >= 2
 
 
 def test_overlap_beats_join_and_events_keep_the_seeds_order(profile):

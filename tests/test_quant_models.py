@@ -163,3 +163,121 @@ def test_quant_mix_is_described(quant_model):
     assert text in model.describe()
     assert gguf_model.format_quant_mix([("Q4_K", 0.8234), ("Q6_K", 0.1420), ("F32", 0.0346), ("F16", 0.001)]) == \
         "Q4_K 82%, Q6_K 14%, F32 3%, F16 <1%"
+
+
+def test_low_bit_mixes_follow_llama_cpp():
+    """llama.cpp's choices (with an importance matrix, which these types need) for the IQ3, IQ2,
+    IQ1 and MXFP4 mixes: which tensors it promotes, and the row-size fallback."""
+    s = _spec(n_layers=8)  # 4 query heads over 2 KV heads: n_gqa 2; 16 experts
+    tt = lambda name, shape, q: quant_recipe.tensor_type(name, shape, q, s)  # noqa: E731
+    exps = (16, 256, 256)
+    # IQ3_XXS: experts IQ3_XXS; token_embd and attn_output IQ3_S; attn_q/attn_k IQ2_S; output Q5_K
+    assert tt("blk.3.ffn_gate_exps.weight", exps, "iq3_xxs") == T.IQ3_XXS
+    assert [tt(f"blk.{i}.ffn_down_exps.weight", exps, "iq3_xxs") for i in (0, 7)] == [T.IQ3_XXS] * 2
+    assert tt("token_embd.weight", (300, 256), "iq3_xxs") == T.IQ3_S
+    assert tt("blk.0.attn_output.weight", (256, 256), "iq3_xxs") == T.IQ3_S
+    assert tt("blk.0.attn_q.weight", (256, 256), "iq3_xxs") == T.IQ2_S
+    assert tt("blk.0.attn_k.weight", (128, 256), "iq3_xxs") == T.IQ2_S
+    assert tt("blk.0.attn_v.weight", (128, 256), "iq3_xxs") == T.IQ3_XXS
+    assert tt("output.weight", (300, 256), "iq3_xxs") == T.Q5_K
+    # IQ3_S: everything IQ3_S but the output (Q6_K)
+    assert {tt(n, sh, "iq3_s") for n, sh in [("blk.0.attn_q.weight", (256, 256)), ("token_embd.weight", (300, 256)),
+                                             ("blk.1.ffn_up_exps.weight", exps)]} == {T.IQ3_S}
+    assert tt("output.weight", (300, 256), "iq3_s") == T.Q6_K
+    # 4+ query heads per KV head: attn_v Q4_K; 8 experts: attn_v/attn_k Q8_0, attn_output Q5_K
+    g4 = synth.recipe_from_args("demo", **{**K_SHAPES, "n_heads": 8, "n_kv_heads": 2}).spec()
+    assert quant_recipe.tensor_type("blk.0.attn_v.weight", (128, 256), "iq3_xxs", g4) == T.Q4_K
+    assert quant_recipe.tensor_type("blk.0.attn_v.weight", (128, 256), "iq3_s", g4) == T.Q4_K
+    s8 = _spec(n_layers=8, n_experts=8)
+    assert quant_recipe.tensor_type("blk.0.attn_v.weight", (128, 256), "iq3_xxs", s8) == T.Q8_0
+    assert quant_recipe.tensor_type("blk.0.attn_k.weight", (128, 256), "iq3_s", s8) == T.Q8_0
+    assert quant_recipe.tensor_type("blk.0.attn_output.weight", (256, 256), "iq3_s", s8) == T.Q5_K
+    # IQ2_XXS / IQ1_M: token_embd and the first eighth of ffn_down Q2_K, attn_v Q4_K (4+ experts)
+    for q, main in (("iq2_xxs", T.IQ2_XXS), ("iq1_m", T.IQ1_M)):
+        assert tt("blk.3.ffn_up_exps.weight", exps, q) == main
+        assert [tt(f"blk.{i}.ffn_down_exps.weight", exps, q) for i in (0, 1)] == [T.Q2_K, main]
+        assert tt("token_embd.weight", (300, 256), q) == T.Q2_K
+        assert tt("blk.0.attn_v.weight", (128, 256), q) == T.Q4_K
+        assert tt("output.weight", (300, 256), q) == T.Q5_K
+    assert tt("blk.0.attn_output.weight", (256, 256), "iq1_m") == T.IQ2_XXS
+    assert tt("blk.0.attn_output.weight", (256, 256), "iq2_xxs") == T.IQ2_XXS
+    # MXFP4 (gpt-oss): experts MXFP4, every other weight and the output Q8_0; router/norms F32
+    assert tt("blk.2.ffn_down_exps.weight", exps, "mxfp4") == T.MXFP4
+    assert {tt(n, sh, "mxfp4") for n, sh in [("blk.0.attn_q.weight", (256, 256)), ("token_embd.weight", (300, 256)),
+                                             ("output.weight", (300, 256))]} == {T.Q8_0}
+    assert tt("blk.0.ffn_gate_inp.weight", (16, 256), "mxfp4") == T.F32
+    # rows that are not whole 256-blocks: the lattice types fall back to IQ4_NL, Q2_K to Q4_0
+    assert tt("blk.1.ffn_up_exps.weight", (16, 64, 96), "iq3_xxs") == T.IQ4_NL
+    assert tt("blk.0.ffn_down_exps.weight", (16, 256, 96), "iq1_m") == T.Q4_0
+    assert tt("blk.1.ffn_up_exps.weight", (16, 64, 48), "iq3_s") == T.F16
+    assert tt("output.weight", (300, 96), "iq3_s") == T.Q8_0
+
+
+LOW_BIT_FILES = [("iq3_xxs", "IQ3_XXS"), ("iq3_s", "IQ3_S"), ("mxfp4", "MXFP4")]
+
+
+@pytest.mark.parametrize("quant,main", LOW_BIT_FILES)
+def test_low_bit_file_runs_bit_for_bit_as_its_dequantised_float_copy(quant_model, tmp_path, capsys, quant, main):
+    """`strata-bench run --devices cpu` on a make-model low-bit qwen3moe file gives the digest
+    (of every prompt position's final hidden state) and the tokens of the same file with each
+    tensor expanded by gguf's dequantiser and stored as F32: the engine's expansion is exact."""
+    import json
+
+    from engine import bench
+
+    path = quant_model("qwen3moe", quant)
+    model = gguf_model.load(path)
+    mix = dict(model.quant_mix())
+    assert max(mix, key=mix.get) == main, mix
+    assert model.qtype("blk.1.ffn_gate_exps.weight").name == main
+
+    def as_f32(name, data):
+        qt = model.qtype(name)
+        return data if qt == T.F32 else gguf_quants.dequantize(data, qt).astype(np.float32)
+    ref_path = synth.write_model(tmp_path / f"{quant}-as-f32.gguf",
+                                 synth.recipe_from_args("demo", quant=quant, **K_SHAPES), edit=as_f32)
+    assert dict(gguf_model.load(ref_path).quant_mix()) == {"F32": 1.0}
+    rows = []
+    for p in (path, ref_path):
+        rc = bench.main(["run", "--model", str(p), "--devices", "cpu", "--prompt-tokens", "48", "--decode-tokens", "3",
+                         "--chunk-tokens", "16", "--format", "json", "--warmup", "0"])
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        rows.append(json.loads(out.splitlines()[0]))
+    assert rows[0]["digest"] == rows[1]["digest"] and len(rows[0]["digest"]) == 32
+    assert rows[0]["generated"] == rows[1]["generated"]
+
+
+@pytest.mark.parametrize("quant,main", LOW_BIT_FILES)
+def test_low_bit_logits_match_transformers(quant_model, quant, main):
+    """transformers loads the same file (expanding it with gguf): logits agree to 1e-4 in fp32."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    path = quant_model("qwen3moe", quant)
+    model = gguf_model.load(path)
+    ids = synthetic(64, model.spec.vocab, nonce=7)
+    res = Session(model, EngineConfig(devices=["cpu"], chunk_tokens=32)).run(ids, logits_all=True)
+    ref_model = hf_model(path, model.spec)
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0]
+    assert ref.std() > 0.1
+    diff = (res.logits - ref).abs().max().item()
+    assert diff <= 1e-4, f"{quant}: max |logits - HF| = {diff}"
+
+
+@pytest.mark.parametrize("quant,types", [("iq3_xxs", {T.IQ3_XXS, T.IQ3_S, T.IQ2_S}), ("iq1_m", {T.IQ1_M, T.Q2_K}),
+                                         ("mxfp4", {T.MXFP4, T.Q8_0})])
+def test_synthetic_source_generates_low_bit_blocks(quant, types):
+    """synthetic:PRESET:quant=iq3_xxs (etc.) makes the mix's blocks on the source's device;
+    they expand as gguf expands them, and a session runs on them."""
+    recipe = synth.recipe_from_args("demo", quant=quant, n_layers=2, **K_SHAPES)
+    src = synth.SyntheticSource(recipe, "cpu")
+    got = {src.qtype(n) for n in gguf_model.expected_shapes(src.spec)}
+    assert types <= got, got
+    for name in ("blk.1.ffn_down_exps.weight", "token_embd.weight", "blk.0.attn_q.weight"):
+        qt, shape = src.qtype(name), src.shape(name)
+        ref = gguf_quants.dequantize(src.raw(name).numpy().reshape(*shape[:-1], -1), qt)
+        assert np.isfinite(ref).all() and np.array_equal(src.tensor(name).numpy(), ref), name
+    res = Session(src, EngineConfig(devices=["cpu"], chunk_tokens=16)).run(synthetic(32, src.spec.vocab, nonce=1),
+                                                                      logits_all=True)
+    assert torch.isfinite(res.logits).all()

@@ -32,3 +32,14 @@ def test_powershell_commands_install_the_same_and_need_no_activated_venv():
     # no bare console command in the examples: each is the venv's program, by path
     for line in text.splitlines():
         assert not line.lstrip().startswith(("strata-bench ", "strata-gui ")), line
+
+
+def test_the_windows_workflow_runs_the_readmes_powershell_commands():
+    """.github/workflows/windows.yml: the CPU suite with the README's PowerShell test command,
+    verbatim, and the frozen build through packaging/build.ps1."""
+    text = (ROOT / "README.md").read_text()
+    _, ps_test = [b.split("\n```")[0].strip() for b in text.split("```powershell\n")[1:3]]
+    workflow = (ROOT / ".github" / "workflows" / "windows.yml").read_text()
+    assert ps_test in workflow
+    assert "runs-on: windows-latest" in workflow and "packaging\\build.ps1" in workflow
+    assert "py scripts\\install.py --dry-run" in workflow

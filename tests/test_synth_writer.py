@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from platform_support import needs_resource
 
 from engine import gguf_model, synth
 
@@ -43,6 +44,7 @@ print(json.dumps({"size": path.stat().st_size, "peak": resource.getrusage(resour
 """
 
 
+@needs_resource
 def test_host_memory_does_not_grow_with_the_file(tmp_path):
     """Writing holds one tensor at a time: four times the layers (the file ~3.5x larger) raises
     the writer's peak RSS by well under the extra bytes (the whole-file writer held them all)."""

@@ -10,7 +10,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -40,34 +39,34 @@ def test_a_huge_pid_is_refused_at_once_and_nothing_is_sized_from_it(tmp_path):
     p.write_bytes(b'{"traceEvents":[{"ph":"X","ts":0,"dur":1,"pid":1000000000,"cat":"compute"}]}')
     from strata_gui.run import run_files
 
-    t0 = time.perf_counter()
     with pytest.raises(TraceError, match="slice 0 is malformed: pid - 1 .* outside 0..255"):
-        run_files.import_trace(p)
-    assert time.perf_counter() - t0 < 1.0
+        run_files.import_trace(p)  # refused at slice 0: nothing sized from the pid
 
 
 def test_the_event_cap_stops_the_parse_not_the_end_of_it(tmp_path):
     p = tmp_path / "many.json"
     _minimal(p, 60_000)
-    t0 = time.perf_counter()
     with pytest.raises(TraceError, match="more than 1,000 slices"):
         trace.load(p, max_events=1_000)
-    took = time.perf_counter() - t0
-    t0 = time.perf_counter()
     events, _ = trace.load(p)  # 60k small slices fit in the 16 MiB slack
-    whole = time.perf_counter() - t0
     assert len(events) == 60_000 and events[-1].start_ns == 59_999_000
-    assert took < whole / 5, (took, whole)  # stopped after ~1,000 slices, not after reading them all
+    # stopped after ~1,000 slices, not after reading them all: with the file's end broken, the
+    # cap still answers first (a parse that read to the end would meet the broken JSON first)
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(p.read_bytes()[: -len("]}") - 200] + b"#not json")
+    with pytest.raises(TraceError, match="more than 1,000 slices"):
+        trace.load(cut, max_events=1_000)
+    with pytest.raises(TraceError) as whole:
+        trace.load(cut)
+    assert "1,000 slices" not in str(whole.value)
 
 
 def test_tiny_slices_are_refused_by_the_memory_ratio_while_parsing(tmp_path):
     """50-byte slices cost ~350 bytes each in an import: past 3x the JSON read (+16 MiB) they are refused."""
     p = tmp_path / "tiny.json.gz"
     json_bytes = _minimal(p, 1_000_000, gz=True)
-    t0 = time.perf_counter()
     with pytest.raises(TraceError, match=r"more than 3x the trace's [\d,]+ bytes in memory"):
         trace.load(p)
-    assert time.perf_counter() - t0 < 5.0
     assert json_bytes > 40 << 20  # the whole file was not what stopped it
 
 

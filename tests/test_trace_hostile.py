@@ -12,7 +12,6 @@ import inspect
 import json
 import random
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,15 +57,12 @@ def small(tmp_path: Path) -> dict[str, Path]:
 
 
 def expect(path: Path, *words: str, **kw) -> str:
-    t0 = time.perf_counter()
     with pytest.raises(TraceError) as ei:
         trace.load(path, **kw)
-    took = time.perf_counter() - t0
     msg = str(ei.value)
     assert msg.startswith(f"{path}: ") and len(msg) < 600, msg
     for w in words:
         assert w in msg, msg
-    assert took < 2.0, f"{took:.2f} s: {msg}"
     return msg
 
 

@@ -1,7 +1,8 @@
 """The run history: every run's settings, report, events and telemetry in one SQLite file (no Qt).
 
 The file lives in the user's data directory (`default_path`; `STRATA_GUI_DATA_DIR` overrides it,
-tests pass their own path).  It is opened in WAL mode with `synchronous=FULL`, and each run is
+tests pass their own path).  It is opened in WAL mode with `synchronous=FULL` (on a network file
+system, where WAL does not work, in rollback-journal mode, and `notice` says so), and each run is
 written in ONE transaction: a crash or a kill in the middle of a write loses at most that run,
 never an earlier one.  The schema carries its version in `PRAGMA user_version`; `MIGRATIONS[i]`
 takes version i to i+1, so this code opens any older file (and upgrades it in place), while a
@@ -34,6 +35,7 @@ from engine.config import NAME_ALIASES
 from engine.events import RunReport, StageEvent
 
 from ..run.record_model import META_KEYS, RunRecord, config_from_dict, report_from_dict, report_to_dict
+from .network_path import network_location
 from .record_check import check_record, check_report
 
 log = logging.getLogger(__name__)
@@ -252,6 +254,8 @@ class RunHistory:
         self.path = Path(path)
         self.before_commit = before_commit  # test seam: called inside a write, just before COMMIT
         self._lock = threading.RLock()
+        self.journal_mode = ""  # what SQLite reports: "wal" normally, "delete" on a network file system
+        self.notice = ""  # a one-line warning for the user about how the file is kept ("" when all is well)
         self._conn = self._open()
 
     # ------------------------------------------------------------------ open
@@ -279,9 +283,9 @@ class RunHistory:
                 problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
                 if problems != ["ok"]:
                     raise HistoryError(self._damaged("; ".join(problems)))
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                log.warning("the run history %s is in journal mode %s, not WAL", self.path, mode)
+            self.journal_mode, self.notice = self._journal(conn)
+            if self.notice:
+                log.warning("%s", self.notice)
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
             self._migrate(conn, version)
@@ -295,6 +299,28 @@ class RunHistory:
             raise HistoryError(f"{self.path} is not a readable Strata run history ({exc}); it was left "
                                "untouched. Move it away to start a new history.") from None
         return conn
+
+    def _journal(self, conn: sqlite3.Connection) -> tuple[str, str]:
+        """Set the journal mode: WAL, except on a network file system (WAL's shared-memory index
+        does not work there: SQLite's documentation); (the mode SQLite reports, what to tell the
+        user or "")."""
+        remote = network_location(self.path)
+        if remote:
+            try:
+                mode = str(conn.execute("PRAGMA journal_mode = DELETE").fetchone()[0]).lower()
+            except sqlite3.OperationalError as exc:  # a WAL file another program has open
+                raise HistoryError(f"The run history {self.path} is on {remote} and in WAL mode, which needs shared "
+                                   f"memory a network file system does not give; it could not be switched to a "
+                                   f"rollback journal ({exc}). Close other programs using it, or move it to a local "
+                                   f"disk (STRATA_GUI_DATA_DIR names another folder).") from None
+            return mode, (f"The run history {self.path} is on {remote}: SQLite's WAL mode does not work on network "
+                          f"file systems, so it uses journal mode {mode} (slower writes; keep one Strata GUI writing to "
+                          f"it at a time). A local folder (STRATA_GUI_DATA_DIR) is faster.")
+        mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+        if mode != "wal":
+            return mode, (f"The run history {self.path} cannot use WAL mode here (SQLite reports journal mode {mode}): "
+                          f"runs are still saved, each in one transaction, but slower.")
+        return mode, ""
 
     def _damaged(self, problem: str) -> str:
         return (f"The run history {self.path} is damaged (SQLite: {problem[:300]}). {MOVE_ASIDE}. Runs of "

@@ -1,5 +1,7 @@
 """`strata-gui --selftest`: open the main window, run the demo model on a 2-stage CPU split, check
-the Gantt, tokenise a text prompt with the demo model's vocabulary, optionally save a screenshot.
+the Gantt, tokenise a text prompt with the demo model's vocabulary, run a Triton kernel where CUDA
+is present (engine.kernel_report.exercise: a frozen build's Triton needs engine/ as source),
+optionally save a screenshot.
 Works on the offscreen platform; touches no user settings or history (a temporary QSettings file and
 run history)."""
 from __future__ import annotations
@@ -86,9 +88,14 @@ def run_selftest(app: QApplication, demo_model: Path, screenshot: Path | None = 
             text_ok, text_what = _check_text_prompt(demo_model)
             if not text_ok:
                 return SelftestResult(False, f"selftest: text prompt failed: {text_what}")
+            from engine import kernel_report
+
+            triton_ok, triton_what = kernel_report.exercise()
+            if not triton_ok:
+                return SelftestResult(False, f"selftest: Triton kernel failed: {triton_what}")
             r = win.last_report
             shot = f"; screenshot {screenshot}" if screenshot is not None else ""
             return SelftestResult(True, f"selftest passed: {what}; prefill {r.prefill_tok_s:,.0f} tok/s, "
-                                        f"digest {r.digest}; {text_what}{shot}")
+                                        f"digest {r.digest}; {text_what}; {triton_what}{shot}")
         finally:
             win.close()

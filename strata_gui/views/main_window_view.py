@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -30,13 +30,15 @@ from PySide6.QtWidgets import (
 )
 
 from engine import topology
-from engine.config import ConfigError
+from engine.config import ConfigError, rendezvous_address
 from engine.events import RunReport
 from engine.memory_plan import plan_memory
+from engine.rendezvous_key import attach_commands, controller_key, exposure_warning
 from engine.topology import TelemetrySample, Topology
 
 from ..history.history_model import RunHistory, UnsavedRuns, open_history
 from ..run.background import BackgroundJobs
+from ..run.gpu_monitor_model import GpuMonitor
 from ..run.model_cache import ModelCache, file_key
 from ..run.progress_model import RunProgress
 from ..run.record_model import RunRecord
@@ -126,6 +128,8 @@ class MainWindow(QMainWindow):
         self._startup_status = ("saved settings not usable, defaults used: " + "; ".join(replaced)
                                 if replaced else "")
         self.refresh_topology(probe=False)
+        if self.history is not None and getattr(self.history, "notice", ""):
+            self.set_status(self.history.notice)
         if self._startup_status:
             self.set_status(self._startup_status)
         if self.history_error:
@@ -189,6 +193,11 @@ class MainWindow(QMainWindow):
         self.gantt = GanttView()
         self.telemetry = TelemetryView()
         self.telemetry.link_x(self.gantt.plot.getPlotItem())
+        self.monitor = GpuMonitor()  # live telemetry between runs (the panel's Live mode)
+        self._monitor_timer = QTimer(self)
+        self._monitor_timer.setInterval(1000)
+        self._monitor_timer.timeout.connect(self._tick_monitor)
+        self.telemetry.mode_changed.connect(lambda _mode: self._tick_monitor())
         self.summary = SummaryView()
         self.splitter = QSplitter(Qt.Orientation.Vertical)
         # the summary scrolls when the window is short (1280x720, 150% scale) instead of clipping
@@ -321,6 +330,7 @@ class MainWindow(QMainWindow):
         self.devices_panel.set_topology(topo)
         if not self.controller.is_running:
             self.telemetry.set_unavailable(self._idle_telemetry_text(topo))
+            self._start_monitor(first=True)
         idle = self._startup_status or "ready"
         self._startup_status = ""
         self.set_status(idle if not self.controller.is_running else self.status_label.text())
@@ -382,9 +392,24 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_cuda_graphs_applicable(
             cuda, "" if cuda else "no CUDA device in the list" if self.cuda_count else "no CUDA device")
         self.devices_panel.set_errors(self.validation.errors)
+        self.settings_panel.set_attach(*self._attach_text())
         self.sweep_view.set_base(self._sweep_base_text(s))
         self._update_buttons()
         return self.validation
+
+    def _attach_text(self) -> tuple[str, str | None]:
+        """The command that attaches a stage to this app (rank 0 of N), and the warning for a
+        rendezvous beyond loopback; ("", None) without a valid rendezvous."""
+        cfg = self.validation.config if self.validation.ok else None
+        if cfg is None or cfg.executor != "processes" or not cfg.rendezvous:
+            return "", None
+        host, _port = rendezvous_address(cfg.rendezvous)
+        try:
+            key = controller_key(self._env).decode()
+        except ConfigError as exc:
+            return str(exc), None
+        world = len(cfg.devices) * max(cfg.interleave, 1)
+        return attach_commands(cfg.rendezvous, world, key)[0], exposure_warning(host)
 
     def _memory_plan_text(self, path: Path, s: RunSettings) -> str:
         """The next run's memory plan ("" while the settings or the model are not valid)."""
@@ -471,6 +496,35 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_editable(not busy)
         self.devices_panel.set_editable(not busy)
         self._update_buttons()
+        if busy:  # the run samples its own GPUs on its own clock
+            self.monitor.stop()
+            self._monitor_timer.stop()
+        elif not self._closing:
+            self._start_monitor()
+
+    # ------------------------------------------------------------ the GPU monitor
+    def _start_monitor(self, first: bool = False) -> None:
+        """Live telemetry between runs, when there are GPUs to sample; on the first discovery
+        with GPUs the panel opens in Live mode (there is no run to show yet)."""
+        topo = self.controller.topology
+        if topo is None or not topo.devices:
+            return
+        if self.monitor.start(topo):
+            self._monitor_timer.start()
+            if first and not self.store_has_run():
+                self.telemetry.set_mode("live")
+        self._tick_monitor()
+
+    def store_has_run(self) -> bool:
+        return len(self.telemetry.store) > 0 or self.last_report is not None
+
+    def _tick_monitor(self) -> None:
+        if self.telemetry.mode != "live":
+            return
+        why = "" if self.monitor.running else (self.monitor.reason if self.controller.topology is not None
+                                               and self.controller.topology.devices else
+                                               "no GPU to monitor (the Devices panel says why)")
+        self.telemetry.show_live(self.monitor.poll(), unavailable=why)
 
     def _on_run_started(self, info: RunStarted) -> None:
         plan = info.plan
@@ -758,6 +812,8 @@ class MainWindow(QMainWindow):
             log.exception("saving the settings failed")
         if self.controller.is_running:
             self.set_status("stopping the run before closing …")
+        self._monitor_timer.stop()
+        self.monitor.stop()
         self.controller.shutdown()
         self.sweeps.shutdown()
         self.jobs.wait_all()

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from PySide6.QtCore import Signal
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -53,6 +54,8 @@ TIPS = {
     "rendezvous": "With executor processes: empty starts the stage processes on this machine; HOST:PORT makes "
                   "this app the controller that stages started elsewhere with `strata-bench stage --rendezvous "
                   "HOST:PORT` attach to (a taken port or a stage that never attaches fails the Run with a message).",
+    "attach": "Run this on each host, once per rank 0…N-1: the key is this app's own, made at start "
+              "(STRATA_RENDEZVOUS_KEY sets your own, 20+ characters); a stage without it is refused.",
     "pipeline_depth": "1 (overlap) lets a stage take the next chunk while the stages below still work (2.04x on a "
                 "4-GPU split); 0 (join) restores the old wait for the whole chain below, for an A/B one setting apart.",
     "prefill_main": "Prefill the whole prompt on the main (first) device, then copy the later layers' KV to "
@@ -83,7 +86,7 @@ class SettingsPanel(QGroupBox):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Run settings", parent)
         self.boxes: dict[str, FieldBox] = {}
-        form = QFormLayout()
+        self.form = form = QFormLayout()
         form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.DontWrapRows)
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
 
@@ -154,6 +157,22 @@ class SettingsPanel(QGroupBox):
         self.rendezvous = QLineEdit()
         self.rendezvous.setPlaceholderText("empty: stages start here; or HOST:PORT")
         self._add(form, "Rendezvous", "rendezvous", FieldBox(self.rendezvous, tooltip=TIPS["rendezvous"]))
+        # the command that attaches a stage to this app, with this app's key (there is no default key)
+        self.attach_command = QLineEdit()
+        self.attach_command.setReadOnly(True)
+        self.attach_command.setToolTip(TIPS["attach"])
+        self.attach_copy = QPushButton("Copy")
+        self.attach_copy.setToolTip("Copy the command (with the key) to the clipboard")
+        self.attach_copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.attach_command.text()))
+        self.attach_warning = QLabel()
+        self.attach_warning.setWordWrap(True)
+        self.attach_warning.setProperty("role", "error")
+        self.attach_warning.setMinimumHeight(3 * self.attach_warning.fontMetrics().lineSpacing())
+        box = FieldBox(self.attach_command, self.attach_copy, tooltip=TIPS["attach"], stretch_last=False)
+        box.row.setStretch(0, 1)
+        box.column.addWidget(self.attach_warning)
+        self._add(form, "Attach stages", "attach", box)
+        self.set_attach("", None)
 
         self.pin_limit = QLineEdit()
         self.pin_limit.setPlaceholderText("auto or GiB")
@@ -216,6 +235,19 @@ class SettingsPanel(QGroupBox):
         self.decode_tokens.valueChanged.connect(self.changed)
         self.prompt_text.textChanged.connect(self.changed)
         self._sync_enabled()
+
+    def set_attach(self, command: str, warning: str | None) -> None:
+        """Show how to start each stage elsewhere (empty: the row is hidden) and what a
+        rendezvous beyond loopback exposes."""
+        self.attach_command.setText(command)
+        self.attach_command.setCursorPosition(0)
+        self.attach_warning.setText(warning or "")
+        self.attach_warning.setVisible(bool(warning))
+        box = self.boxes["attach"]
+        box.setVisible(bool(command))
+        label = self.form.labelForField(box)
+        if label is not None:
+            label.setVisible(bool(command))
 
     def _add(self, form: QFormLayout, label: str, name: str, box: FieldBox) -> None:
         lab = QLabel(label)

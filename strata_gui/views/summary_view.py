@@ -25,7 +25,7 @@ from engine.events import RunReport
 
 from ..run.spread_model import Spread, format_spread
 from .table_height import fit_height
-from .theme import KIND_STYLES, MUTED_COLOR
+from .theme import KIND_STYLES, MUTED_COLOR, WARNING_COLOR
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +195,8 @@ class SummaryView(QWidget):
                      else "stages as threads of one process"))
         if r.attention:
             rows.append(("Attention", html.escape(r.attention)))
+        if getattr(r, "kernels", ""):
+            rows.append(("Kernels", html.escape(r.kernels)))
         rows.append(("Order used", f"{html.escape(', '.join(r.device_order))}<br>"
                                    f"<span style='color:{MUTED_COLOR}'>{html.escape(r.order_reason)}</span>"))
         rows.append(("Digest", f"<code>{html.escape(r.digest)}</code>"))
@@ -202,7 +204,10 @@ class SummaryView(QWidget):
             gen = ", ".join(str(t) for t in r.generated[:12]) + (" …" if len(r.generated) > 12 else "")
             rows.append(("Generated ids", html.escape(gen)))
         for note in r.notes:
-            rows.append(("Note", html.escape(note)))
+            if note.startswith("fast kernel missing"):  # a slow run the user can fix: not a grey note
+                rows.append(("Warning", f"<span style='color:{WARNING_COLOR}'>{html.escape(note)}</span>"))
+            else:
+                rows.append(("Note", html.escape(note)))
         self.figures.setText("<table cellspacing='0' cellpadding='2'>" + "".join(
             f"<tr><td style='color:{MUTED_COLOR}; padding-right:10px' valign='top'>{k}</td><td>{v}</td></tr>"
             for k, v in rows) + "</table>")

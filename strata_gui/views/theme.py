@@ -30,6 +30,7 @@ KIND_STYLES: dict[str, KindStyle] = {
 GPU_COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
 
 ERROR_COLOR = "#C62828"
+WARNING_COLOR = "#B26A00"  # something the user can fix, e.g. a missing fast kernel
 MUTED_COLOR = "#5F6368"
 PLOT_BG = "#FFFFFF"
 PLOT_FG = "#202124"

@@ -1,0 +1,181 @@
+"""Gated DeltaNet (GDN), the linear-attention layer of Qwen3-Next and Qwen3.5-MoE, with the state
+it carries from one chunk to the next (issue 34).
+
+A GDN layer keeps two pieces of state per sequence instead of a KV cache: the last K-1 inputs of
+its causal depthwise conv1d (`conv`, K the kernel width) and the recurrent matrix S of each value
+head (`recurrent`, dk x dv, float32).  A chunk that starts from chunk c's final state gives
+exactly the outputs of one pass over the whole prompt, so the pipeline may cut the prompt
+anywhere.
+
+The recurrence per value head (q and k L2-normalised, q scaled by dk^-1/2, g = log decay <= 0):
+
+    S_t = e^{g_t} S_{t-1} + k_t u_t^T,   u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t),   o_t = S_t^T q_t
+
+Within a block of C tokens with cumulative decay G_t = sum_{i<=t} g_i this is a unit lower
+triangular system for U = [u_1 .. u_C] (the "WY" form the chunked kernels use):
+
+    (I + A) U = diag(beta) (V - diag(e^G) K S_0),   A_ti = beta_t e^{G_t - G_i} k_t.k_i  (i < t)
+    O = diag(e^G) Q S_0 + (M * Q K^T) U,             M_ti = e^{G_t - G_i}           (i <= t)
+    S_C = e^{G_C} S_0 + K^T diag(e^{G_C - G}) U
+
+so each block costs a few matrix products and one triangular solve, never a loop over tokens.
+This torch version is the reference for CPU and tests; a CUDA run may take the field's Triton
+kernels (flash-linear-attention) where installed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+BLOCK = 64  # tokens per block of the chunked rule (the kernels' usual size)
+
+
+@dataclass(frozen=True)
+class GdnShape:
+    """The sizes of one GDN layer, as the GGUF's ssm.* keys give them."""
+
+    n_k_heads: int  # ssm.group_count
+    n_v_heads: int  # ssm.time_step_rank
+    head_k: int  # ssm.state_size
+    head_v: int  # ssm.inner_size / n_v_heads
+    conv_kernel: int  # ssm.conv_kernel
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.head_k
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.head_v
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    def state_bytes(self, conv_dtype: torch.dtype = torch.bfloat16) -> int:
+        """Bytes of one sequence's state for this layer (what the memory plan and prefill-main's
+        hand-off count instead of KV)."""
+        conv = self.conv_dim * (self.conv_kernel - 1) * torch.empty((), dtype=conv_dtype).element_size()
+        return conv + self.n_v_heads * self.head_k * self.head_v * 4
+
+
+@dataclass
+class GdnState:
+    """One GDN layer's state for one sequence: conv inputs and the recurrent matrices."""
+
+    shape: GdnShape
+    device: torch.device
+    dtype: torch.dtype = torch.float32  # of the conv state (the activations' dtype)
+    conv: torch.Tensor = field(init=False)
+    recurrent: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.shape
+        self.conv = torch.zeros(s.conv_dim, s.conv_kernel - 1, device=self.device, dtype=self.dtype)
+        self.recurrent = torch.zeros(s.n_v_heads, s.head_k, s.head_v, device=self.device, dtype=torch.float32)
+
+    def reset(self) -> None:
+        self.conv.zero_()
+        self.recurrent.zero_()
+
+    @property
+    def nbytes(self) -> int:
+        return self.conv.numel() * self.conv.element_size() + self.recurrent.numel() * 4
+
+    def copy_from(self, other: GdnState) -> None:
+        """Take another device's state (prefill-main hands each stage its layers' rows)."""
+        self.conv.copy_(other.conv, non_blocking=True)
+        self.recurrent.copy_(other.recurrent, non_blocking=True)
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal conv over time of x [T, C] with weight [C, K], continuing from `state`
+    [C, K-1] (the inputs before x), then SiLU; `state` is updated in place to x's last K-1 inputs."""
+    t, c = x.shape
+    k = weight.shape[1]
+    full = torch.cat([state.to(x.dtype), x.t()], dim=1)  # [C, K-1+T]
+    y = F.conv1d(full.unsqueeze(0), weight.to(x.dtype).unsqueeze(1), groups=c)[0]  # [C, T]
+    state.copy_(full[:, full.shape[1] - (k - 1):])
+    return F.silu(y.t())
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                state: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """The gated delta rule over T tokens, blocked as the module doc says.
+
+    q, k: [T, H, dk] (normalised and, for q, scaled by the caller), v: [T, H, dv], g, beta: [T, H];
+    `state` [H, dk, dv] float32 is the recurrent state before the first token and is updated in
+    place to the state after the last.  Returns o [T, H, dv] in float32."""
+    q, k, v = (x.float().transpose(0, 1) for x in (q, k, v))  # [H, T, d]
+    g, beta = g.float().t(), beta.float().t()  # [H, T]
+    n = q.shape[1]
+    out = torch.empty_like(v)
+    s = state
+    for a in range(0, n, block):
+        b = min(a + block, n)
+        qb, kb, vb, gb, bb = q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b]
+        cum = gb.cumsum(-1)  # G_t  [H, C]
+        diff = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # G_t - G_i  [H, C, C]
+        c = b - a
+        lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+        decay = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()  # M (i <= t), 0 above
+        kk = kb @ kb.transpose(-1, -2)  # k_t . k_i
+        strict = decay.masked_fill(torch.eye(c, dtype=torch.bool, device=q.device), 0.0)
+        system = torch.eye(c, device=q.device) + bb.unsqueeze(-1) * strict * kk  # I + A
+        g_exp = cum.exp().unsqueeze(-1)  # e^{G_t}  [H, C, 1]
+        rhs = bb.unsqueeze(-1) * (vb - g_exp * (kb @ s))
+        u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+        out[:, a:b] = g_exp * (qb @ s) + (decay * (qb @ kb.transpose(-1, -2))) @ u
+        tail = (cum[:, -1:] - cum).exp().unsqueeze(-1)  # e^{G_C - G_i}
+        s = cum[:, -1].exp()[:, None, None] * s + kb.transpose(-1, -2) @ (tail * u)
+    state.copy_(s)
+    return out.transpose(0, 1)
+
+
+def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x per head, times its weight, gated by SiLU(z) (the norm before the gate)."""
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight * normed).float().mul(F.silu(z.float())).to(x.dtype)
+
+
+def gdn_mix(qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, *, ssm_a: torch.Tensor,
+            dt_bias: torch.Tensor, conv_weight: torch.Tensor, norm_weight: torch.Tensor, shape: GdnShape,
+            state: GdnState, eps: float) -> torch.Tensor:
+    """A GDN layer between its input projections and its output projection, for one chunk.
+
+    qkv [T, 2*key_dim + value_dim] (q of every k head, then k, then v, as llama.cpp's converter
+    stores attn_qkv), z [T, value_dim] (attn_gate), b and a [T, n_v_heads] (beta and decay
+    inputs), ssm_a [n_v_heads] (= -exp(A_log)), dt_bias [n_v_heads], conv_weight [conv_dim, K],
+    norm_weight [head_v].  Continues from `state` and leaves it after the chunk's last token.
+    Returns the gated, normed core output [T, value_dim] in qkv's dtype."""
+    s = shape
+    t = qkv.shape[0]
+    mixed = causal_conv1d(qkv, conv_weight, state.conv)
+    q, k, v = torch.split(mixed, [s.key_dim, s.key_dim, s.value_dim], dim=-1)
+    q = l2norm(q.float().reshape(t, s.n_k_heads, s.head_k)) * s.head_k ** -0.5
+    k = l2norm(k.float().reshape(t, s.n_k_heads, s.head_k))
+    ratio = s.n_v_heads // s.n_k_heads
+    if ratio > 1:  # each q/k head serves `ratio` consecutive value heads
+        q, k = q.repeat_interleave(ratio, dim=1), k.repeat_interleave(ratio, dim=1)
+    v = v.reshape(t, s.n_v_heads, s.head_v)
+    beta = torch.sigmoid(b.float())
+    g = ssm_a.float() * F.softplus(a.float() + dt_bias.float())
+    o = gated_delta(q, k, v, g, beta, state.recurrent)
+    o = gated_rmsnorm(o.to(qkv.dtype), z.reshape(t, s.n_v_heads, s.head_v), norm_weight, eps)
+    return o.reshape(t, s.value_dim)
+
+
+def split_ba(ba: torch.Tensor, shape: GdnShape) -> tuple[torch.Tensor, torch.Tensor]:
+    """beta and decay inputs [T, n_v_heads] each from the ssm_ba projection [T, 2 * n_v_heads],
+    which keeps Qwen3-Next's order: per k head, its value heads' b, then their a."""
+    t = ba.shape[0]
+    ratio = shape.n_v_heads // shape.n_k_heads
+    grouped = ba.reshape(t, shape.n_k_heads, 2 * ratio)
+    return grouped[..., :ratio].reshape(t, shape.n_v_heads), grouped[..., ratio:].reshape(t, shape.n_v_heads)
