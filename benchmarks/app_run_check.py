@@ -50,7 +50,7 @@ class Recorder:
     def kinds(self) -> list[str]:
         out: list[str] = []
         for name, _ in self.calls:
-            if name in ("events", "telemetry", "status"):
+            if name in ("events", "telemetry", "status", "warmup"):
                 continue
             out.append(name)
         return out

@@ -11,7 +11,9 @@ point to put into `routed_experts.COMPACT_MAX_FRACTION` for that device type.
     python3 benchmarks/routed_experts_bench.py --device cuda:0       # Qwen3-30B-A3B shapes, bf16 grouped GEMMs
     python3 benchmarks/routed_experts_bench.py --quant q6_k --tokens 1,8,64
 
-Random valid blocks of a llama.cpp mix (synthetic source), random hidden states.
+Random valid blocks of a llama.cpp mix (synthetic source), random hidden states.  Timed eagerly:
+inside decode's CUDA graphs the compact path's few extra small kernels (the slot remap) cost less
+than here, so the switch point this prints for CUDA is on the conservative side.
 """
 from __future__ import annotations
 

@@ -24,6 +24,9 @@ from .load_progress import LoadProgress
 from .run_progress import RunProgress
 from .sweep import median_spread, parse_arm, steps
 
+if TYPE_CHECKING:
+    from .roofline import DecodeBytes
+
 log = logging.getLogger("strata.bench")
 
 if TYPE_CHECKING:
@@ -48,9 +51,9 @@ QUANT_NAMES = ("q4_k_m", "q6_k", "q8_0", "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs"
 
 def _engine() -> None:
     """Import the engine modules the commands use (idempotent; cheap after the first call)."""
-    global GGUFError, StageError, Cancelled, load, Session, synth, prompts
+    global GGUFError, StageError, Cancelled, load, Session, synth, prompts, roofline
     from . import prompt as prompts
-    from . import synth
+    from . import roofline, synth
     from .gguf_model import GGUFError, load
     from .pipeline import Cancelled, Session, StageError
 
@@ -187,14 +190,28 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
         np.save(fh, array)
 
 
-def prompt_sizes(text: str) -> list[int]:
+def prompt_sizes(text: str, decode_tokens: int = 0) -> list[int]:
+    """The --prompt-tokens sizes; 0 (decode only, llama-bench's `-p 0`) only with --decode-tokens."""
+    low = 0 if decode_tokens > 0 else 1
     try:
         sizes = [int(x) for x in str(text).split(",")]
     except ValueError:
         sizes = []
-    if not sizes or any(n < 1 for n in sizes):
-        raise ConfigError("--prompt-tokens", text, "comma-separated integers >= 1, e.g. 512,2048")
+    if not sizes or any(n < low for n in sizes):
+        if decode_tokens > 0:
+            raise ConfigError("--prompt-tokens", text, "comma-separated integers >= 0, e.g. 0,512 "
+                                                       "(0: decode only, from a single BOS token)")
+        raise ConfigError("--prompt-tokens", text, "comma-separated integers >= 1, e.g. 512,2048 "
+                                                   "(0 needs --decode-tokens N: decode only)")
     return sizes
+
+
+def prompt_tokens_text(ns: argparse.Namespace) -> str:
+    """--prompt-tokens as given; omitted: 512, or 0 (decode only, llama-bench's `-p 0 -n N`) when
+    --decode-tokens asks for decode and no prompt is given."""
+    if ns.prompt_tokens is not None:
+        return ns.prompt_tokens
+    return "0" if ns.decode_tokens > 0 and ns.prompt_ids is None and ns.prompt is None else "512"
 
 
 @dataclass
@@ -246,6 +263,7 @@ def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 
         "schedule": r.plan.schedule, "chunk_sizes": [n for _, n in r.plan.chunk_bounds()],
         "prefill_tok_s": p.median, "prefill_tok_s_all": p.tok_s, "spread": p.spread,
         "decode_tok_s": median_spread([x.decode_tok_s for x in p.reports])[0],
+        "decode_spread": median_spread([x.decode_tok_s for x in p.reports])[1],
         "ratio": p.median / base.median if base and base.median else 1.0,
         "busy_histogram": r.busy_histogram, "digest": r.digest, "experts": _experts(r),
         "per_stage": [vars(t) for t in r.per_stage],
@@ -270,19 +288,59 @@ def _chunks(r: dict[str, Any]) -> str:
     return f"{r['chunk']}x{r['n_chunks']}"
 
 
+def _decode_columns(r: dict[str, Any], p: Point, decode_tokens: int, weights: DecodeBytes | None,
+                    bandwidth: Callable | None) -> None:
+    """The llama-bench-style tg figure and the roofline of a point, into its row."""
+    r["tg"] = f"tg{decode_tokens}" if decode_tokens > 0 else ""
+    if weights is None:
+        return
+    from . import roofline
+
+    rep = p.reports[-1]
+    stages = [(st.device, st.first_layer, st.end_layer) for st in rep.plan.stages]
+    roof = roofline.roofline(weights, stages, bandwidth or roofline.bandwidth_of())
+    r["decode_weight_bytes"] = roof.weight_bytes
+    r["roofline_tok_s"] = roof.limit_tok_s
+    r["roofline_share"] = roof.share(r["decode_tok_s"])
+    r["roofline_how"] = roof.how
+
+
+def _run_decode_fields(r: RunReport, ns: argparse.Namespace, weights: DecodeBytes | None) -> dict[str, Any]:
+    """A JSON run row's tg label and roofline (decode runs only)."""
+    if weights is None:
+        return {}
+    from . import roofline
+
+    stages = [(st.device, st.first_layer, st.end_layer) for st in r.plan.stages]
+    roof = roofline.roofline(weights, stages, roofline.bandwidth_of(ns.mem_gbs))
+    return {"tg": f"tg{ns.decode_tokens}", "decode_weight_bytes": roof.weight_bytes,
+            "roofline_tok_s": roof.limit_tok_s, "roofline_share": roof.share(r.decode_tok_s)}
+
+
+def _roof_cells(r: dict[str, Any]) -> list[str]:
+    limit, share = r.get("roofline_tok_s"), r.get("roofline_share")
+    return [f"{r['decode_weight_bytes'] / 2**20:.1f}",
+            f"{limit:.0f}" if limit else "unknown",
+            f"{share * 100:.1f}%" if share is not None else "—"]
+
+
 def summary_rows(points: list[Point], arms: list[str], spec=None, peak_tflops: float = 0.0,
-                 info: dict[str, Any] | None = None, decode_tokens: int = 0) -> list[dict[str, Any]]:
+                 info: dict[str, Any] | None = None, decode_tokens: int = 0, weights: DecodeBytes | None = None,
+                 bandwidth: Callable | None = None) -> list[dict[str, Any]]:
     """One row per (arm, prompt size): ours, with llama-bench's fields where they mean the same
-    (test, n_prompt, n_gen, avg_ts, stddev_ts, samples_ts over the prefill's tok/s) and the model,
-    build and hardware fields of `info` (engine/bench_format.py)."""
+    (test, n_prompt, n_gen, avg_ts, stddev_ts, samples_ts over the prefill's tok/s), the model,
+    build and hardware fields of `info` (engine/bench_format.py) and, with decode, the tg figure
+    and the roofline (engine/roofline.py)."""
     bases = {p.prompt_tokens: p for p in points if p.arm == arms[0]}
     rows = []
     for p in points:
         r = {**(info or {}), **_row(p, bases.get(p.prompt_tokens),
-                                    spec.prefill_flops(p.prompt_tokens) if spec else 0.0, peak_tflops)}
+                                    spec.prefill_flops(p.prompt_tokens) if spec and p.prompt_tokens else 0.0,
+                                    peak_tflops)}
         r.update(test=bench_format.label(p.prompt_tokens, decode_tokens), n_prompt=p.prompt_tokens,
                  n_gen=decode_tokens, avg_ts=statistics.fmean(p.tok_s) if p.tok_s else 0.0,
                  stddev_ts=bench_format.stddev(p.tok_s), samples_ts=p.tok_s)
+        _decode_columns(r, p, decode_tokens, weights, bandwidth)
         rows.append(r)
     return rows
 
@@ -292,9 +350,15 @@ TABLE_NOTE = ("prefill tok/s: the median of the repeats; ± sd: their sample sta
 
 
 def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflops: float = 0.0,
-           info: dict[str, Any] | None = None, decode_tokens: int = 0) -> str:
-    """The summary as a md or csv table, or its rows as json (one array), jsonl or sql."""
-    rows = summary_rows(points, arms, spec, peak_tflops, info, decode_tokens)
+           info: dict[str, Any] | None = None, decode_tokens: int = 0, weights: DecodeBytes | None = None,
+           bandwidth: Callable | None = None) -> str:
+    """The summary as a md or csv table, or its rows as json (one array), jsonl or sql.  With
+    decode (`decode_tokens` > 0): a `tg<N>` column (decode tok/s ± spread over the repeats, as
+    llama-bench prints tg) and, given `weights` (the bytes a decode token reads), the roofline:
+    MiB of weights per token, the tok/s the devices' bandwidth allows (`bandwidth(device)`;
+    unknown for a CPU unless measured) and the share of it decode reached.  A prompt of 0 tokens
+    (decode only, llama-bench's -p 0) shows no prefill figures."""
+    rows = summary_rows(points, arms, spec, peak_tflops, info, decode_tokens, weights, bandwidth)
     if fmt in ("json", "jsonl", "sql"):
         return {"json": bench_format.to_json, "jsonl": bench_format.to_jsonl, "sql": bench_format.to_sql}[fmt](rows)
     csv_out = fmt == "csv"
@@ -305,9 +369,19 @@ def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflop
     table = [[*([r["model_type"], bench_format.human_size(r["model_size"]), bench_format.human_params(
                 r["model_n_params"]), r["backend"]] if info else []),
               r["test"], r["arm"], _chunks(r), r["stages"],
-              f"{r['prefill_tok_s']:.1f}", f"{r['stddev_ts']:.1f}",
+              f"{r['prefill_tok_s']:.1f}" if r["prompt_tokens"] else none,  # decode only (-p 0): no prefill
+              f"{r['stddev_ts']:.1f}" if r["prompt_tokens"] else none,
               f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else none,  # no decode steps
-              f"{r['ratio']:.3f}", _hist(r["busy_histogram"]), _handoff(r), r["digest"][:12]] for r in rows]
+              f"{r['ratio']:.3f}" if r["prompt_tokens"] else none,
+              _hist(r["busy_histogram"]), _handoff(r), r["digest"][:12]] for r in rows]
+    if decode_tokens > 0:
+        at = cols.index("decode tok/s") + 1
+        extra = [f"tg{decode_tokens}"] + (["MiB/token", "roofline tok/s", "of roofline"] if weights else [])
+        cols[at:at] = extra
+        for row, r in zip(table, rows):
+            tg = (f"{r['decode_tok_s']:.1f} ± {r['decode_spread'] * r['decode_tok_s']:.1f}"
+                  if r["decode_tok_s"] else none)
+            row[at:at] = [tg] + (_roof_cells(r) if weights else [])
     if any(r["experts"] for r in rows):
         cols[-1:-1] = ["expert hits", "streamed GiB (pinned)", "H2D GB/s"]
         for row, r in zip(table, rows):
@@ -334,12 +408,11 @@ def _split_for(model, config: EngineConfig, sess, name: str, n_tokens: int, ns):
     """(name, session) for a prompt of n_tokens: with layer_split auto over several devices,
     rebuilt with the split the model rates fastest for it (engine/split_choice.py)."""
     from . import split_choice
-    from .pipeline import Session
 
     def rebuild(split: EngineConfig):
         sess.close()
         shown = _load_progress(model, name, ns.quiet)
-        new = Session(model, split, events=not ns.no_events, progress=shown)
+        new = _session(shown, model, split, events=not ns.no_events)
         shown.finish()
         return new
 
@@ -382,7 +455,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.trace:
         trace_out = check_writable("--trace", ns.trace)
     if ns.prompt_ids is None and ns.prompt is None:
-        prompt_sizes(ns.prompt_tokens)
+        prompt_sizes(prompt_tokens_text(ns), ns.decode_tokens)
     if ns.prompt_ids is not None and not Path(ns.prompt_ids).is_file():
         raise ConfigError("--prompt-ids", ns.prompt_ids, "a text file of token ids", "no such file")
     check_model_arg(ns.model)
@@ -423,12 +496,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
         sizes = [len(fixed_ids)]
         check_fits(len(fixed_ids), "--prompt")
     else:
-        sizes = prompt_sizes(ns.prompt_tokens)
-        check_fits(max(sizes), "--prompt-tokens")
+        sizes = prompt_sizes(prompt_tokens_text(ns), ns.decode_tokens)
+        check_fits(max(max(sizes), 1), "--prompt-tokens")  # 0: decode-only, a one-token prompt
+    weights = roofline.decode_weight_bytes(model) if ns.decode_tokens > 0 else None
     sessions = []
     for name, cfg in configs:
         shown = _load_progress(model, name, ns.quiet)
-        sessions.append((name, Session(model, cfg, events=not ns.no_events, progress=shown)))
+        sessions.append((name, _session(shown, model, cfg, events=not ns.no_events)))
         shown.finish()
     points: list[Point] = []
     run_rows: list[dict[str, Any]] = []
@@ -447,17 +521,25 @@ def cmd_run(ns: argparse.Namespace) -> int:
                 if pts:
                     points.extend(pts.values())
                 pts = {a: Point(a, n) for a, _ in sessions}
-                sessions = [_split_for(model, configs[i][1], s, a, n, ns) for i, (a, s) in enumerate(sessions)]
+                sessions = [_split_for(model, configs[i][1], s, a, max(n, 1), ns)
+                            for i, (a, s) in enumerate(sessions)]
                 name, sess = sessions[step.arm]
                 # unmeasured runs at this size: the first sight of its chunk shapes plans kernels and
-                # captures CUDA graphs, which a measured run must not pay for
-                warm = fixed_ids if fixed_ids is not None else prompts.warmup_ids(n, model.spec.vocab)
+                # captures CUDA graphs, which a measured run must not pay for (with decode, one decode
+                # step too: its size-1 graphs are captured there, not in the first measured decode)
+                warm = fixed_ids if fixed_ids is not None else (
+                    prompts.bos_ids(model) if n == 0 else prompts.warmup_ids(n, model.spec.vocab))
                 for w in range(ns.warmup):
                     for a, s in sessions:
                         shown_runs.start(a, n, warmup=w)
-                        s.run(warm, 0)
+                        s.run(warm, min(ns.decode_tokens, 2))
             if step.arm == 0:  # every arm of this (size, repeat) on the same prompt
-                ids = fixed_ids if fixed_ids is not None else prompts.synthetic(n, model.spec.vocab, step.nonce)
+                if fixed_ids is not None:
+                    ids = fixed_ids
+                elif n == 0:  # decode only (llama-bench -p 0): from a single BOS token
+                    ids = prompts.bos_ids(model)
+                else:
+                    ids = prompts.synthetic(n, model.spec.vocab, step.nonce)
             shown_runs.start(name, n, repeat=rep)
             res = sess.run(ids, ns.decode_tokens, logits_all=bool(ns.logits_out))
             pts[name].reports.append(res.report)
@@ -474,7 +556,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
                 "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
                 "kernels": r.kernels, "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
                 "handoff_share": r.handoff_share,
-                "device_order": r.device_order})
+                "device_order": r.device_order, **_run_decode_fields(r, ns, weights)})
             if ns.format == "jsonl":  # one line a run as it ends
                 print(json.dumps(run_rows[-1]), flush=True)
     except KeyboardInterrupt:  # Ctrl-C: the repeats that finished are kept and printed
@@ -494,14 +576,22 @@ def cmd_run(ns: argparse.Namespace) -> int:
             **bench_format.hardware_fields([d for _, c in configs for d in c.devices])}
     arm_names = [a for a, _ in configs]
     if ns.format in ("json", "sql"):  # one document: every run, then every (arm, size)
-        rows = run_rows + summary_rows(points, arm_names, model.spec, ns.peak_tflops, info, ns.decode_tokens)
+        rows = run_rows + summary_rows(points, arm_names, model.spec, ns.peak_tflops, info, ns.decode_tokens,
+                                       weights, roofline.bandwidth_of(ns.mem_gbs))
         print(bench_format.to_json(rows) if ns.format == "json" else bench_format.to_sql(rows))
     else:
-        print(render(points, arm_names, ns.format, model.spec, ns.peak_tflops, info, ns.decode_tokens))
+        print(render(points, arm_names, ns.format, model.spec, ns.peak_tflops, info, ns.decode_tokens,
+                     weights, roofline.bandwidth_of(ns.mem_gbs)))
     if ns.format == "md":
         print(f"\n{TABLE_NOTE}")
         gpu = f" · GPU: {info['gpu_info']}" if info["gpu_info"] else ""
         print(f"build: {info['build_commit']} ({info['build_version']}){gpu} · CPU: {info['cpu_info']}")
+        if weights is not None and points and points[-1].reports:
+            last_plan = points[-1].reports[-1].plan
+            roof = roofline.roofline(weights, [(st.device, st.first_layer, st.end_layer) for st in last_plan.stages],
+                                     roofline.bandwidth_of(ns.mem_gbs))
+            print(f"roofline: {weights.total / 2**20:.1f} MiB of weights per decode token as stored "
+                  f"(dense + top-{model.spec.n_experts_used} experts per layer; KV not counted); bandwidth: {roof.how}")
         if last is not None and last[1].report.attention:
             print(f"attention: {last[1].report.attention}")
         if last is not None and last[1].report.kernels:
@@ -511,7 +601,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
                     print(f"warning: {note}")
     for p in points:
         r = p.reports[-1] if p.reports else None
-        if r is not None and r.plan.modelled_s > 0 and not r.cancelled:
+        if r is not None and r.plan.modelled_s > 0 and not r.cancelled and p.prompt_tokens:
             log.info("chunk-cost model, arm %s, %d tokens: it predicted %.1f ms for this prefill, the run took "
                      "%.1f ms (%+.1f%%); the chunk size was picked with it, so a large error (a busy machine, "
                      "a first run paying set-up) means the pick may not be the fastest", p.arm, p.prompt_tokens,
@@ -537,10 +627,20 @@ def cmd_run(ns: argparse.Namespace) -> int:
     return 0 if ok else 2
 
 
+def _session(shown: LoadProgress, model, config: EngineConfig, events: bool):
+    """A Session loaded with `shown` as its progress; the progress line is cleared (its heartbeat
+    stopped) when the load fails, so the error line stands alone."""
+    try:
+        return Session(model, config, events=events, progress=shown)
+    except BaseException:
+        shown.clear()
+        raise
+
+
 def _load_progress(model, arm: str = "", quiet: bool = False) -> LoadProgress:
     size = model.file_bytes if hasattr(model, "file_bytes") else 0
     label = Path(str(model.path)).name + (f" (arm {arm})" if arm and arm != "base" else "")
-    return LoadProgress(io.StringIO() if quiet else sys.stderr, size, label)
+    return LoadProgress(io.StringIO() if quiet else sys.stderr, size, label, heartbeat_s=1.0)
 
 
 def cmd_load(ns: argparse.Namespace) -> int:
@@ -550,7 +650,7 @@ def cmd_load(ns: argparse.Namespace) -> int:
     _engine()
     model = open_model(ns.model, cfg.devices[0])
     shown = _load_progress(model, quiet=ns.quiet)
-    sess = Session(model, cfg, events=False, progress=shown)
+    sess = _session(shown, model, cfg, events=False)
     try:
         took = shown.finish()
         size = getattr(model, "file_bytes", 0)
@@ -584,6 +684,14 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
     size = path.stat().st_size
     print(f"wrote {path} ({size / 2**20:.1f} MiB in {took:.1f} s, {size / max(took, 1e-9) / 1e6:.0f} MB/s): "
           f"{load(path).describe()}")
+    if recipe.quant:
+        from .gguf_model import expected_shapes
+        from .quant_recipe import explain_fallbacks
+
+        spec = recipe.spec()
+        note = explain_fallbacks(expected_shapes(spec), recipe.quant, spec)
+        if note:
+            print(f"note: {note}")
     return 0
 
 
@@ -658,7 +766,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "-r repetitions, -o md|csv|json|jsonl|sql; tests are named pp<N> / pp<N>+tg<M>.")
     r.add_argument("-m", "--model", default="demo", help="GGUF path, 'demo', or synthetic:PRESET[:key=val,...]")
     g = r.add_mutually_exclusive_group()
-    g.add_argument("-p", "--prompt-tokens", default="512", help="synthetic prompt size(s), comma-separated")
+    g.add_argument("-p", "--prompt-tokens", default=None,
+                   help="synthetic prompt size(s), comma-separated (default 512; 0, or omitted with "
+                        "--decode-tokens: decode only from a single BOS token, as llama-bench -p 0 -n N)")
     g.add_argument("--prompt-ids", help="file of token ids (whitespace or commas)")
     g.add_argument("--prompt", help="text, tokenised with the file's own vocabulary")
     r.add_argument("-n", "--decode-tokens", type=int, default=0,
@@ -705,6 +815,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", help="write the last run's Chrome trace (.json or .json.gz)")
     r.add_argument("--peak-tflops", type=float, default=0.0,
                    help="add TFLOP/s and MFU columns against this peak (H200 bf16: 794)")
+    r.add_argument("--mem-gbs", dest="mem_gbs", type=float, default=0.0,
+                   help="memory bandwidth in GB/s for the decode roofline (default: derived for CUDA "
+                        "from the memory clock and bus width; unknown for a CPU)")
     r.add_argument("--no-events", action="store_true", help="no timing events (measures their overhead)")
     r.set_defaults(func=cmd_run)
 
@@ -776,6 +889,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise ConfigError(name, value, f"an integer >= {low}")
             if not (math.isfinite(ns.peak_tflops) and ns.peak_tflops >= 0):
                 raise ConfigError("--peak-tflops", ns.peak_tflops, "TFLOP/s >= 0 (0: no MFU columns)")
+            if ns.mem_gbs < 0:
+                raise ConfigError("--mem-gbs", ns.mem_gbs, "a measured bandwidth in GB/s > 0 (0 or omitted: "
+                                                           "derived for CUDA, unknown for a CPU)")
         return ns.func(ns)
     except KeyboardInterrupt:
         print("strata-bench: interrupted", file=sys.stderr)

@@ -12,6 +12,13 @@ precision (the bf16 scratch of the GPU path) is a cast of that float32 result.
 On CUDA, where Triton imports, the types `engine.dequant_triton` has kernels for expand there
 instead: one launch per tensor, the same bits (see `backend`).  STRATA_DEQUANT=torch keeps
 these torch expressions everywhere (an A/B switch); the CPU always uses them.
+
+The lattice types (IQ1_S/M, IQ2_XXS/XS/S, IQ3_XXS/S), the 4-bit floats (MXFP4, NVFP4) and the
+ternary TQ1_0/TQ2_0 have no Triton kernel: they take this torch path on CUDA too.  Their code
+books (grids, the IQ2/IQ3 sign table, the e2m1 values, the e8m0 and ue4m3 scale decoders
+applied to every byte) are read from gguf.quants at import, copied once per device, and every
+small index vector is made on the device, so the path captures in a CUDA graph after its first
+eager call.
 """
 from __future__ import annotations
 
@@ -303,6 +310,12 @@ def _rows(name: str, idx: torch.Tensor) -> torch.Tensor:
     return _table(name, idx.device)[idx.to(torch.int64)]
 
 
+def _steps(start: int, step: int, n: int, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """start, start+step, ... (n values) made on the device by a kernel: no host-to-device copy,
+    so the torch path stays capturable in a CUDA graph."""
+    return torch.arange(start, start + step * n, step, device=device, dtype=dtype)
+
+
 def _bit_signs(b: torch.Tensor) -> torch.Tensor:
     """Sign bytes [n, m] -> float32 [n, m, 8] of +1/-1, bit j of a byte the sign of value j."""
     bits = (b.unsqueeze(-1) >> torch.arange(8, device=b.device, dtype=torch.uint8)) & 1
@@ -316,7 +329,7 @@ def _iq2_xxs(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     q = blocks[:, 2:66].reshape(n, 8, 8)
     aux = _u32(q[:, :, 4:8].reshape(n * 8, 4)).reshape(n, 8)
     db = (d * (0.5 + (aux >> 28).to(torch.float32)) * 0.25).reshape(n, 8, 1, 1)
-    sidx = (aux.unsqueeze(-1) >> torch.tensor([0, 7, 14, 21], device=blocks.device)) & 0x7F
+    sidx = (aux.unsqueeze(-1) >> _steps(0, 7, 4, blocks.device)) & 0x7F
     signs = _rows("ksigns", sidx)  # [n, 8, 4, 8]
     grid = _rows("IQ2_XXS", q[:, :, 0:4])  # [n, 8, 4, 8]
     return _mul(db * grid, signs, dtype).reshape(n, QK_K)
@@ -355,7 +368,7 @@ def _iq3_xxs(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     d = _f16(blocks[:, 0:2])
     aux = _u32(blocks[:, 66:98].reshape(n * 8, 4)).reshape(n, 8)
     db = (d * (0.5 + (aux >> 28).to(torch.float32)) * 0.5).reshape(n, 8, 1, 1)
-    sidx = (aux.unsqueeze(-1) >> torch.tensor([0, 7, 14, 21], device=blocks.device)) & 0x7F
+    sidx = (aux.unsqueeze(-1) >> _steps(0, 7, 4, blocks.device)) & 0x7F
     signs = _rows("ksigns", sidx)  # [n, 8, 4, 8]
     grid = _rows("IQ3_XXS", blocks[:, 2:66]).reshape(n, 8, 4, 8)
     return _mul(db * grid, signs, dtype).reshape(n, QK_K)
@@ -375,8 +388,7 @@ def _iq3_s(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return _mul(db * grid, signs, dtype).reshape(n, QK_K)
 
 
-IQ1_DELTA = 0.125  # ggml's IQ1S_DELTA (gguf: IQ1_S.delta), checked against gguf at import
-assert float(gguf_quants.IQ1_S.delta) == IQ1_DELTA
+IQ1_DELTA = float(gguf_quants.IQ1_S.delta)  # ggml's IQ1S_DELTA, 0.125: the lattice's offset
 
 
 def _iq1_s(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -386,7 +398,7 @@ def _iq1_s(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     qh = _u16(blocks[:, 34:50].reshape(n * 8, 2)).reshape(n, 8)
     dl = (d * (2 * ((qh >> 12) & 7) + 1)).reshape(n, 8, 1, 1)
     delta = torch.where((qh & 0x8000) == 0, IQ1_DELTA, -IQ1_DELTA).reshape(n, 8, 1, 1)
-    hi = (qh.unsqueeze(-1) >> torch.tensor([0, 3, 6, 9], device=blocks.device, dtype=torch.int32)) & 7
+    hi = (qh.unsqueeze(-1) >> _steps(0, 3, 4, blocks.device, torch.int32)) & 7
     idx = blocks[:, 2:34].to(torch.int64) | (hi.reshape(n, 32).to(torch.int64) << 8)
     grid = _rows("IQ1_S", idx).reshape(n, 8, 4, 8)
     return _mul(dl, grid + delta, dtype).reshape(n, QK_K)
@@ -397,10 +409,10 @@ def _iq1_m(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # sub-scales each, and the block's f16 scale spread over their top nibbles
     n = blocks.shape[0]
     sc = _u16(blocks[:, 48:56].reshape(n * 4, 2)).reshape(n, 4)
-    top = (sc & 0xF000) >> torch.tensor([12, 8, 4, 0], device=blocks.device, dtype=torch.int32)
+    top = (sc & 0xF000) >> _steps(12, -4, 4, blocks.device, torch.int32)
     dbits = top[:, 0] | top[:, 1] | top[:, 2] | top[:, 3]
     d = (dbits - ((dbits & 0x8000) << 1)).to(torch.int16).view(torch.float16).to(torch.float32).reshape(n, 1)
-    sub = (sc.unsqueeze(-1) >> torch.tensor([0, 3, 6, 9], device=blocks.device, dtype=torch.int32)) & 7
+    sub = (sc.unsqueeze(-1) >> _steps(0, 3, 4, blocks.device, torch.int32)) & 7
     dl = (d * (2 * sub.reshape(n, 16) + 1)).reshape(n, 8, 2, 1, 1)
     qh = blocks[:, 32:48]
     nib = torch.stack((qh & 0x0F, qh >> 4), dim=2).reshape(n, 32)
@@ -430,7 +442,7 @@ def _tq1_0(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     n = blocks.shape[0]
     dev = blocks.device
     d = _f16(blocks[:, 52:54])
-    p5 = torch.tensor([1, 3, 9, 27, 81], device=dev, dtype=torch.int32).reshape(1, 5, 1)
+    p5 = torch.pow(3, _steps(0, 1, 5, dev, torch.int32)).reshape(1, 5, 1)  # 1, 3, 9, 27, 81
     qs = blocks[:, 0:48].to(torch.int32)
     q0 = ((qs[:, 0:32].reshape(n, 1, 32) * p5) & 0xFF).reshape(n, 160)  # uint8 products wrap
     q1 = ((qs[:, 32:48].reshape(n, 1, 16) * p5) & 0xFF).reshape(n, 80)
@@ -481,6 +493,31 @@ def gpu_temporaries(device: torch.device | str, qtypes: Iterable[T | int], dtype
     return 0
 
 
+def _gather_rows(raw: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows `rows` of raw [rows, bytes] as one contiguous tensor, for the torch path's gather.
+
+    A uint8 `index_select` is slow (measured on the 2-core dev machine: 64 ms for 4 rows of
+    288 KiB, 1.8 ms viewed as int64, 0.03 ms as row copies): on a CPU the rows are copied one by
+    one (the index is on the host there); on a GPU they move as the widest integer the layout
+    allows (no host synchronisation, so a CUDA graph can hold it)."""
+    if raw.device.type == "cpu":
+        picked = rows.tolist()
+        out = torch.empty((len(picked), raw.shape[1]), dtype=torch.uint8)
+        for j, r in enumerate(picked):
+            out[j].copy_(raw[r])
+        return out
+    return _gather_wide(raw, rows)
+
+
+def _gather_wide(raw: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """raw[rows] by `index_select` on raw viewed as the widest integer its layout allows."""
+    for dt, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if (raw.stride(1) == 1 and raw.shape[1] % size == 0 and raw.stride(0) % size == 0
+                and raw.storage_offset() % size == 0):
+            return raw.view(dt).index_select(0, rows).view(torch.uint8)
+    return raw.index_select(0, rows)
+
+
 def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: torch.dtype = torch.float32,
                out: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Expand raw GGUF bytes (a uint8 tensor of whole blocks, on any device) to `shape` (torch
@@ -511,7 +548,7 @@ def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: t
     n_blocks = n_values // bs
     triton_path = raw.is_cuda and backend(raw.device, qtype, out.dtype if out is not None else dtype) == "triton"
     if rows is not None and not triton_path:
-        raw = raw.index_select(0, rows)
+        raw = _gather_rows(raw, rows)
         rows = None
     step = CHUNK_BLOCKS_CUDA if raw.device.type == "cuda" else CHUNK_BLOCKS
     if rows is None and raw.numel() != n_blocks * ts:

@@ -1,6 +1,11 @@
-"""NVTX ranges named as the Gantt names its blocks, so `nsys profile strata-bench run …` shows
-stage, chunk and layer group on the GPU timeline (torch.cuda.nvtx).  A no-op off CUDA, and with
-STRATA_NVTX=0."""
+"""NVTX ranges for Nsight Systems: `nsys profile strata-bench run …` shows each stage's compute
+of each chunk, its hand-offs and decode steps under the names the Gantt uses
+(`stage 1 · cuda:1 (layers 12-23) C3 compute`, `g2 · cuda:0 … C3 copy peer`).
+
+A range is opened only for a CUDA stage (torch.cuda.nvtx: a push/pop of about a microsecond on
+the host thread that launches the work, so the range spans the launches; Nsight lines it up with
+the kernels).  On the CPU, or with STRATA_NVTX=0, `span` is a no-op context.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -9,27 +14,30 @@ from collections.abc import Iterator
 
 import torch
 
-ENV = "STRATA_NVTX"
+ENV = "STRATA_NVTX"  # 0: no ranges even on CUDA
 
 
 def enabled(device: torch.device) -> bool:
-    return device.type == "cuda" and os.environ.get(ENV, "1") != "0"
-
-
-def block_name(stage: int, chunk: int, first_layer: int, last_layer: int) -> str:
-    """"stage 1 C3 layers 8-15" (a prefill chunk) or "stage 1 decode layers 8-15" (chunk < 0)."""
-    what = f"C{chunk}" if chunk >= 0 else "decode"
-    return f"stage {stage} {what} layers {first_layer}-{last_layer}"
+    """Ranges for work on this device: CUDA, and not turned off."""
+    return device.type == "cuda" and os.environ.get(ENV, "1").strip() != "0"
 
 
 @contextlib.contextmanager
-def span(device: torch.device, name: str) -> Iterator[None]:
-    """One NVTX range around the block on `device` (nothing off CUDA)."""
-    if not enabled(device):
-        yield
-        return
+def _range(name: str) -> Iterator[None]:
     torch.cuda.nvtx.range_push(name)
     try:
         yield
     finally:
         torch.cuda.nvtx.range_pop()
+
+
+def span(device: torch.device, name: str) -> contextlib.AbstractContextManager:
+    """An NVTX range named `name` around a block of work for `device` (a no-op off CUDA)."""
+    return _range(name) if enabled(device) else contextlib.nullcontext()
+
+
+def stage_label(index: int, device: torch.device | str, first: int, end: int, interleaved: bool = False) -> str:
+    """A stage as RunPlan.stage_names names it (the Gantt's and the trace's name)."""
+    who = f"g{index}" if interleaved else f"stage {index}"
+    layers = f" (layers {first}-{end - 1})" if end > first else ""
+    return f"{who} · {device}{layers}"

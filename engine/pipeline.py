@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 from gguf import GGMLQuantizationType
 
-from . import chunk_cost, chunking, kernel_report, run_plan, topology
+from . import chunk_cost, chunking, kernel_report, nvtx, run_plan, topology
 from .attention import kernel_for
 from .config import ConfigError, EngineConfig
 from .errors import Cancelled, DeviceMemoryError, NonFiniteError, StageError
@@ -142,6 +143,9 @@ class Session:
         ranges = split_layers(self.spec.n_layers, groups, split)
         stage_devices = [self.devices[j % len(self.devices)] for j in range(groups)]
         self.stages = [Stage(i, d, a, b, self.dtypes[d]) for i, (d, (a, b)) in enumerate(zip(stage_devices, ranges))]
+        if self.interleave > 1:  # the Gantt's and the trace's names of layer groups, for NVTX ranges
+            for st in self.stages:
+                st.label = nvtx.stage_label(st.index, st.device, st.first, st.end, interleaved=True)
         for a, b in zip(self.stages, self.stages[1:]):
             a.successor = b
         self.split = Split(self.stages, self.devices)
@@ -189,22 +193,54 @@ class Session:
                         lambda: load_layer_weights(self.source, i, st.device, st.dtype, experts=not streamed), hooks)
         return Layer(self.spec, i, w, rope, cache=st.cache if streamed else None)
 
+    def _load_shares(self) -> tuple[dict[int, int], int, int]:
+        """Bytes of each layer in the file (its experts left out when they stream), of the token
+        embedding and of the output head as expanded (dequantised at load): the load's progress is
+        the share of these done, so a big embedding or head (151,936 x 2,048 in Qwen3, tens of
+        seconds to dequantise on a CPU) is a named step of its size, not a stall after the last
+        layer's percentage."""
+        nbytes = getattr(self.source, "nbytes", None)
+        names = list(self.source.tensor_names()) if hasattr(self.source, "tensor_names") else []
+        if nbytes is None or not names:
+            return {i: 1 for i in range(self.spec.n_layers)}, 0, 0
+        streamed = self.expert_plan.streamed
+        layer = dict.fromkeys(range(self.spec.n_layers), 0)
+        for name in names:
+            head, _, rest = name.partition(".")
+            if head == "blk" and rest.split(".")[0].isdigit() and not (streamed and "_exps" in name):
+                i = int(rest.split(".")[0])
+                if i in layer:
+                    layer[i] += nbytes(name)
+        def expanded(name: str) -> int:  # the heads are dequantised at load: that, not the read, is their cost
+            return max(nbytes(name), 4 * math.prod(self.source.shape(name)))
+
+        embed = expanded("token_embd.weight") if "token_embd.weight" in names else 0
+        out = expanded("output.weight") if "output.weight" in names else embed
+        return layer, embed, out
+
     def _load_weights(self) -> None:
-        n = self.spec.n_layers
         ropes: dict[torch.device, Rope] = {}
-        done = 0
         if self.expert_plan.streamed:
             self._build_arena()
+        layer_bytes, embed_bytes, out_bytes = self._load_shares()
+        total = max(1, sum(layer_bytes.values()) + embed_bytes + out_bytes)
+        done = 0
         for st in self.stages:
             rope = ropes.setdefault(st.device, Rope.for_spec(self.spec, st.device))
             for i in range(st.first, st.end):
                 if self._load_cancel is not None and self._load_cancel.is_set():
                     raise Cancelled(f"loading cancelled before layer {i}")
+                self._progress(f"loading layer {i} to {st.name}", done / total)
                 st.layers.append(self._new_layer(i, st, rope))
-                done += 1
-                self._progress(f"loading layer {i} to {st.name}", done / n)
+                done += layer_bytes.get(i, 0)
+            parts = [p for p, on in (("the token embedding", st.index == 0 and embed_bytes),
+                                     ("the output head", st.successor is None and out_bytes)) if on]
+            if parts:
+                self._progress(f"loading {' and '.join(parts)} to {st.name}", done / total)
             st.head = load_head(self.source, st.device, st.dtype, embed=st.index == 0,
                                 final=st.successor is None)
+            done += (embed_bytes if st.index == 0 else 0) + (out_bytes if st.successor is None else 0)
+            self._progress(f"loaded the layers of {st.name}", done / total)
             for a, b in zip(st.layers, st.layers[1:]):
                 a.prefetch_next = b.index
 

@@ -56,6 +56,18 @@ def count_ids(path: Path | str, block: int = 1 << 20) -> int:
     return n + (1 if tail else 0)
 
 
+def bos_ids(model) -> list[int]:
+    """The one-token prompt of a decode-only run (llama-bench's `-p 0`): the file's BOS token
+    (`tokenizer.ggml.bos_token_id`), else token 0 (a source without a vocabulary)."""
+    meta = getattr(model, "metadata", None) or {}
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    try:
+        bos = int(bos)
+    except (TypeError, ValueError):
+        return [0]
+    return [bos] if 0 <= bos < model.spec.vocab else [0]
+
+
 def read_ids(path: Path | str) -> list[int]:
     """Integers separated by whitespace and/or commas."""
     p = Path(path)

@@ -52,9 +52,13 @@ class QTensor:
         """Rows `experts` of the leading dimension expanded into one [len(experts), ...] scratch
         in `dtype`: the Triton dequantiser reads them in place, the torch path copies their
         blocks first.  `experts`: a 1-D int64 index on this tensor's device, each entry in
-        [0, shape[0]) (not checked here: a check would synchronise a GPU with the host)."""
+        [0, shape[0]) (checked where the index is on the host; on a GPU a check would
+        synchronise it with the host, and `routed_experts.compact_routing` makes it in range)."""
         rows = self.shape[0]
         per = self.raw.numel() // rows
+        if experts.device.type == "cpu" and experts.numel() and not (
+                0 <= int(experts.min()) and int(experts.max()) < rows):
+            raise IndexError(f"expert index {experts.tolist()} outside 0..{rows - 1}")
         index = experts.to(device=self.raw.device, dtype=torch.int64).contiguous()
         return dequant.dequantize(self.raw.view(rows, per), self.qtype, (index.numel(), *self.shape[1:]), dtype,
                                   rows=index)

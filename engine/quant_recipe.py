@@ -150,6 +150,35 @@ def _low_bit_type(name: str, shape: tuple[int, ...], ftype: str, spec: ModelSpec
     return default
 
 
+def explain_fallbacks(shapes: dict[str, tuple[int, ...]], ftype: str, spec: ModelSpec) -> str | None:
+    """One sentence on the tensors that got a fallback type because their rows do not split into
+    the chosen type's blocks (256 values for the K-quants and IQ4_XS), or None when none did."""
+    if ftype not in _DEFAULT:
+        return None
+    moved: dict[tuple[str, str], int] = {}
+    rows: dict[int, set[int]] = {}  # block size -> the rows that did not fit it
+    for name, shape in shapes.items():
+        want, got = _wanted_before_fit(name, shape, ftype, spec), tensor_type(name, shape, ftype, spec)
+        if want != got:
+            moved[(want.name, got.name)] = moved.get((want.name, got.name), 0) + 1
+            rows.setdefault(dequant.block_geometry(want)[0], set()).add(shape[-1])
+    if not moved:
+        return None
+    parts = ", ".join(f"{w}→{g} for {k}" for (w, g), k in sorted(moved.items()))
+    why = "; ".join(f"rows of {', '.join(map(str, sorted(r)))} values are not a multiple of {bs}"
+                    for bs, r in sorted(rows.items()))
+    return (f"{sum(moved.values())} of {len(shapes)} tensors use a fallback type ({parts}): {why}, the "
+            f"block of the type the mix wants, so llama.cpp's per-tensor fallback applies, as its quantizer "
+            f"does; sizes that are multiples of 256 (--hidden, --expert-ffn, --ffn, --head-dim x heads) keep "
+            f"the mix's types")
+
+
+def _wanted_before_fit(name: str, shape: tuple[int, ...], ftype: str, spec: ModelSpec) -> T:
+    """The type the mix picks for a tensor before the row fit (a row as wide as 2^20: always fits)."""
+    wide = (*shape[:-1], 256 * 4096)
+    return tensor_type(name, wide, ftype, spec)
+
+
 # --------------------------------------------------------------------------- random blocks
 @dataclass(frozen=True)
 class _Scales:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from . import nvtx
 from .errors import Cancelled
 from .kv import LayerKV
 from .model import Head, Layer
@@ -96,7 +97,8 @@ class Split:
                     x = st.head.embed_tokens(torch.tensor([tok]))
                 else:
                     x = x.to(st.device)
-                x = st.forward_layers(ctx, x, st.layers, st.kvs, pos, -1)  # decode steps run as chunk -1
+                with nvtx.span(st.device, f"{st.label} decode {i}"):
+                    x = st.forward_layers(ctx, x, st.layers, st.kvs, pos, -1)  # decode steps run as chunk -1
                 if st.successor is None:
                     tok = int(st.head.logits(st.head.final_norm(x)).argmax())
                 if ctx.events_on:

@@ -145,6 +145,8 @@ class Stage:
         self.cache: ExpertCache | None = None  # streamed experts of this stage's device
         # CUDA graphs per (first layer, layer count, chunk size): engine/stage_graphs.py
         self.graphs = StageGraphs(device, self.name, note=log.info)
+        # NVTX ranges name the stage as the Gantt does (the Session relabels interleaved groups)
+        self.label = nvtx.stage_label(index, device, first, end)
 
     # ------------------------------------------------------------------ helpers
     def event(self, ctx: StageContext, chunk: int, kind: str, start: int, end: int, tokens: int = 0,
@@ -176,7 +178,7 @@ class Stage:
             self.cache.chunk = chunk
         if self.device.type == "cuda":
             ev0 = timing_event(self.device) if timed else None
-            with nvtx.span(self.device, nvtx.block_name(self.index, chunk, layers[0].index, layers[-1].index)):
+            with nvtx.span(self.device, f"{self.label} C{chunk} compute" + (f" {note}" if note else "")):
                 x = self.forward_layers(ctx, x, layers, kvs, pos, chunk)
             self.done = ev1 = timing_event(self.device)
             if timed:
@@ -256,11 +258,11 @@ class Stage:
         buf_bytes = chunk * hidden * esize
         if self.index > 0 and (self.input_buf is None or self.input_buf.shape[0] < chunk):
             self.input_buf = alloc(
-                f"the chunk input buffer ({chunk} tokens)", self.device, buf_bytes, "lower the chunk size (--chunk-tokens)",
+                f"the chunk input buffer ({chunk} tokens)", self.device, buf_bytes, "lower the chunk size (--prefill)",
                 lambda: torch.empty(chunk, hidden, device=self.device, dtype=dt))
         if self.handoff == "host" and (self.host_buf is None or self.host_buf.shape[0] < chunk):
             self.host_buf = alloc(
-                f"the pinned hand-off buffer ({chunk} tokens)", "host", buf_bytes, "lower the chunk size (--chunk-tokens)",
+                f"the pinned hand-off buffer ({chunk} tokens)", "host", buf_bytes, "lower the chunk size (--prefill)",
                 lambda: torch.empty(chunk, hidden, dtype=dt, pin_memory=torch.cuda.is_available()))
 
     def free_buffers(self) -> None:
@@ -328,23 +330,25 @@ class Stage:
         nbytes = x.numel() * x.element_size()
         timed = ctx.events_on
         if self.device.type == "cuda" and succ.device.type == "cuda":
-            if self.device == succ.device:  # one GPU: both stages' work is ordered on its stream
-                start = timing_event(self.device) if timed else None
-                dst.copy_(x)
-                end, end_device = (timing_event(self.device) if timed else None), self.device
-            else:
-                start, end, end_device = self._copy_between_gpus(x, dst, n)
+            with nvtx.span(self.device, f"{self.label} C{chunk} copy {self.handoff}"):
+                if self.device == succ.device:  # one GPU: both stages' work is ordered on its stream
+                    start = timing_event(self.device) if timed else None
+                    dst.copy_(x)
+                    end, end_device = (timing_event(self.device) if timed else None), self.device
+                else:
+                    start, end, end_device = self._copy_between_gpus(x, dst, n)
             if timed:
                 self._gpu_event(ctx, chunk, "copy", start, end, end_device=end_device, tokens=n, nbytes=nbytes,
                                 note=self.handoff)
             return
         t0 = time.perf_counter_ns()  # a CPU on either side: synchronous copies, timed on the host
-        if self.handoff == "host" and self.host_buf is not None and x.device.type == "cuda":
-            staged = self.host_buf[:n]
-            staged.copy_(x)  # D2H into pinned memory (synchronous)
-            dst.copy_(staged)
-        else:
-            dst.copy_(x)
+        with nvtx.span(x.device, f"{self.label} C{chunk} copy {self.handoff}"):
+            if self.handoff == "host" and self.host_buf is not None and x.device.type == "cuda":
+                staged = self.host_buf[:n]
+                staged.copy_(x)  # D2H into pinned memory (synchronous)
+                dst.copy_(staged)
+            else:
+                dst.copy_(x)
         if timed:
             self.event(ctx, chunk, "copy", t0, time.perf_counter_ns(), tokens=n, nbytes=nbytes, note=self.handoff)
 

@@ -394,7 +394,8 @@ class StageProcess:
         if self.cache is not None:
             self.cache.chunk = chunk
         t0 = time.perf_counter_ns()
-        with nvtx.span(self.device, nvtx.block_name(self.rank, chunk, layers[0].index, layers[-1].index)):
+        label = nvtx.stage_label(self.rank, self.name, layers[0].index, layers[-1].index + 1)
+        with nvtx.span(self.device, f"{label} C{chunk} compute" if chunk >= 0 else f"{label} decode"):
             x = self.forward(x, layers, kvs, pos, chunk)
         self._sync()
         self.event(chunk, "compute", t0, time.perf_counter_ns(), tokens=n, note=note)

@@ -41,7 +41,6 @@ except ImportError:  # pragma: no cover - exercised only without nvidia-ml-py
 log = logging.getLogger(__name__)
 
 # GB/s per lane and direction, after line coding (PCIe 1/2: 8b/10b; 3-5: 128b/130b; 6: FLIT).
-PROCESS_INTERVAL_S = 1.0  # how often the sampler lists each GPU's processes (NVML's slowest call)
 PCIE_LANE_GBS: dict[int, float] = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 GPU_ORDER_MODES = ("pcie", "configured")
@@ -112,17 +111,6 @@ class TelemetrySample:
     sm_clock_mhz: int | None = None
     power_w: float | None = None
     temp_c: int | None = None
-    mem_total: int | None = None  # bytes
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    """A process holding memory on one GPU, as NVML lists it (what nvidia-smi and nvitop show)."""
-
-    gpu: int  # torch index
-    pid: int
-    name: str
-    used_bytes: int | None  # None where the driver does not say (WDDM, some containers)
 
 
 # --------------------------------------------------------------------------------------------
@@ -548,6 +536,53 @@ def _describe_moves(before: list[str], after: list[str], metric: dict[str, float
 # telemetry
 
 
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU (NVML's compute and graphics processes), as nvitop lists it."""
+
+    gpu: int  # torch index
+    pid: int
+    name: str  # the executable's name ("" when it cannot be read, e.g. another user's or container's)
+    used_bytes: int | None  # None: NVML does not say (e.g. under some virtualisation)
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def gpu_processes(topo: Topology) -> tuple[list[GpuProcess], str]:
+    """The processes on the topology's GPUs and their memory, and "" or why there is no list."""
+    if not topo.devices:
+        return [], f"no GPUs ({topo.reason})" if topo.reason else "no GPUs"
+    why = _nvml_init()
+    if why:
+        return [], why
+    out: list[GpuProcess] = []
+    try:
+        by_pci = _nvml_handles_by_pci()
+        for g in topo.devices:
+            h = by_pci.get(_safe_parse(g.pci_bus_id))
+            if h is None:
+                continue
+            seen: set[int] = set()
+            for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                for p in _try(getattr(pynvml, fn, lambda _h: []), h) or []:
+                    if p.pid in seen:
+                        continue
+                    seen.add(p.pid)
+                    used = getattr(p, "usedGpuMemory", None)
+                    out.append(GpuProcess(g.index, int(p.pid), _process_name(int(p.pid)),
+                                          int(used) if isinstance(used, int) and used >= 0 else None))
+    except Exception as exc:
+        return out, f"NVML process list failed: {exc}"
+    finally:
+        _nvml_shutdown()
+    return out, ""
+
+
 class TelemetrySampler:
     """Background reader of per-GPU NVML telemetry into bounded ring buffers.
 
@@ -570,7 +605,6 @@ class TelemetrySampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed: set[tuple[int, str]] = set()
-        self._procs: dict[int, list[GpuProcess]] = {}
         self.available, self.reason = self._check_available(setup_reason)
 
     # -- setup
@@ -671,26 +705,14 @@ class TelemetrySampler:
             for b in self._buffers.values():
                 b.clear()
 
-    def processes(self) -> list[GpuProcess]:
-        """The processes on the sampled GPUs at the last reading (about once a second)."""
-        with self._lock:
-            return [p for gpu in sorted(self._procs) for p in self._procs[gpu]]
-
     # -- the thread
 
     def _run(self, handles: dict[int, Any]) -> None:
         try:
             next_t = time.perf_counter()
-            every = max(1, round(PROCESS_INTERVAL_S / self.interval_s))
-            tick = 0
             while not self._stop.is_set():
                 for gpu, h in handles.items():
                     self._record(self._read(gpu, h))
-                    if tick % every == 0:
-                        procs = self._read_processes(gpu, h)
-                        with self._lock:
-                            self._procs[gpu] = procs
-                tick += 1
                 next_t += self.interval_s
                 now = time.perf_counter()
                 if next_t < now:  # fell behind (slow NVML calls): don't burst to catch up
@@ -726,21 +748,7 @@ class TelemetrySampler:
             sm_clock_mhz=int(sm) if sm is not None else None,
             power_w=power / 1e3 if power is not None else None,  # mW -> W
             temp_c=int(temp) if temp is not None else None,
-            mem_total=_attr_int(mem, "total"),
         )
-
-    def _read_processes(self, gpu: int, h: Any) -> list[GpuProcess]:
-        procs = self._call(gpu, "processes", pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []
-        out = []
-        for p in procs:
-            pid = _attr_int(p, "pid")
-            if pid is None:
-                continue
-            used = _attr_int(p, "usedGpuMemory")
-            if used is not None and used >= (1 << 63):  # NVML's "not available" value
-                used = None
-            out.append(GpuProcess(gpu, pid, _process_name(pid), used))
-        return sorted(out, key=lambda p: -(p.used_bytes or 0))
 
     def _call(self, gpu: int, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """One NVML query; a failure gives None and is logged once per (gpu, what)."""
@@ -751,20 +759,6 @@ class TelemetrySampler:
                 self._failed.add((gpu, what))
                 log.info("telemetry cuda:%d %s unavailable: %s", gpu, what, exc)
             return None
-
-
-def _process_name(pid: int) -> str:
-    """A process's short name: NVML's, else Linux's /proc; "" when neither says."""
-    try:
-        name = pynvml.nvmlSystemGetProcessName(pid)
-        name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
-        return Path(name).name if name else ""
-    except Exception:
-        pass
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 def _attr_int(obj: Any, name: str) -> int | None:

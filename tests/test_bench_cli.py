@@ -201,3 +201,44 @@ def test_load_reports_progress_on_stderr_and_the_rate(tmp_path, capsys):
     assert "GB/s of file" in out and "arena" in out
     rc, _, err = run_cli(capsys, "run", "--model", str(p), "--prompt-tokens", "16", "--warmup", "0")
     assert rc == 0 and "loaded q.gguf" in err
+
+
+def test_decode_only_prints_tg_and_the_roofline(demo_path, capsys):
+    """`--decode-tokens N` without a prompt measures tg like llama-bench `-p 0 -n N`: a tg<N> column,
+    no prefill figures, the weight bytes per token and the roofline (unknown on a CPU)."""
+    from engine import roofline
+
+    rc, out, err = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu", "--decode-tokens", "4",
+                           "--warmup", "0")
+    assert rc == 0, err
+    header, _, row = out.splitlines()[:3]
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    cells = dict(zip(cols, (c.strip() for c in row.strip("|").split("|"))))
+    assert cells["test"] == "tg4" and cells["prefill tok/s"] == "—" and cells["ratio"] == "—"
+    assert float(cells["decode tok/s"]) > 0 and cells["tg4"].startswith(cells["decode tok/s"] + " ± ")
+    db = roofline.decode_weight_bytes(gguf_model.load(demo_path))
+    assert cells["MiB/token"] == f"{db.total / 2**20:.1f}" and cells["roofline tok/s"] == "unknown"
+    assert "roofline:" in out and "unknown" in out
+    rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu", "--prompt-tokens", "0,16",
+                         "--decode-tokens", "3", "--mem-gbs", "10", "--format", "json", "--warmup", "0")
+    assert rc == 0
+    rows = json.loads(out)  # -o json: one array, as llama-bench's
+    summary = [r for r in rows if r["row"] == "summary"]
+    assert [r["prompt_tokens"] for r in summary] == [0, 16]
+    assert [r["test"] for r in summary] == ["tg3", "pp16+tg3"]
+    for r in summary:
+        assert r["tg"] == "tg3" and r["decode_weight_bytes"] == db.total
+        assert r["roofline_tok_s"] == pytest.approx(10e9 / db.total)
+        assert r["roofline_share"] == pytest.approx(r["decode_tok_s"] / r["roofline_tok_s"])
+    runs = [r for r in rows if r["row"] == "run"]
+    assert len(runs[0]["generated"]) == 3 and runs[0]["tg"] == "tg3"
+
+
+def test_prompt_tokens_zero_needs_decode(demo_path, capsys):
+    rc, _, err = run_cli(capsys, "run", "--model", str(demo_path), "--prompt-tokens", "0")
+    assert rc == 2 and "--decode-tokens" in err and err.count("\n") == 1
+    rc, out, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu", "--prompt-tokens", "16",
+                         "--warmup", "0")
+    assert rc == 0 and "tg" not in out.splitlines()[0] and "roofline" not in out  # no decode, no tg
+    rc, _, err = run_cli(capsys, "run", "--model", str(demo_path), "--decode-tokens", "3", "--mem-gbs", "-1")
+    assert rc == 2 and "--mem-gbs" in err and err.count("\n") == 1

@@ -202,3 +202,42 @@ def test_the_cli_writes_progress_to_stderr_only(demo_path, capsys):
 
 def test_durations():
     assert [duration(x) for x in (4.4, 65, 3725)] == ["4 s", "1 min 05 s", "1 h 02 min"]
+
+
+def test_a_loads_progress_names_the_heads_and_weighs_them(demo_path):
+    """The heads (embedding, output) are dequantised at load: a named step with their share of the
+    work, not a silent stretch after the last layer's percentage (issue 37: 'froze at 50%')."""
+    from engine.config import EngineConfig
+    from engine.gguf_model import load
+    from engine.pipeline import Session
+
+    calls: list[tuple[str, float]] = []
+    sess = Session(load(demo_path), EngineConfig.from_sources({"devices": "cpu,cpu"}), events=False,
+                   progress=lambda what, frac: calls.append((what, frac)))
+    sess.close()
+    fracs = [f for _, f in calls]
+    assert fracs == sorted(fracs) and fracs[-1] == 1.0 and fracs[0] == 0.0
+    whats = [w for w, _ in calls]
+    embed = whats.index("loading the token embedding to cpu")  # after stage 0's layers
+    head = whats.index("loading the output head to cpu")  # after the last stage's layers
+    assert whats[:embed] == ["loading layer 0 to cpu", "loading layer 1 to cpu"]
+    assert whats[embed + 2:head] == ["loading layer 2 to cpu", "loading layer 3 to cpu"]
+    assert 0.0 < calls[embed][1] < calls[head][1] < 1.0
+
+
+def test_a_load_line_on_a_terminal_keeps_ticking_between_steps():
+    import time
+
+    from engine.load_progress import LoadProgress
+
+    term = Tty()
+    shown = LoadProgress(term, 0, "m.gguf", heartbeat_s=0.02)
+    shown("loading the output head to cpu", 0.8)  # one long step: no callback for a while
+    deadline = time.monotonic() + 30
+    while term.getvalue().count("\r") < 3 and time.monotonic() < deadline:  # rewritten by the heartbeat
+        time.sleep(0.01)
+    shown.finish()
+    after = term.getvalue()
+    assert after.count("\r") >= 3 and "loading the output head to cpu 80%" in after
+    time.sleep(0.1)
+    assert term.getvalue() == after  # stopped by finish()

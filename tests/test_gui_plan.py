@@ -83,10 +83,17 @@ def test_plan_tab_draws_prediction_above_measurement_and_recommends(window, qtbo
         win.grab().save(shot)
 
     # Recommend fills the Run tab with the best predicted settings for this machine
+    before = win.current_settings()
     settings = win.plan_tab.recommend()
     assert settings is not None
     assert win.tabs.currentWidget() is win.run_tab
     current = win.current_settings()
+    # it says what it changed (issue 37), in the status bar and under the plan
+    said = win.plan_tab.last_change_text
+    assert said == win.status_label.text() and said in win.plan_tab.view.bottleneck.text()
+    if before.chunk_tokens != current.chunk_tokens:
+        assert f"chunk tokens {before.chunk_tokens} → {current.chunk_tokens}" in said, said
+    assert said.startswith("Recommend changed the Run tab: " if before != current else "Recommend kept")
     assert current.pipeline_depth == settings.pipeline_depth and current.chunk_mode == "fixed"
     assert current.chunk_tokens == settings.chunk_tokens
     # no GPU here: the Run tab's two CPU stages stay a choice, and overlap on both wins the sweep

@@ -135,3 +135,14 @@ def test_interleaved_groups_on_two_gpus_shrink_the_fill_without_overlapping_a_de
     visits = [(e.stage, e.chunk) for e in sorted(inter.events, key=lambda e: e.start_ns) if e.kind == "compute"]
     for c in range(6):  # every chunk visits stages 0..3 in order
         assert [st for st, ch in visits if ch == c] == [0, 1, 2, 3]
+
+
+def test_recommend_says_what_it_changed():
+    from strata_gui.plan.plan_model import settings_changes
+    from strata_gui.run.settings_model import RunSettings
+
+    a = RunSettings(chunk_mode="auto", chunk_tokens="256", pipeline_depth=0, prefill_main=True)
+    b = RunSettings(chunk_mode="fixed", chunk_tokens="1024", pipeline_depth=1, prefill_main=False)
+    assert settings_changes(a, b) == ["chunk mode auto → fixed", "chunk tokens 256 → 1024",
+                                      "pipeline depth 0 → 1", "prefill-main on → off"]
+    assert settings_changes(a, a) == []

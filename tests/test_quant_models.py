@@ -281,3 +281,98 @@ def test_synthetic_source_generates_low_bit_blocks(quant, types):
     res = Session(src, EngineConfig(devices=["cpu"], chunk_tokens=16)).run(synthetic(32, src.spec.vocab, nonce=1),
                                                                       logits_all=True)
     assert torch.isfinite(res.logits).all()
+
+
+@pytest.mark.parametrize("quant", ["iq3_xxs", "mxfp4", "iq1_m"])
+def test_streamed_low_bit_experts_match_resident(quant_model, quant):
+    """Low-bit experts streamed through a cache of a few slots (host arena and cache slots of
+    their own block sizes; IQ1_M layers mix IQ1_M and Q2_K rows) give the resident run's digest,
+    and the cache moved stored bytes, not expanded ones."""
+    path = quant_model("qwen3moe", quant)
+    model = gguf_model.load(path)
+    exps = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    ids = synthetic(48, model.spec.vocab, nonce=5)
+    one_expert = max(sum(model.nbytes(f"blk.{i}.{p}.weight") for p in exps) for i in range(4)) / model.spec.n_experts
+    sess = Session(model, EngineConfig(devices=["cpu"], chunk_tokens=16, expert_cache=5.5 * one_expert / 2**30))
+    streamed = sess.run(ids, decode_tokens=2, logits_all=True)
+    resident = Session(model, EngineConfig(devices=["cpu"], chunk_tokens=16)).run(ids, decode_tokens=2,
+                                                                              logits_all=True)
+    st = streamed.report.expert_stats[0]
+    assert st["slots"] == 5 and st["misses"] > 0 and not st["resident"]
+    assert streamed.report.digest == resident.report.digest
+    assert torch.equal(streamed.logits, resident.logits)
+    stored = sum(model.nbytes(f"blk.{i}.{p}.weight") for i in range(4) for p in exps)
+    assert sess.arena.nbytes < 1.1 * stored
+    rows = [lay.row_bytes for lay in sess.arena.layouts.values()]
+    moved = st["bytes_pinned"] + st["bytes_pageable"]
+    assert st["misses"] * min(rows) <= moved <= st["misses"] * max(rows)
+    sess.close()
+
+
+
+LLAMA_QUANTIZE_ENV = "STRATA_LLAMA_QUANTIZE"  # llama.cpp's llama-quantize (not a dependency)
+# llama.cpp's file types: (its name, our --quant, needs an importance matrix)
+LLAMA_CPP_FTYPES = [("IQ3_S", "iq3_s", False), ("MXFP4_MOE", "mxfp4", False), ("IQ3_XXS", "iq3_xxs", True),
+                    ("IQ2_XXS", "iq2_xxs", True), ("IQ1_M", "iq1_m", True)]
+
+
+@pytest.fixture(scope="module")
+def llama_cpp(tmp_path_factory):
+    """llama-quantize (and llama-imatrix beside it, where built) and an F32 qwen3moe file with
+    its importance matrix; skipped without them (scripts/llama_quantize.sh builds both)."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    exe = os.environ.get(LLAMA_QUANTIZE_ENV) or shutil.which("llama-quantize")
+    if not exe or not os.access(exe, os.X_OK):
+        pytest.skip(f"no llama-quantize (set {LLAMA_QUANTIZE_ENV}; scripts/llama_quantize.sh builds one)")
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    d = tmp_path_factory.mktemp("llama_cpp")
+    recipe = synth.recipe_from_args("demo", quant="f32", n_layers=8, **K_SHAPES)
+    f32 = synth.write_model(d / "f32.gguf", recipe)
+    imatrix = None
+    tool = Path(exe).with_name("llama-imatrix")
+    if os.access(tool, os.X_OK):
+        words = [f"w{i % 97} " for i in range(4000)]  # any text: the matrix only weights the rounding
+        (d / "calib.txt").write_text("".join(words))
+        proc = subprocess.run([str(tool), "-m", str(f32), "-f", str(d / "calib.txt"), "-o", str(d / "imatrix.gguf"),
+                               "-c", "128", "-t", "2"], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        imatrix = d / "imatrix.gguf"
+    return exe, f32, imatrix, recipe.spec(), d
+
+
+@pytest.mark.parametrize("ftype,quant,needs_imatrix", LLAMA_CPP_FTYPES, ids=[f[0] for f in LLAMA_CPP_FTYPES])
+def test_llama_cpp_quantized_file_matches_recipe_and_transformers(llama_cpp, capsys, ftype, quant, needs_imatrix):
+    """The issue's files: a qwen3moe quantised by llama.cpp's own llama-quantize (IQ3_S and
+    MXFP4_MOE need no importance matrix; IQ3_XXS, IQ2_XXS and IQ1_M do: llama-imatrix makes one)
+    loads, every tensor has the type make-model's mix gives it, it runs through strata-bench, and
+    its logits agree with transformers loading the same file to 1e-4 (fp32, CPU)."""
+    import subprocess
+
+    from engine import bench
+
+    exe, f32, imatrix, spec, d = llama_cpp
+    if needs_imatrix and imatrix is None:
+        pytest.skip(f"{ftype} needs an importance matrix: no llama-imatrix beside {exe}")
+    out = d / f"{ftype}.gguf"
+    cmd = [exe, *(["--imatrix", str(imatrix)] if needs_imatrix else []), str(f32), str(out), ftype, "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    model = gguf_model.load(out)
+    differ = [(n, model.qtype(n).name, quant_recipe.tensor_type(n, model.shape(n), quant, spec).name)
+              for n in model.tensor_names() if model.qtype(n) != quant_recipe.tensor_type(n, model.shape(n), quant, spec)]
+    assert not differ, differ  # make-model's mix is llama.cpp's, tensor by tensor
+    rc = bench.main(["run", "--model", str(out), "--devices", "cpu", "--prompt-tokens", "32", "--decode-tokens", "2",
+                     "--warmup", "0"])
+    assert rc == 0, capsys.readouterr().err
+    ids = synthetic(64, model.spec.vocab, nonce=7)
+    res = Session(model, EngineConfig(devices=["cpu"], chunk_tokens=32)).run(ids, logits_all=True)
+    with torch.no_grad():
+        ref = hf_model(out, model.spec)(torch.tensor([ids])).logits[0]
+    assert ref.std() > 0.1
+    diff = (res.logits - ref).abs().max().item()
+    assert diff <= 1e-4, f"llama.cpp {ftype}: max |logits - HF| = {diff}"

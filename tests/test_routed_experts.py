@@ -61,6 +61,8 @@ def test_gather_is_the_rows_of_the_full_expansion():
         full = t.dequantize(torch.float32)
         assert torch.equal(t.gather(idx, torch.float32), full[idx])
         assert torch.equal(t.experts(3, 7).dequantize(torch.float32), full[3:7])
+    with pytest.raises(IndexError, match="outside 0..15"):
+        w.gate_exps.gather(torch.tensor([3, 16]))
 
 
 def _layer(src, dtype: torch.dtype) -> Layer:
@@ -116,3 +118,16 @@ def test_session_digest_and_logits_equal_on_both_paths(monkeypatch, quant):
     assert torch.equal(out[True].logits, out[False].logits)
     assert out[True].report.digest == out[False].report.digest
     assert out[True].report.generated == out[False].report.generated
+
+
+@pytest.mark.parametrize("width,offset", [(288, 0), (288, 16), (288, 13), (210, 2), (210, 0), (34, 4), (18, 1)])
+def test_row_gathers_of_the_torch_path(width, offset):
+    """The torch path's gather (CPU: row copies; GPU: index_select on the widest integer view the
+    layout allows) picks exactly raw[rows], for slices of a larger buffer as the expert cache has."""
+    from engine import dequant
+
+    buf = torch.randint(0, 256, (6, width + 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(width))
+    raw = buf[:, offset:offset + width]
+    idx = torch.tensor([4, 0, 4, 5])
+    assert torch.equal(dequant._gather_rows(raw, idx), raw[idx])
+    assert torch.equal(dequant._gather_wide(raw, idx), raw[idx])

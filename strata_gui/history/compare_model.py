@@ -113,6 +113,23 @@ class MetricRow:
         return "better" if up == (self.better == "higher") else "worse"
 
     @property
+    def short_judgement(self) -> str:
+        """`judgement` in a table cell's few words (the sentence goes to its tooltip): within noise
+        ±5.2%, beyond noise ±38%, noise unknown, unaffected (a figure no changed setting can move)."""
+        if self.ratio is None:
+            return ""
+        noise = self.noise
+        band = f"±{noise * 100:.0f}%" if noise is not None and noise >= 0.1 else \
+            f"±{noise * 100:.1f}%" if noise is not None else ""
+        if self.unaffected:
+            if noise is None:
+                return "unaffected"
+            return f"within noise {band}, unaffected" if self.within_noise else f"unaffected, beyond noise {band}"
+        if noise is None:
+            return "noise unknown"
+        return f"within noise {band}" if self.within_noise else f"beyond noise {band}"
+
+    @property
     def judgement(self) -> str:
         """What the ratio's colour (or its absence) means, in words."""
         if self.ratio is None:

@@ -216,3 +216,21 @@ class PlanModel:
                        chunk_tokens=str(best.prediction.chunk if s.schedule == "fixed" else s.chunk_tokens),
                        chunk_schedule=s.schedule, pipeline_depth=s.pipeline_depth, prefill_main=s.prefill_main,
                        prompt_tokens=s.prompt_tokens), best
+
+
+SETTING_LABELS = {"devices": "devices", "split_mode": "layer split", "split_counts": "split counts",
+                  "chunk_mode": "chunk mode", "chunk_tokens": "chunk tokens", "chunk_schedule": "chunk schedule",
+                  "pipeline_depth": "pipeline depth", "prefill_main": "prefill-main",
+                  "prompt_tokens": "prompt tokens"}
+
+
+def settings_changes(before: RunSettings, after: RunSettings) -> list[str]:
+    """What Recommend changed in the Run tab, one 'label old → new' a setting, in the form's order
+    (empty: it kept every setting)."""
+    old, new = before.to_dict(), after.to_dict()
+    out = []
+    for key, value in new.items():
+        if old.get(key) != value:
+            show = (lambda v: "on" if v else "off") if isinstance(value, bool) else str
+            out.append(f"{SETTING_LABELS.get(key, key.replace('_', ' '))} {show(old.get(key))} → {show(value)}")
+    return out

@@ -31,6 +31,7 @@ class RunController(JobThreadOwner, QObject):
     status = Signal(str)
     finished = Signal(object)
     measured = Signal(object)  # RepeatDone after each measured repeat
+    warmup = Signal(int, int)  # chunks of the warm-up pass done, of total
     cancelled = Signal(str)
     failed = Signal(str, str, str)
     saved = Signal(object)  # SaveResult: the run went into the history (or why not)
@@ -58,7 +59,7 @@ class RunController(JobThreadOwner, QObject):
                            self.recorder)
         self.runs_started += 1
         self._launch(worker, "strata-run", ("run_started", "events", "telemetry", "status", "finished",
-                                            "measured", "cancelled", "failed", "saved"))
+                                            "measured", "warmup", "cancelled", "failed", "saved"))
         return True
 
     def shutdown(self) -> None:

@@ -36,7 +36,7 @@ from typing import Protocol
 from engine import failure, memory_check, split_choice
 from engine import prompt as prompts
 from engine.config import EngineConfig
-from engine.events import RunPlan, RunReport
+from engine.events import RunPlan, RunReport, StageEvent
 from engine.pipeline import Cancelled, PipelineHooks, Session
 from engine.topology import TelemetrySampler, Topology, cuda_index
 
@@ -124,6 +124,40 @@ def make_sampler(config: EngineConfig, topo: Topology | None,
     return sampler, sampler.reason
 
 
+class WarmupCount:
+    """Chunks of the warm-up pass done, told to `report(done, total)` at most every `interval_s`
+    (and at the first and last chunk): the warm-up draws nothing, yet a long prompt's pass takes
+    tens of seconds.  Its `event` is the pass's sink, called on the stage threads."""
+
+    def __init__(self, report: Callable[[int, int], None], interval_s: float = 0.1) -> None:
+        self.report = report
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._finisher = -1
+        self._total = 0
+        self._done: set[int] = set()
+        self._last = 0.0
+
+    def plan(self, plan: RunPlan) -> None:
+        with self._lock:
+            self._finisher = 0 if plan.prefill_main else len(plan.stages) - 1
+            self._total = plan.n_chunks
+        self.report(0, plan.n_chunks)
+
+    def event(self, ev: StageEvent) -> None:
+        if ev.kind != "compute" or ev.chunk < 0:
+            return
+        with self._lock:
+            if ev.stage != self._finisher or ev.chunk in self._done:
+                return
+            self._done.add(ev.chunk)
+            done, now = len(self._done), time.perf_counter()
+            if now - self._last < self.interval_s and done < self._total:
+                return
+            self._last = now
+        self.report(done, self._total)
+
+
 class RunOutlet(Protocol):
     """Where a run's outcome goes (each called on the job's thread)."""
 
@@ -133,6 +167,7 @@ class RunOutlet(Protocol):
     def status(self, text: str) -> None: ...
     def finished(self, report: RunReport) -> None: ...
     def measured(self, done: RepeatDone) -> None: ...
+    def warmup(self, done: int, total: int) -> None: ...  # chunks of the warm-up pass done of total
     def cancelled(self, message: str) -> None: ...
     def failed(self, title: str, message: str, details: str) -> None: ...
     def saved(self, result: SaveResult) -> None: ...
@@ -233,8 +268,9 @@ class RunJob:
         self.out.status(f"warm-up pass: {n_tokens:,} tokens, not measured and not drawn (the first run of a "
                         "shape pays one-off set-up) …")
         t0 = time.perf_counter()
+        count = WarmupCount(self.out.warmup)
         session.run(prompts.warmup_ids(n_tokens, session.spec.vocab), min(decode_tokens, 2), cancel=self.cancel,
-                    hooks=self.hooks or PipelineHooks())
+                    hooks=self.hooks or PipelineHooks(), sink=count.event, on_plan=count.plan)
         log.info("warm-up pass of %d tokens took %.3f s", n_tokens, time.perf_counter() - t0)
 
     def _record(self, report: RunReport, events: Iterable, status: str) -> None:

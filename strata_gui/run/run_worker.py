@@ -24,6 +24,7 @@ class RunWorker(QObject):
     status = Signal(str)
     finished = Signal(object)  # RunReport of the last repeat
     measured = Signal(object)  # RepeatDone, after each measured repeat (before finished)
+    warmup = Signal(int, int)  # chunks of the warm-up pass done, of total
     cancelled = Signal(str)
     failed = Signal(str, str, str)  # title, message, details
     saved = Signal(object)  # SaveResult
@@ -61,6 +62,9 @@ class _SignalOutlet:
 
     def finished(self, report) -> None:
         self.w.finished.emit(report)
+
+    def warmup(self, done: int, total: int) -> None:
+        self.w.warmup.emit(done, total)
 
     def measured(self, done: RepeatDone) -> None:
         self.w.measured.emit(done)

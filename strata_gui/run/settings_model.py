@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from engine.config import ENV_NAMES, ConfigError, EngineConfig, env_var, migrate_keys, parse_setting
@@ -315,21 +315,38 @@ def validate(settings: RunSettings, n_layers: int | None, model_error: str = "",
     if not 0 <= settings.decode_tokens <= MAX_DECODE_TOKENS:
         v.errors["decode_tokens"] = config_error_text(ConfigError("decode_tokens", settings.decode_tokens,
                                                     f"an integer from 0 to {MAX_DECODE_TOKENS}"))
-    if any(k in v.errors for k in raw):
+    # the checks across settings, every one of them (issue 37: one error at a time hid the rest):
+    # a setting that fails is set aside (its default or environment value stands in) and the
+    # config is built again, so each later check still runs and reports under its own field
+    pending = {k: val for k, val in raw.items() if _field_for(k) not in v.errors}
+    env = dict(os.environ if env is None else env)
+    cfg = None
+    for _ in range(len(raw) + len(env) + 1):
+        try:
+            cfg = EngineConfig.from_sources(pending, env)
+            break
+        except ConfigError as exc:
+            v.errors.setdefault(_field_for(exc.setting), config_error_text(exc))
+            if exc.setting in pending:
+                pending.pop(exc.setting)
+            elif exc.setting in env:
+                env.pop(exc.setting)
+            else:
+                return v
+    if cfg is None:
         return v
-    try:
-        cfg = EngineConfig.from_sources(raw, env)
-    except ConfigError as exc:
-        v.errors.setdefault(_field_for(exc.setting), config_error_text(exc))
-        return v
-    try:
-        if cuda_count is not None:
-            check_machine(cfg, cuda_count)
-        if n_layers is not None:
-            cfg.check_layers(n_layers)
-    except ConfigError as exc:
-        v.errors.setdefault(_field_for(exc.setting), config_error_text(exc))
-        return v
+    checks = []
+    if cuda_count is not None:
+        checks.append(lambda: check_machine(cfg, cuda_count))
+        # a bad device stops check_machine before the pin limit: check that on its own too
+        checks.append(lambda: check_machine(replace(cfg, devices=["cpu"]), cuda_count))
+    if n_layers is not None:
+        checks.append(lambda: cfg.check_layers(n_layers))
+    for check in checks:
+        try:
+            check()
+        except ConfigError as exc:
+            v.errors.setdefault(_field_for(exc.setting), config_error_text(exc))
     if not v.errors:
         v.config = cfg
     return v

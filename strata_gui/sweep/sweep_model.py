@@ -15,7 +15,7 @@ import io
 import logging
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -320,3 +320,39 @@ class SweepResults:
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
         return "\n".join(lines) + "\n"
 
+
+
+def estimate_seconds(plan: SweepPlan, flops: Callable[[int], float], ref_tokens: int, ref_prefill_s: float) -> float:
+    """The sweep's prefill time, every run (warm-ups too) scaled from one measured run: a prompt of
+    n tokens takes ref_prefill_s x flops(n) / flops(ref_tokens) (the model's causal prefill FLOPs,
+    so attention's quadratic share grows as it does).  Decode, loading and the machine's drift are
+    left out: it tells hours from minutes, no more."""
+    if ref_tokens < 1 or ref_prefill_s <= 0 or flops(ref_tokens) <= 0:
+        raise ValueError("no measured reference run")
+    per_flop = ref_prefill_s / flops(ref_tokens)
+    runs_per_size = len(plan.arms) * (plan.repeats + plan.warmup)
+    return sum(flops(n) * per_flop * runs_per_size for n in plan.sizes)
+
+
+def format_duration(seconds: float) -> str:
+    """About 40 s, about 12 min, about 3.4 h."""
+    if seconds < 90:
+        return f"about {seconds:.0f} s"
+    if seconds < 5400:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"
+
+
+def estimate_text(plan: SweepPlan, flops: Callable[[int], float] | None,
+                  reference: tuple[int, float, int] | None) -> str:
+    """The Sweep tab's time estimate in words.  `reference`: (prompt tokens, prefill tok/s, run
+    id) of a finished run of this model on these devices; None: no estimate, and how to get one."""
+    runs = plan.total + len(plan.arms) * plan.warmup * len(plan.sizes)
+    head = f"{runs} runs ({plan.total} measured + {runs - plan.total} warm-up) of up to {format_tokens(max(plan.sizes))} tokens"
+    if flops is None or reference is None:
+        return (f"{head}. No time estimate yet: it scales a measured run of this model on these devices, "
+                "and there is none in the history — run once in the Run tab (a small prompt will do).")
+    n, tok_s, run = reference
+    est = estimate_seconds(plan, flops, n, n / tok_s)
+    return (f"{head}: {format_duration(est)} of prefill, scaled from run #{run} "
+            f"({format_tokens(n)} tokens at {tok_s:,.0f} tok/s).")

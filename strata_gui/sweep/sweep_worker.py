@@ -69,19 +69,30 @@ class _ChunkCounter:
     def __init__(self, report: Callable[[int], None], interval_s: float = 0.25) -> None:
         self.report = report
         self.interval_s = interval_s
-        self.finisher = 0
+        self.finisher = -1  # nothing counted before the first measured run
         self.chunks = 0
         self._last = 0.0
+        self._seen: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
 
     def reset(self, finisher: int) -> None:
+        """A measured run starts: count its chunks from 0 (on the stage that finishes them)."""
         with self._lock:
-            self.finisher, self.chunks, self._last = finisher, 0, 0.0
+            self.finisher, self.chunks, self._last, self._seen = finisher, 0, 0.0, set()
+
+    def pause(self) -> None:
+        """Count nothing until the next reset: warm-up runs share the sink, and their chunks were
+        counted into the previous run's figure ("chunk 9/4", issue 37)."""
+        with self._lock:
+            self.finisher = -1
 
     def __call__(self, ev: StageEvent) -> None:
         if ev.kind != "compute" or ev.stage != self.finisher or ev.chunk < 0:
             return
         with self._lock:
+            if ev.stage != self.finisher or (ev.run_id, ev.chunk) in self._seen:
+                return
+            self._seen.add((ev.run_id, ev.chunk))
             self.chunks += 1
             now = time.monotonic()
             if now - self._last < self.interval_s:
@@ -168,6 +179,8 @@ class SweepWorker(QObject):
             if self.cancel.is_set():
                 return False
             if plan.warmup and step.first_of_size:
+                self._step = None  # the warm-up's chunks are no measured run's
+                counter.pause()
                 if not self._warm_up(sessions, plan, step.prompt_tokens, vocab):
                     return False
             key = (step.prompt_tokens, step.repeat)

@@ -17,9 +17,12 @@ from PySide6.QtCore import QEventLoop, QSettings
 from PySide6.QtWidgets import QApplication
 
 from ..run.settings_model import RunSettings
+from ..views import window_fit
 from ..views.main_window_view import MainWindow
 
 log = logging.getLogger(__name__)
+
+SCREEN = (1600, 1000)  # the screen the self-test's window (and the README's screenshot) is sized for
 
 SELFTEST_SETTINGS = RunSettings(model_path="", devices="cpu,cpu", gpu_order="pcie", split_mode="auto",
                                 chunk_mode="fixed", chunk_tokens="256", pipeline_depth=1, prompt_mode="tokens",
@@ -63,7 +66,10 @@ def run_selftest(app: QApplication, demo_model: Path, screenshot: Path | None = 
         qs = QSettings(str(Path(tmp) / "selftest.ini"), QSettings.Format.IniFormat)
         win = MainWindow(qs, demo_model, history_path=Path(tmp) / "history.sqlite3")
         try:
-            win.resize(1600, 1000)
+            # the size a first start picks on a 1600x1000 screen (about 1520x920): what users see,
+            # and what the README's screenshot shows
+            size = window_fit.fit(None, window_fit.Rect(0, 0, *SCREEN), minimum=(0, 0))
+            win.resize(size.w, size.h)
             win.show()
             wait_until(app, lambda: not win.jobs.busy, 30.0)
             win.apply_settings(SELFTEST_SETTINGS)

@@ -11,7 +11,7 @@ import logging
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -107,12 +107,19 @@ class CompareView(QWidget):
         self.metrics = QTableWidget(0, 5)
         self.metrics.setHorizontalHeaderLabels(["figure", "before", "after", "after / before", "noise"])
         self._table_setup(self.metrics)
+        # the noise column takes the width left and wraps its few words there: never cut, no sideways scroll
+        self.metrics.horizontalHeader().setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+        self.metrics.setWordWrap(True)
+        # at least its figures' columns and a readable noise column: the splitter never squeezes them
+        self.metrics.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.metrics.horizontalHeader().sectionResized.connect(lambda *_: self._fit_metrics_width())
         self.metrics.setToolTip("Ratios are after / before; green where the after run is better, red where worse, "
                                 "only beyond the noise: the spread of the runs' repeats, or of the history's runs "
                                 "with the same settings. Within the noise, or with no spread known, a ratio is "
                                 "neutral; a figure no changed setting can affect is flagged.")
 
-        self.hist, hp = busy_plot("Busy histogram: share of prefill wall time", "% of prefill wall time")
+        self.hist, hp = busy_plot("share of prefill wall time", "% of prefill wall time")  # under "Busy histograms"
+        self.hist.setMinimumWidth(280)  # its bars and labels readable beside the wide figures table
         self.hist_legend = hp.addLegend(offset=(10, 5), labelTextSize="9pt")
         self.bars_before = pg.BarGraphItem(x=np.zeros(0), height=np.zeros(0), width=0.36,
                                            brush=pg.mkBrush(BEFORE_COLOR), pen=pg.mkPen(None), name="before")
@@ -169,6 +176,15 @@ class CompareView(QWidget):
         lay.addWidget(lab)
         lay.addWidget(w, 1)
         return box
+
+    NOISE_MIN_PX = 130  # "within noise ±362%" on two lines at most
+
+    def _fit_metrics_width(self) -> None:
+        t = self.metrics
+        head = t.horizontalHeader()
+        width = sum(head.sectionSize(c) for c in range(t.columnCount() - 1)) + self.NOISE_MIN_PX
+        t.setMinimumWidth(width + 2 * t.frameWidth() + t.verticalScrollBar().sizeHint().width() + 2)
+        QTimer.singleShot(0, t.resizeRowsToContents)  # the noise column's wrap follows its width (after layout)
 
     @staticmethod
     def _table_setup(t: QTableWidget) -> None:
@@ -339,7 +355,7 @@ class CompareView(QWidget):
             t.setItem(i, 1, _item(_num(m.before, m.unit), right=True))
             t.setItem(i, 2, _item(_num(m.after, m.unit), right=True))
             t.setItem(i, 3, _item(format_ratio(m.ratio), right=True, color=color, bold=bool(verdict)))
-            note = _item(m.judgement, color=MUTED_COLOR)
+            note = _item(m.short_judgement, color=MUTED_COLOR)  # the whole sentence is the tooltip
             note.setToolTip(m.judgement)
             t.setItem(i, 4, note)
         t.resizeRowsToContents()

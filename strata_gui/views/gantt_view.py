@@ -262,6 +262,17 @@ class GanttView(QWidget):
         self.set_rows([])
         self.vb.setXRange(0, 1, padding=0)
 
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        """The hint goes first when the heading's row is too narrow: the title is never cut for it
+        (issue 37: "Pipeline timeline: prompt chunks C0." at 1280 px); the hint moves to the tooltip."""
+        title_px = self.title.fontMetrics().horizontalAdvance(self.title.text()) + 12
+        others = sum(w.sizeHint().width() + 8 for w in (self.follow, self.fit_button) if not w.isHidden())
+        room = event.size().width() - title_px - others
+        show = room >= self.hint.sizeHint().width() + 8
+        self.hint.setVisible(show)
+        self.title.setToolTip("" if show else self.hint.text())
+        super().resizeEvent(event)
+
     # -------------------------------------------------------------------- data
     def reset(self, run_id: str, origin_ns: int, stages: Sequence[tuple[int, str, int, int]],
               interleave: int = 1) -> None:

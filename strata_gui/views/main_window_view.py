@@ -38,7 +38,6 @@ from engine.topology import TelemetrySample, Topology
 
 from ..history.history_model import RunHistory, UnsavedRuns, open_history
 from ..run.background import BackgroundJobs
-from ..run.gpu_monitor_model import GpuMonitor
 from ..run.model_cache import ModelCache, file_key
 from ..run.progress_model import RunProgress
 from ..run.record_model import RunRecord
@@ -47,10 +46,11 @@ from ..run.run_job import RepeatDone, RunRequest, RunStarted, SaveResult
 from ..run.settings_model import RunSettings, Validation, check_machine, settings_from_config, validate
 from ..run.settings_store import SettingsStore
 from ..run.spread_model import Spread
+from ..run.telemetry_model import TelemetryMonitor, processes_text
 from ..sweep.sweep_controller import SweepController
-from ..sweep.sweep_model import SweepPlan, SweepResults, SweepSample, SweepStep, arm_config, format_tokens
+from ..sweep.sweep_model import SweepPlan, SweepResults, SweepSample, SweepStep, arm_config, estimate_text, format_tokens
 from ..sweep.sweep_worker import SweepRequest
-from . import window_fit
+from . import wheel_guard, window_fit
 from .compare_view import CompareView
 from .devices_view import DevicesPanel
 from .gantt_view import GanttView
@@ -81,6 +81,7 @@ class MainWindow(QMainWindow):
         data directory), opened here.  A history that cannot be opened (a newer version's, a
         corrupt file) is left untouched; the app then runs without one and says why."""
         super().__init__(parent)
+        wheel_guard.install()  # an unfocused combo or spin box never takes the page's scroll wheel
         self.setWindowTitle(APP_TITLE)
         self.store = SettingsStore(settings)
         self.demo_model = Path(demo_model)
@@ -112,6 +113,8 @@ class MainWindow(QMainWindow):
         self.last_report: RunReport | None = None
         self.last_outcome = ""  # "finished" | "cancelled" | "failed"
         self.last_saved: SaveResult | None = None  # how the last run went into the history
+        self.saved_this_run: list[SaveResult] = []  # every save of this press of Run (repeats, a stopped run)
+        self.in_warmup = False  # the warm-up pass is running (nothing measured yet)
         self.repeats: list[RepeatDone] = []  # the measured repeats of the run in flight (or the last one)
         self.error_box: QMessageBox | None = None
         self._closing = False
@@ -193,11 +196,11 @@ class MainWindow(QMainWindow):
         self.gantt = GanttView()
         self.telemetry = TelemetryView()
         self.telemetry.link_x(self.gantt.plot.getPlotItem())
-        self.monitor = GpuMonitor()  # live telemetry between runs (the panel's Live mode)
+        self.monitor = TelemetryMonitor(None)
         self._monitor_timer = QTimer(self)
-        self._monitor_timer.setInterval(1000)
-        self._monitor_timer.timeout.connect(self._tick_monitor)
-        self.telemetry.mode_changed.connect(lambda _mode: self._tick_monitor())
+        self._monitor_timer.setInterval(500)
+        self._monitor_timer.timeout.connect(self._poll_monitor)
+        self.telemetry.monitor_toggled.connect(self.set_monitor)
         self.summary = SummaryView()
         self.splitter = QSplitter(Qt.Orientation.Vertical)
         # the summary scrolls when the window is short (1280x720, 150% scale) instead of clipping
@@ -294,6 +297,7 @@ class MainWindow(QMainWindow):
         c.status.connect(self.set_status)
         c.finished.connect(self._on_finished)
         c.measured.connect(self._on_measured)
+        c.warmup.connect(self._on_warmup)
         c.cancelled.connect(self._on_cancelled)
         c.failed.connect(self._on_failed)
         c.busy_changed.connect(self._on_busy)
@@ -307,6 +311,7 @@ class MainWindow(QMainWindow):
         v.start_requested.connect(self.start_sweep)
         v.stop_requested.connect(self.stop_sweep)
         v.open_requested.connect(self.open_sweep)
+        v.plan_changed.connect(self.update_sweep_estimate)
         w = self.sweeps
         w.progress.connect(v.on_progress)
         w.point_done.connect(self._on_sweep_point)
@@ -330,7 +335,6 @@ class MainWindow(QMainWindow):
         self.devices_panel.set_topology(topo)
         if not self.controller.is_running:
             self.telemetry.set_unavailable(self._idle_telemetry_text(topo))
-            self._start_monitor(first=True)
         idle = self._startup_status or "ready"
         self._startup_status = ""
         self.set_status(idle if not self.controller.is_running else self.status_label.text())
@@ -394,6 +398,7 @@ class MainWindow(QMainWindow):
         self.devices_panel.set_errors(self.validation.errors)
         self.settings_panel.set_attach(*self._attach_text())
         self.sweep_view.set_base(self._sweep_base_text(s))
+        self.update_sweep_estimate()
         self._update_buttons()
         return self.validation
 
@@ -410,6 +415,31 @@ class MainWindow(QMainWindow):
             return str(exc), None
         world = len(cfg.devices) * max(cfg.interleave, 1)
         return attach_commands(cfg.rendezvous, world, key)[0], exposure_warning(host)
+
+    def update_sweep_estimate(self) -> None:
+        """The Sweep tab's time estimate: its plan scaled from the latest finished run of this model
+        on these devices in the history (none there: it says how to get one)."""
+        s = self.current_settings()
+        try:
+            plan = self.sweep_view.plan(self.model_label(s), s.overrides())
+        except ConfigError:
+            self.sweep_view.set_estimate("")
+            return
+        facts = self.models.facts(self.model_path(s))
+        spec = facts.model.spec if facts is not None and facts.model is not None else None
+        reference = None
+        if self.history is not None and spec is not None:
+            try:
+                rows = self.history.list_runs(limit=500)
+            except Exception as exc:  # an unreadable history: no estimate, never an error here
+                log.info("no sweep estimate: %s", exc)
+                rows = []
+            devices = ",".join(d.strip() for d in s.devices.split(","))
+            row = next((r for r in rows if r.status == "finished" and r.model == self.model_label(s)
+                        and r.devices == devices and r.prefill_tok_s > 0 and r.prompt_tokens > 0), None)
+            if row is not None:
+                reference = (row.prompt_tokens, row.prefill_tok_s, row.id)
+        self.sweep_view.set_estimate(estimate_text(plan, spec.prefill_flops if spec else None, reference))
 
     def _memory_plan_text(self, path: Path, s: RunSettings) -> str:
         """The next run's memory plan ("" while the settings or the model are not valid)."""
@@ -466,7 +496,8 @@ class MainWindow(QMainWindow):
             self.set_status("cannot run yet: the model file is still being read")
             return False
         if not v.ok or v.config is None:
-            self.set_status("cannot run: fix the settings marked in red")
+            names = ", ".join(k.replace("_", " ") for k in v.errors) or "the model"
+            self.set_status(f"cannot run: fix the {len(v.errors) or 1} setting(s) marked in red ({names})")
             return False
         s = self.current_settings()
         self.store.save_run_settings(s)
@@ -479,54 +510,75 @@ class MainWindow(QMainWindow):
         self.last_outcome = ""
         self.last_saved = None
         self.progress_model = None
+        self.saved_this_run = []
+        self.in_warmup = False
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
         self.progress_label.setText("starting …")
         self.summary.show_message("Run in progress …")
+        # the previous run's timeline goes now, not when this run's measured pass starts
+        self.gantt.reset("", 0, [])
+        self.gantt.set_empty_text("This run's timeline appears when its measured pass starts "
+                                  "(loading and the warm-up pass come first).")
         return self.controller.start(request)
+
+    def _on_warmup(self, done: int, total: int) -> None:
+        """The warm-up pass: unmeasured and undrawn, yet tens of seconds on a long prompt."""
+        self.in_warmup = done < total
+        self.progress.setRange(0, max(total, 1))
+        self.progress.setValue(min(done, max(total, 1)))
+        self.progress_label.setText(f"warm-up pass (not measured): chunk {done}/{total}")
 
     def stop_run(self) -> None:
         if self.controller.is_running:
             self.set_status("stopping at the next chunk boundary …")
             self.controller.stop()
 
+    # ------------------------------------------------------- GPU monitor between runs
+    def set_monitor(self, on: bool) -> None:
+        """The GPU panel's between-runs monitor (its checkbox): on while no run or sweep is in flight."""
+        if self.telemetry.monitor_box.isChecked() != on:
+            self.telemetry.monitor_box.setChecked(on)  # emits monitor_toggled: comes back here
+            return
+        busy = self.controller.is_running or self.sweeps.is_running
+        if on and not busy:
+            self.monitor.topology = self.controller.topology
+            if self.monitor.start():
+                self.telemetry.start_monitor(self.monitor.origin_ns, self.monitor.reason)
+                self._monitor_timer.start()
+                self._poll_monitor()
+            else:
+                self.telemetry.set_unavailable(f"monitor unavailable: {self.monitor.reason}")
+        else:
+            self._monitor_timer.stop()
+            was = self.monitor.running
+            self.monitor.stop()
+            if was and not busy:
+                self.telemetry.stop_monitor("GPU telemetry is sampled during a run.")
+
+    def _poll_monitor(self) -> None:
+        samples, procs = self.monitor.poll()
+        if samples:
+            self.telemetry.add_samples(samples)
+        if procs is not None:
+            self.telemetry.set_processes(processes_text(procs))
+
     def _on_busy(self, _running: bool) -> None:
         """A run or a sweep started or ended: settings are fixed while either is in flight."""
         busy = self.controller.is_running or self.sweeps.is_running
+        if self.telemetry.monitor_box.isChecked():  # a run takes the panel over; the monitor resumes after it
+            if busy and self.monitor.running:
+                self._monitor_timer.stop()
+                self.monitor.stop()
+                self.telemetry.stop_monitor()
+            elif not busy and not self.monitor.running:
+                self.set_monitor(True)
         self.settings_panel.set_editable(not busy)
         self.devices_panel.set_editable(not busy)
         self._update_buttons()
-        if busy:  # the run samples its own GPUs on its own clock
-            self.monitor.stop()
-            self._monitor_timer.stop()
-        elif not self._closing:
-            self._start_monitor()
-
-    # ------------------------------------------------------------ the GPU monitor
-    def _start_monitor(self, first: bool = False) -> None:
-        """Live telemetry between runs, when there are GPUs to sample; on the first discovery
-        with GPUs the panel opens in Live mode (there is no run to show yet)."""
-        topo = self.controller.topology
-        if topo is None or not topo.devices:
-            return
-        if self.monitor.start(topo):
-            self._monitor_timer.start()
-            if first and not self.store_has_run():
-                self.telemetry.set_mode("live")
-        self._tick_monitor()
-
-    def store_has_run(self) -> bool:
-        return len(self.telemetry.store) > 0 or self.last_report is not None
-
-    def _tick_monitor(self) -> None:
-        if self.telemetry.mode != "live":
-            return
-        why = "" if self.monitor.running else (self.monitor.reason if self.controller.topology is not None
-                                               and self.controller.topology.devices else
-                                               "no GPU to monitor (the Devices panel says why)")
-        self.telemetry.show_live(self.monitor.poll(), unavailable=why)
 
     def _on_run_started(self, info: RunStarted) -> None:
+        self.in_warmup = False
         plan = info.plan
         stages = [(s.stage, s.device, s.first_layer, s.end_layer) for s in plan.stages]
         self.gantt.reset(plan.run_id, info.origin_ns, stages, plan.interleave)
@@ -604,11 +656,35 @@ class MainWindow(QMainWindow):
         self.last_outcome = "cancelled"
         self.gantt.finish()
         snap = self.progress_model.snapshot() if self.progress_model else None
-        done = f" after {snap.chunks_done} of {snap.n_chunks} chunks" if snap else ""
-        self.progress_label.setText(f"stopped{done}")
-        self.summary.show_message(f"Stopped{done}: {message}. The timeline keeps what ran; the partial report "
-                                  "goes to the History tab.")
+        if snap is None:  # before any measured pass: loading or the warm-up
+            where = " during the warm-up pass" if self.in_warmup else " before the run started"
+            self.progress_label.setText(f"stopped{where}")
+            self.summary.show_message(f"Stopped{where}: {message}. {self.kept_text()}")
+        else:
+            done = f" after {snap.chunks_done} of {snap.n_chunks} chunks"
+            self.progress_label.setText(f"stopped{done}")
+            self.summary.show_message(f"Stopped{done}: {message}. The timeline keeps what ran. {self.kept_text()}")
+        self.in_warmup = False
         self.set_status(f"stopped: {message}")
+
+    def kept_text(self) -> str:
+        """What this press of Run left in the history, said as it is (the saves came before the stop)."""
+        saved = [r for r in self.saved_this_run if r.run is not None]
+        errors = [r for r in self.saved_this_run if r.error]
+        parts = []
+        done = [r for r in saved if r.status == "finished"]
+        partial = [r for r in saved if r.status == "cancelled"]
+        if done:
+            parts.append(f"{len(done)} finished repeat(s) saved to the History tab "
+                         f"(#{', #'.join(str(r.run) for r in done)})")
+        if partial:
+            parts.append(f"the stopped run's partial report saved as #{partial[0].run}")
+        if errors:
+            parts.append(f"not saved: {errors[-1].error}")
+        if not parts:
+            return "Nothing was measured, so nothing was saved to the History tab."
+        text = "; ".join(parts)
+        return text[0].upper() + text[1:] + "."
 
     def _on_failed(self, title: str, message: str, details: str) -> None:
         self.last_outcome = "failed"
@@ -638,6 +714,7 @@ class MainWindow(QMainWindow):
     # ----------------------------------------------------------------- history
     def _on_saved(self, result: SaveResult) -> None:
         self.last_saved = result
+        self.saved_this_run.append(result)
         if result.error:
             self.set_status(f"the run was not saved to the history: {result.error}")
             self.history_panel.set_message(f"the last run was not saved: {result.error}", error=True)
@@ -647,6 +724,7 @@ class MainWindow(QMainWindow):
 
     def _on_history_changed(self) -> None:
         self.history_panel.refresh()
+        self.update_sweep_estimate()  # a new measured run may be the estimate's reference
         if self._compare_view is not None:
             self._compare_view.refresh_choices()
         self._refresh_past_sweeps()
@@ -813,7 +891,7 @@ class MainWindow(QMainWindow):
         if self.controller.is_running:
             self.set_status("stopping the run before closing …")
         self._monitor_timer.stop()
-        self.monitor.stop()
+        self.monitor.stop()  # its sampler thread
         self.controller.shutdown()
         self.sweeps.shutdown()
         self.jobs.wait_all()

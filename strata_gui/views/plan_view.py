@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QSplitter,
     QTableWidget,
@@ -32,7 +33,7 @@ from engine.planner import PlanError
 from engine.topology import Topology
 
 from ..history.history_model import RunHistory
-from ..plan.plan_model import PCIE_CHOICES, GpuRow, PlanModel, PlanResult, gpus_of_topology
+from ..plan.plan_model import PCIE_CHOICES, GpuRow, PlanModel, PlanResult, gpus_of_topology, settings_changes
 from ..run.record_model import describe
 from ..run.settings_model import RunSettings
 from .compare_view import AFTER_COLOR, BEFORE_COLOR, _item
@@ -402,6 +403,7 @@ class PlanTab(QWidget):
         super().__init__()
         self.window_ = window
         self._view: PlanView | None = None
+        self.last_change_text = ""  # what the last Recommend changed in the Run tab, in words
         QVBoxLayout(self).setContentsMargins(0, 0, 0, 0)
 
     @property
@@ -409,7 +411,13 @@ class PlanTab(QWidget):
         if self._view is None:
             self._view = PlanView(getattr(self.window_, "history", None))
             self._view.recommended.connect(self._apply)
-            self.layout().addWidget(self._view)
+            # in a scroll area: its two Gantts and tables need ~690 px of height, more than a 720-px
+            # screen leaves; without it the whole window grew past the screen on this tab
+            scroll = QScrollArea()
+            scroll.setWidgetResizable(True)
+            scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+            scroll.setWidget(self._view)
+            self.layout().addWidget(scroll)
         return self._view
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
@@ -433,6 +441,11 @@ class PlanTab(QWidget):
 
     def _apply(self, settings: RunSettings) -> None:
         w = self.window_
+        changes = settings_changes(w.current_settings(), settings)
         w.apply_settings(settings)
         w.tabs.setCurrentWidget(w.run_tab)
-        w.set_status("Run tab filled with the planner's best predicted settings for this machine")
+        said = ("Recommend changed the Run tab: " + "; ".join(changes)) if changes else \
+            "Recommend kept the Run tab as it was: its settings are already the best predicted for this machine"
+        self.last_change_text = said
+        self.view.bottleneck.setText(self.view.bottleneck.text() + "\n" + said)
+        w.set_status(said)

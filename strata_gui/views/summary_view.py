@@ -29,6 +29,7 @@ from .theme import KIND_STYLES, MUTED_COLOR, WARNING_COLOR
 
 log = logging.getLogger(__name__)
 
+FIGURES_MIN_PX = 260
 STAGE_COLUMNS = ("stage", "device", "layers", "chunks", "wall\nms", "compute\nms", "wait\nms", "copy\nms", "busy\n%")
 
 
@@ -57,7 +58,7 @@ class SummaryView(QWidget):
         self.figures.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.figures.setWordWrap(True)
         self.figures.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
-        self.figures.setMinimumWidth(260)
+        self.figures.setMinimumWidth(FIGURES_MIN_PX)
 
         self.table = QTableWidget(0, len(STAGE_COLUMNS))
         self.table.setHorizontalHeaderLabels(STAGE_COLUMNS)
@@ -65,7 +66,11 @@ class SummaryView(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.horizontalHeader().setStretchLastSection(False)
+        self.table.horizontalHeader().sectionResized.connect(lambda *_: self._fit_table_width())
+        # never a sideways scroll bar: the table asks for its columns' width, and the layout goes to
+        # two rows when the three columns do not fit (issue 37: rows hidden behind the bar, values cut)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.table.setToolTip("Per stage, from the engine's timing report (STRATA_PREFILL_TIMING): wall is the "
                               "first start to the last end of its prefill events; busy is compute / wall.")
         self.expert = QLabel()
@@ -105,6 +110,18 @@ class SummaryView(QWidget):
 
     NARROW_PX = 1000  # below this width: figures and histogram side by side, the stage table under them
 
+    def _fit_table_width(self) -> None:
+        """The per-stage table at least as wide as its columns (sized to their contents)."""
+        header = self.table.horizontalHeader()
+        width = sum(header.sectionSize(c) for c in range(self.table.columnCount()))
+        self.table.setMinimumWidth(width + 2 * self.table.frameWidth() + 2)
+
+    def wide_px(self) -> int:
+        """The width the three columns need side by side: each one's minimum, and the spacing."""
+        gap = max(self.body.horizontalSpacing(), 0)
+        return (max(self.figures.minimumWidth(), self.figures.minimumSizeHint().width())
+                + self.table.minimumWidth() + self.hist.minimumWidth() + 2 * gap + 8)
+
     def _arrange(self, narrow: bool) -> None:
         """Three columns on a wide window; two rows on a narrow one (1280 px, 150% scale)."""
         if narrow == self.narrow:
@@ -130,7 +147,7 @@ class SummaryView(QWidget):
             self.hist.setMinimumHeight(0)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
-        self._arrange(event.size().width() < self.NARROW_PX)
+        self._arrange(event.size().width() < max(self.NARROW_PX, self.wide_px()))
         super().resizeEvent(event)
 
     # ------------------------------------------------------------------ states
@@ -211,6 +228,9 @@ class SummaryView(QWidget):
         self.figures.setText("<table cellspacing='0' cellpadding='2'>" + "".join(
             f"<tr><td style='color:{MUTED_COLOR}; padding-right:10px' valign='top'>{k}</td><td>{v}</td></tr>"
             for k, v in rows) + "</table>")
+        # as narrow as its longest unbreakable piece (the digest) allows, never narrower: a squeezed
+        # rich-text label is cut at the right, not wrapped
+        self.figures.setMinimumWidth(max(FIGURES_MIN_PX, self.figures.minimumSizeHint().width()))
 
         self.table.setRowCount(len(r.per_stage))
         layers = {s.stage: s for s in plan.stages}
@@ -226,9 +246,11 @@ class SummaryView(QWidget):
                 if j >= 3:
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(i, j, item)
+        self._fit_table_width()
         fit_height(self.table)
         self.expert.setText(expert_text(r.expert_stats))
         self._set_hist(r.busy_histogram)
+        self._arrange(self.width() < max(self.NARROW_PX, self.wide_px()))
 
     def _set_hist(self, shares: list[float]) -> None:
         hp = self.hist.getPlotItem()

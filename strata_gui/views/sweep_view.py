@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 DEFAULT_ARMS = (("join", "pipeline_depth=0"), ("overlap", "pipeline_depth=1"))
 DEFAULT_SIZES = "8K, 16K, 32K, 64K"
 TABLE_COLUMNS = ("arm", "prompt", "n", "prefill tok/s\n(median)", "±\n(half range)", "ratio to\nfirst arm",
-                 "decode\ntok/s", "same output\nas first arm")
+                 "decode\ntok/s", "same\noutput")  # the last: the digest equals the first arm's
 TIPS = {
     "sizes": "Prompt sizes in tokens, comma-separated; K = 1024 (8K = 8192).  Each size is one point per arm.",
     "arms": "Each arm is a name and settings over the Run tab's, written as for strata-bench --arm: "
@@ -78,6 +78,7 @@ class SweepView(QWidget):
     start_requested = Signal()
     stop_requested = Signal()
     open_requested = Signal(int)  # a past sweep's id in the history
+    plan_changed = Signal()  # sizes, repeats, warm-up, decode or arms edited (the estimate follows)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -135,6 +136,14 @@ class SweepView(QWidget):
         self.base.setProperty("role", "hint")
         self.base.setTextFormat(Qt.TextFormat.RichText)
         form.addRow(self.base)
+        self.estimate = QLabel()
+        self.estimate.setWordWrap(True)
+        self.estimate.setProperty("role", "hint")
+        form.addRow(self.estimate)
+        for edit in (self.sizes.textChanged, self.repeats.valueChanged, self.warmup.valueChanged,
+                     self.decode.valueChanged, self.arms.cellChanged, self.arms.model().rowsInserted,
+                     self.arms.model().rowsRemoved):
+            edit.connect(lambda *_: self.plan_changed.emit())
         self.errors = QLabel()
         self.errors.setWordWrap(True)
         self.errors.setProperty("role", "error")
@@ -231,11 +240,16 @@ class SweepView(QWidget):
 
         self.table = QTableWidget(0, len(TABLE_COLUMNS))
         self.table.setHorizontalHeaderLabels(TABLE_COLUMNS)
+        self.table.horizontalHeaderItem(len(TABLE_COLUMNS) - 1).setToolTip(
+            "yes: the same output bytes (digest) as the first arm on the same prompt; NO: they differ")
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.horizontalHeader().setStretchLastSection(False)
+        # as wide as its columns, so the splitter beside the chart never cuts one (issue 37)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.table.horizontalHeader().sectionResized.connect(lambda *_: self._fit_table_width())
         self.table.setToolTip("Per arm and prompt size: the median prefill tok/s of the repeats, ± half their range "
                               "as a share of the median, and the ratio of the medians to the first arm's: green or "
                               "red only beyond the repeats' noise (hover a ratio).")
@@ -311,8 +325,16 @@ class SweepView(QWidget):
                 raise ConfigError(f"arm {arm.name}", arm.settings, exc.allowed, str(exc)) from None
         return plan
 
+    def _fit_table_width(self) -> None:
+        t = self.table
+        width = sum(t.horizontalHeader().sectionSize(c) for c in range(t.columnCount()))
+        t.setMinimumWidth(width + 2 * t.frameWidth() + t.verticalScrollBar().sizeHint().width() + 2)
+
     def set_base(self, text: str) -> None:
         self.base.setText(text)
+
+    def set_estimate(self, text: str) -> None:
+        self.estimate.setText(text)
 
     def set_errors(self, errors: list[str]) -> None:
         self.errors.setText("<br>".join(html.escape(e) for e in errors))
@@ -475,6 +497,8 @@ class SweepView(QWidget):
                     item.setForeground(QColor(ERROR_COLOR))
                 t.setItem(i, j, item)
         t.resizeRowsToContents()
+        t.resizeColumnsToContents()
+        self._fit_table_width()
 
     def chart_points(self) -> list[tuple[str, float, float]]:
         """(arm, prompt tokens, median tok/s) of every point drawn (tests)."""

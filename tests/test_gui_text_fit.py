@@ -1,0 +1,77 @@
+"""Issue 37: at the window sizes users have (1520x920 on a 1600x1000 screen, 1280x720) nothing in
+the run summary, the Gantt's heading, Compare, Sweep or Plan is cut: every table cell and header
+fits its column (or wraps inside its row), no table scrolls sideways, the per-stage table shows
+every row, labels are not clipped (strata_gui/views/text_fit.py measures with the fonts' metrics).
+Screenshots of each view go to the test's temporary folder, to look at."""
+from __future__ import annotations
+
+from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, wait_model, window  # noqa: F401
+from PySide6.QtWidgets import QApplication
+
+from strata_gui.views.text_fit import clipped
+
+TIMEOUT_MS = 120_000
+
+
+def _run(qtbot, win, **values) -> int:
+    set_form(win, **values)
+    wait_model(qtbot, win)
+    win.last_outcome = ""
+    assert win.start_run()
+    qtbot.waitUntil(lambda: win.last_outcome == "finished" and not win.controller.is_running, timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: any(r.run is not None for r in win.saved_this_run), timeout=10_000)
+    return [r.run for r in win.saved_this_run if r.run is not None][-1]
+
+
+def _settle(qtbot) -> None:
+    for _ in range(5):
+        QApplication.processEvents()
+        qtbot.wait(20)
+
+
+def test_nothing_is_cut_at_the_window_sizes_users_have(window, qtbot, tmp_path):
+    win = window
+    win.resize(1520, 920)
+    base = dict(devices="cpu,cpu", chunk_mode="fixed", chunk_tokens="64", prompt_tokens=512, decode_tokens=4,
+                repeats=2, warmup=False)
+    first = _run(qtbot, win, pipeline_depth=0, **base)
+    second = _run(qtbot, win, pipeline_depth=1, **base)
+    view = win.sweep_view
+    view.sizes.setText("128, 256")
+    view.repeats.setValue(2)
+    view.warmup.setValue(0)
+    assert win.start_sweep()
+    qtbot.waitUntil(lambda: not win.sweeps.is_running, timeout=TIMEOUT_MS)
+    seen = []
+    for w, h in ((1520, 920), (1280, 720)):
+        win.resize(w, h)
+        win.tabs.setCurrentWidget(win.run_tab)
+        _settle(qtbot)
+        win.grab().save(str(tmp_path / f"run-{w}x{h}.png"))
+        problems = clipped(win.summary, all_rows=(win.summary.table,)) + clipped(win.gantt)
+        win.compare_runs(first, second)
+        _settle(qtbot)
+        win.grab().save(str(tmp_path / f"compare-{w}x{h}.png"))
+        problems += clipped(win.compare_view)
+        win.tabs.setCurrentWidget(win.sweep_view)
+        _settle(qtbot)
+        win.grab().save(str(tmp_path / f"sweep-{w}x{h}.png"))
+        problems += clipped(win.sweep_view)
+        win.tabs.setCurrentWidget(win.plan_tab)
+        win.plan_tab.plan_from(second)
+        _settle(qtbot)
+        win.grab().save(str(tmp_path / f"plan-{w}x{h}.png"))
+        problems += clipped(win.plan_tab)
+        assert win.height() <= h + 1, f"the window grew past {h} px on a tab"
+        seen.append(((w, h), problems))
+    assert all(not p for _, p in seen), seen
+    # the checker itself sees a cut: a column made too narrow for its text is reported
+    from PySide6.QtWidgets import QHeaderView
+
+    win.tabs.setCurrentWidget(win.run_tab)
+    _settle(qtbot)
+    t = win.summary.table
+    t.horizontalHeader().setMinimumSectionSize(5)
+    t.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Interactive)
+    t.setColumnWidth(1, 10)
+    assert any("cut" in p for p in clipped(win.summary, all_rows=(t,)))

@@ -1,0 +1,39 @@
+"""Issue 37: make-model into a missing folder fails as cp does; --quant on a small model says
+which tensors fell back and why (their rows are not a multiple of the type's 256-value block)."""
+from __future__ import annotations
+
+import re
+
+from engine import bench, quant_recipe
+from engine.gguf_model import expected_shapes, load
+
+
+def test_a_missing_folder_is_an_error_not_created(tmp_path, capsys):
+    target = tmp_path / "no" / "such" / "m.gguf"
+    assert bench.main(["make-model", str(target)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No such file or directory" in err[0] and "mkdir -p" in err[0]
+    assert not (tmp_path / "no").exists()
+
+
+def test_small_k_quant_models_say_why_tensors_fall_back(tmp_path, capsys):
+    path = tmp_path / "small.gguf"
+    assert bench.main(["make-model", str(path), "--quant", "q4_k_m"]) == 0
+    out = capsys.readouterr().out
+    note = next(line for line in out.splitlines() if line.startswith("note: "))
+    assert "not a multiple of 256" in note and "Q4_K→Q5_0" in note
+    # the count in the note is the file's: tensors whose type is not the one the mix wants
+    m = load(path)
+    spec = m.spec
+    moved = [n for n in m.tensor_names()
+             if m.tensor_type(n) != quant_recipe._wanted_before_fit(n, m.shape(n), "q4_k_m", spec).name]
+    assert int(re.match(r"note: (\d+) of", note).group(1)) == len(moved) > 0
+    assert len(expected_shapes(spec)) == len(m.tensor_names())
+
+
+def test_rows_of_256_keep_the_mix_and_print_no_note(tmp_path, capsys):
+    path = tmp_path / "wide.gguf"
+    assert bench.main(["make-model", str(path), "--quant", "q4_k_m", "--hidden", "256", "--expert-ffn", "256",
+                       "--heads", "8", "--kv-heads", "2", "--head-dim", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "note:" not in out and "Q4_K" in out
