@@ -465,9 +465,22 @@ def cmd_run(ns: argparse.Namespace) -> int:
     model = open_model(ns.model, first_dev)
     log.info("model: %s", model.describe())
     # prompts
+    from . import memory_check
+
     sizes: list[int | None]
     fixed_ids: list[int] | None = None
+    logits_all = bool(ns.logits_out)
+
+    def check_fits(tokens: int, flag: str) -> None:
+        """Before a byte of the run is allocated: its KV, weights, scratch and logits fit."""
+        for _, cfg in configs:
+            memory_check.check_run(model, cfg, tokens, ns.decode_tokens, logits_all, flag)
+        if logits_out is not None:
+            memory_check.check_output("--logits-out", logits_out, tokens * model.spec.vocab * 4 + 128,
+                                      f"lower {flag}")
+
     if ns.prompt_ids:
+        check_fits(prompts.count_ids(ns.prompt_ids), "--prompt-ids")  # counted without holding them
         try:
             fixed_ids = prompts.read_ids(ns.prompt_ids)
         except UnicodeDecodeError as exc:
@@ -481,8 +494,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     elif ns.prompt is not None:
         fixed_ids = prompts.tokenize(model, ns.prompt)
         sizes = [len(fixed_ids)]
+        check_fits(len(fixed_ids), "--prompt")
     else:
         sizes = prompt_sizes(prompt_tokens_text(ns), ns.decode_tokens)
+        check_fits(max(max(sizes), 1), "--prompt-tokens")  # 0: decode-only, a one-token prompt
     weights = roofline.decode_weight_bytes(model) if ns.decode_tokens > 0 else None
     sessions = []
     for name, cfg in configs:
@@ -492,11 +507,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
     points: list[Point] = []
     run_rows: list[dict[str, Any]] = []
     last = None
+    interrupted = False
+    pts: dict[str, Point] = {}
     shown_runs = RunProgress.for_stream(sys.stderr, quiet=ns.quiet, force=ns.progress,
                                         measured=len(sizes) * ns.repeat * len(sessions),
                                         warmups=len(sizes) * ns.warmup * len(sessions))
     try:
-        pts: dict[str, Point] = {}
         ids: list[int] | None = None
         for step in steps(sizes, ns.repeat, len(sessions)):  # engine/sweep.py: the app's Sweep walks the same
             n, rep = step.prompt_tokens, step.repeat
@@ -543,11 +559,19 @@ def cmd_run(ns: argparse.Namespace) -> int:
                 "device_order": r.device_order, **_run_decode_fields(r, ns, weights)})
             if ns.format == "jsonl":  # one line a run as it ends
                 print(json.dumps(run_rows[-1]), flush=True)
-        points.extend(pts.values())
+    except KeyboardInterrupt:  # Ctrl-C: the repeats that finished are kept and printed
+        interrupted = True
     finally:
+        points.extend(p for p in pts.values() if p.reports)
         shown_runs.close()
         for _, sess in sessions:
             sess.close()
+    if interrupted:
+        done = sum(len(p.reports) for p in points)
+        print(f"strata-bench: interrupted; {done} measured run{'s' if done != 1 else ''} finished"
+              + (" and are shown below" if done else ", nothing to show"), file=sys.stderr)
+        if not points:
+            return 130
     info = {**bench_format.model_fields(model), **bench_format.build_fields(),
             **bench_format.hardware_fields([d for _, c in configs for d in c.devices])}
     arm_names = [a for a, _ in configs]
@@ -598,6 +622,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
             p, sess.events, {"report": res.report}, telemetry=res.report.telemetry,
             stage_names=res.report.plan.stage_names()))
         log.info("wrote trace %s", trace_out)
+    if interrupted:
+        return 130
     return 0 if ok else 2
 
 
@@ -649,6 +675,9 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
     except synth.RecipeError as exc:
         raise ConfigError("--" + RECIPE_FLAGS.get(exc.field, exc.field).replace("_", "-"), exc.value, exc.allowed) \
             from None
+    from . import memory_check
+
+    memory_check.check_make_model(recipe, Path(ns.path))  # before a byte is drawn
     shown = LoadProgress(sys.stderr, 0, Path(ns.path).name, verb="writing")
     path = synth.write_model(ns.path, recipe, progress=shown)
     took = shown.clear()
@@ -868,6 +897,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("strata-bench: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        oom = failure.host_out_of_memory(exc)
+        if oom is not None:
+            print(f"strata-bench: error: {oom}", file=sys.stderr)
+            return failure.BAD_INPUT
         if failure.is_user_error(exc):
             print(f"strata-bench: error: {exc}", file=sys.stderr)
             return failure.BAD_INPUT

@@ -129,7 +129,8 @@ ALLOWED = {
     "pin_limit_gib": "auto or a number of GiB >= 0",
     "expert_cache": "auto, all or a number of GiB >= 0",
     "rendezvous": "empty (stage processes on this machine) or HOST:PORT (stages started with "
-                  "`strata-bench stage --rendezvous HOST:PORT` attach to this controller), port 1..65535",
+                  "`strata-bench stage --rendezvous HOST:PORT` attach to this controller), port 1..65534 "
+                  "(the controller's store listens on PORT+1)",
 }
 _DEPTH_WHY = "a stage owns ONE set of chunk buffers, so two of its chunks may never be in flight"
 
@@ -474,9 +475,11 @@ def interleave_groups(split: object) -> int | None:
 
 
 def rendezvous_address(text: str) -> tuple[str, int] | None:
-    """(host, port) of HOST:PORT (host "" means every interface), else None."""
+    """(host, port) of HOST:PORT (host "" means every interface), else None.  PORT stops at 65534:
+    the controller's store listens on PORT+1 (65535 used to pass here and then fail to bind
+    port 65536 with a message about a port in use)."""
     m = _RENDEZVOUS_RE.fullmatch(text)
     if m is None:
         return None
     port = int(m.group(3))
-    return (m.group(1) or "", port) if 1 <= port <= 65535 else None
+    return (m.group(1) or "", port) if 1 <= port <= 65534 else None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -59,6 +61,29 @@ def is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, tuple(expected))
 
 
+_HOST_ALLOC = re.compile(r"can't allocate memory: you tried to allocate (\d+) bytes")
+
+
+def host_out_of_memory(exc: BaseException) -> str | None:
+    """The line for an allocation the host could not satisfy (torch's CPU allocator raises a
+    RuntimeError "[enforce fail at alloc_cpu.cpp…] … you tried to allocate N bytes", numpy a
+    MemoryError): out of memory with the size, not an internal error.  None for anything else."""
+    from .sizes import size_text
+
+    errors = sys.modules.get("engine.errors")
+    if errors is not None and isinstance(exc, errors.StageError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    if isinstance(exc, MemoryError):
+        m = re.search(r"(\d+)(?:\.\d+)? ?([KMGT]i?B)", str(exc))
+        what = f" allocating {m.group(0)}" if m else ""
+    elif isinstance(exc, RuntimeError) and (m := _HOST_ALLOC.search(str(exc))):
+        what = f" allocating {size_text(int(m.group(1)))}"
+    else:
+        return None
+    return (f"out of memory on the host{what}: the run needs more memory than this machine (or this process's "
+            f"limit) has; lower --prompt-tokens / --decode-tokens, or use more devices")
+
+
 def where(exc: BaseException) -> str:
     """`file.py:line in function` of the innermost frame in our packages (else the innermost)."""
     frames = traceback.extract_tb(exc.__traceback__)
@@ -106,6 +131,10 @@ def record(exc: BaseException, context: str) -> InternalError:
 def dialog_text(exc: BaseException, context: str, title: str) -> tuple[str, str, str]:
     """(title, message, details) for the app's error dialog: a user error's own message; an
     internal error's one line (what failed, where, the log file) with its traceback as details."""
+    oom = host_out_of_memory(exc)
+    if oom is not None:
+        log.warning("%s failed: %s", context, exc)
+        return f"{title}: out of memory", oom, "".join(traceback.format_exception(exc))
     if is_user_error(exc):
         log.warning("%s failed: %s", context, exc)
         return f"{title}: {type(exc).__name__}", str(exc), "".join(traceback.format_exception(exc))

@@ -11,10 +11,12 @@ problem (and, in `kind`, the class of problem).
 """
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import mmap
 import struct
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,11 @@ from . import dequant
 from .gguf_keys import KeyProblem, RopeScaling, check_refused, rope_scaling
 
 log = logging.getLogger(__name__)
+# `LoadedModel.raw` views the read-only map on purpose (no copy).  torch warns about such a view
+# once per process (TORCH_WARN_ONCE): spend that one warning here, at import, silenced.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    torch.from_numpy(np.frombuffer(b"\0", dtype=np.uint8))
 
 ARCHITECTURES = ("qwen3moe", "qwen3", "qwen2", "llama")
 
@@ -63,6 +70,7 @@ KIND_TENSOR = "tensor"
 KIND_DEQUANTISE = "dequantise"
 KIND_READER = "reader"  # an exception inside gguf's reader that `scan` did not foresee
 KIND_MODEL = "model"  # the default, for errors raised outside this module
+KIND_MEMORY = "memory"  # the file could not be mapped: too little memory or address space, not a defect
 
 
 class GGUFError(Exception):
@@ -191,7 +199,9 @@ class LoadedModel:
         return self._mapped(name).n_bytes
 
     def raw(self, name: str) -> torch.Tensor:
-        """The tensor's bytes as stored (uint8, a view of the mapped file: no copy)."""
+        """The tensor's bytes as stored (uint8, a view of the read-only mapped file: no copy).
+        Read it, or copy it (`.to(device)`, `.clone()`) to change it: a write into the view
+        itself faults, the file is never written."""
         t = self._mapped(name)
         return torch.from_numpy(t.data.reshape(-1).view(np.uint8))
 
@@ -597,7 +607,17 @@ def scan(path: Path | str) -> GGUFLayout:
         with p.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return _Scanner(buf, len(buf), p).scan()
     except OSError as exc:
+        if exc.errno == errno.ENOMEM:
+            raise map_error(p, size, exc) from None
         raise GGUFError(p, f"cannot read: {exc}", KIND_FILE) from None
+
+
+def map_error(path: Path, size: int, exc: BaseException) -> GGUFError:
+    """A memory map that failed for want of memory or address space: not the file's fault."""
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+    return GGUFError(path, f"cannot map the {size / 2**30:,.1f} GiB file into memory ({why}): this process may not "
+                           f"use that much address space (ulimit -v) or memory; the file was not found corrupt",
+                     KIND_MEMORY)
 
 
 def _describe(v: Any) -> str:
@@ -758,6 +778,10 @@ def load(path: Path | str) -> LoadedModel:
         meta, tensors, mapped = _read_layout(p, layout)
     except GGUFError:
         raise
+    except (MemoryError, OSError) as exc:
+        if isinstance(exc, MemoryError) or exc.errno == errno.ENOMEM:
+            raise map_error(p, size, exc) from None
+        raise GGUFError(p, f"cannot read: {exc}", KIND_FILE) from None
     except Exception as exc:  # scan vouched for every number; anything else is still the file's fault
         raise GGUFError(p, f"corrupt GGUF metadata or tensor table ({type(exc).__name__}: {_cut(str(exc))})",
                         KIND_READER) from None
@@ -855,7 +879,10 @@ def _decode_value(buf: Any, order: str, vtype: int, pos: int) -> Any:
 
 
 def _read_layout(p: Path, layout: GGUFLayout) -> tuple[dict[str, Any], dict[str, MappedTensor], np.memmap]:
-    buf = np.memmap(p, mode="c")  # copy-on-write: torch can view it without a copy; the file is never written
+    # read-only and shared: pages come from the page cache and count against no commit limit, so
+    # a file larger than RAM + swap maps (a copy-on-write map of it fails with ENOMEM).  torch
+    # views tensors of it without a copy; anything that changes a tensor works on a copy
+    buf = np.memmap(p, mode="r")
     order = layout.byte_order
     meta: dict[str, Any] = {}
     for kv in layout.kvs:

@@ -38,6 +38,24 @@ def warmup_ids(prompt_tokens: int, vocab: int) -> list[int]:
     return synthetic(prompt_tokens, vocab, nonce=WARMUP_NONCE)
 
 
+def count_ids(path: Path | str, block: int = 1 << 20) -> int:
+    """How many whitespace/comma separated items the file holds, read a block at a time (memory
+    stays one block, whatever the file's size); `read_ids` checks them."""
+    p = Path(path)
+    n = 0
+    tail = b""
+    try:
+        with p.open("rb") as fh:
+            while chunk := fh.read(block):
+                chunk = tail + chunk
+                items = re.split(rb"[\s,]+", chunk)
+                tail = items.pop()  # may continue in the next block
+                n += sum(1 for t in items if t)
+    except OSError as exc:
+        raise ConfigError("prompt_ids", str(p), "a readable file of token ids", str(exc)) from None
+    return n + (1 if tail else 0)
+
+
 def bos_ids(model) -> list[int]:
     """The one-token prompt of a decode-only run (llama-bench's `-p 0`): the file's BOS token
     (`tokenizer.ggml.bos_token_id`), else token 0 (a source without a vocabulary)."""
@@ -67,8 +85,18 @@ def read_ids(path: Path | str) -> list[int]:
     return ids
 
 
+MAX_TEXT_CHARS = 4 << 20  # a text prompt above this is refused: 1M tokens are about 4M characters of prose
+
+
 def tokenize(model: LoadedModel, text: str) -> list[int]:
-    """Tokenise with the file's own vocabulary through transformers' GGUF tokenizer support."""
+    """Tokenise with the file's own vocabulary through transformers' GGUF tokenizer support.
+
+    A text longer than MAX_TEXT_CHARS is refused with its size before the tokenizer sees it
+    (a 50 MB text made the tokenizer take 7.5 GiB and abort without a word)."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise ConfigError("prompt", f"a text of {len(text):,} characters",
+                          f"a text of at most {MAX_TEXT_CHARS:,} characters (tokenising takes about 150 bytes of "
+                          f"memory a character)")
     if not model.has_vocab():
         raise GGUFError(model.path, "the file has no vocabulary (tokenizer.ggml.tokens): pass token ids instead")
     try:

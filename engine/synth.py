@@ -62,6 +62,8 @@ class ModelRecipe:
         )
 
 
+HOLE_TENSOR = "strata.hole"  # write_model(hole_bytes=...): an unused tensor left as a hole
+
 # The demo model: 4 MoE layers, small enough for seconds on 2 CPU cores.
 DEMO_RECIPE = ModelRecipe()
 
@@ -247,10 +249,29 @@ def _byte_shape(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, 
     return tuple(gguf.quants.quant_shape_to_byte_shape(shape, qt))
 
 
+def write_needs(recipe: ModelRecipe) -> tuple[int, int, str]:
+    """(bytes of the file, host bytes the writer holds at its peak, the tensor of that peak) of
+    `write_model(recipe)`, computed before anything is drawn: tensors are made one at a time,
+    from float32 draws where the type is cast or quantised by gguf (random blocks otherwise)."""
+    spec = recipe.spec()
+    file_bytes = peak = 0
+    peak_name = ""
+    for name, shape in expected_shapes(spec).items():
+        qt = _stored_type(name, recipe.quant, shape, spec)
+        stored = int(np.prod(_byte_shape(qt, shape), dtype=np.float64))
+        floats = int(np.prod(shape, dtype=np.float64)) * 4 if qt in (_F32, _F16) or qt in _GGUF_QUANTIZES else 0
+        file_bytes += stored
+        held = 2 * floats + 2 * stored  # the draws and their product (a cast or quantisation), the bytes
+        if held > peak:
+            peak, peak_name = held, name
+    return file_bytes, peak, peak_name
+
+
 def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
                 edit: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
                 progress: Callable[[str, float], None] | None = None,
-                metadata: Mapping[str, Any] | None = None, checked: bool = True) -> Path:
+                metadata: Mapping[str, Any] | None = None, checked: bool = True,
+                hole_bytes: int = 0) -> Path:
     """Write a GGUF file with random weights; atomic (temp file + rename).
 
     Tensors are made and written one at a time (host memory stays about one tensor, whatever
@@ -262,7 +283,10 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
     `metadata`: more keys ("{a}." is the architecture's prefix), or other values for the usual
     ones (a str is written as a string, a bool as a bool, an int as uint32, a float as float32;
     None leaves the key out).
-    checked=False writes a recipe `check_recipe` refuses (tests of the loader's refusals)."""
+    checked=False writes a recipe `check_recipe` refuses (tests of the loader's refusals).
+    hole_bytes: one more tensor (HOLE_TENSOR, I8, unused by the engine) of that many bytes, left
+    as a hole in the file (sparse where the file system allows): a file larger than a memory
+    limit without writing its bytes (tests of how the file is mapped)."""
     path = Path(path)
     if checked:
         check_recipe(recipe)
@@ -314,6 +338,9 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
                 qt = stored_types[name]
                 stored_shape = _byte_shape(qt, shape)
                 w.add_tensor_info(name, stored_shape, np.dtype(np.uint8), int(np.prod(stored_shape)), raw_dtype=qt)
+            if hole_bytes:
+                w.add_tensor_info(HOLE_TENSOR, (hole_bytes,), np.dtype(np.int8), hole_bytes,
+                                  raw_dtype=GGMLQuantizationType.I8)
             w.write_header_to_file()
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
@@ -323,7 +350,17 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
                 done += data.nbytes
                 if progress is not None:
                     progress(name, done / total)
+            if hole_bytes:  # the last tensor: its bytes are a hole up to the file's end
+                fout = w.fout[0]
+                w.write_padding(fout, fout.tell())
+                fout.flush()
+                end = fout.tell() + hole_bytes
+                fout.truncate(end)
+                fout.seek(end)
+                w.tensors[0].pop(HOLE_TENSOR)
         else:  # an edit may drop or replace a tensor: every tensor is made before the header
+            if hole_bytes:
+                raise ValueError("hole_bytes is for the streamed writer (no edit)")
             for name, shape in shapes.items():
                 qt = stored_types[name]
                 data = _stored(name, qt, shape, lambda: _floats(rng, name, shape), recipe.seed)  # noqa: B023

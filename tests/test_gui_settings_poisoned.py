@@ -130,3 +130,9 @@ def test_any_value_is_accepted_in_range_or_rejected_with_a_reason(name, value):
     assert type(verdict.value) is type(default)
     s, notes = RunSettings.from_dict_checked({name: value})
     assert not notes and getattr(s, name) == verdict.value
+
+
+def test_the_forms_text_bound_is_the_engines():
+    from engine.prompt import MAX_TEXT_CHARS
+
+    assert MAX_PROMPT_TEXT_CHARS == MAX_TEXT_CHARS

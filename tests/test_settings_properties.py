@@ -111,7 +111,7 @@ def expected(name: str, s: str) -> Any:
 
 def _rendezvous_ok(text: str) -> bool:
     host, sep, port = text.rpartition(":")
-    return (bool(sep) and port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535
+    return (bool(sep) and port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65534
             and (host == "" or (host.isascii() and host[0].isalnum() and len(host) <= 253
                                 and all(c.isalnum() or c in ".-" for c in host))))
 
@@ -152,7 +152,7 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     **{n: st.booleans() for n in BOOL_SETTINGS},
     **{n: st.sampled_from(c) for n, c in CHOICES.items()},
     "rendezvous": st.one_of(st.just(""), st.builds("{}:{}".format, st.sampled_from(["", "127.0.0.1", "ws-a", "h.lan"]),
-                                                   st.integers(1, 65535))),
+                                                   st.integers(1, 65534))),
 }
 # near misses of valid spellings: what a user mistypes, what a parser gets wrong
 NEAR = ["auto", "AUTO", " auto ", "all", "0", "1", "2", "-1", "+1", "01", "1.0", "1.5", "1e3", "-0", "1_0", "١",

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from engine import failure, split_choice
+from engine import failure, memory_check, split_choice
 from engine import prompt as prompts
 from engine.config import EngineConfig
 from engine.events import RunPlan, RunReport, StageEvent
@@ -211,6 +211,9 @@ class RunJob:
                 ids = prompts.tokenize(session.source, req.prompt_text)
             else:
                 ids = prompts.synthetic(req.prompt_tokens, session.spec.vocab, nonce=req.nonce)
+            # the weights are loaded; what grows with the tokens must fit before any of it is taken
+            memory_check.check_run(session.source, session.config, len(ids), req.decode_tokens, False,
+                                   prompt_setting="prompt_tokens", loaded=True, decode_setting="decode_tokens")
             if split_choice.applies(req.config):  # contiguous or interleave:V, whichever models faster
                 self.out.status(f"choosing the layer split for {len(ids):,} prompt tokens …")
                 session, reused = self.sessions.fit_split(req.model_path, req.config, len(ids), self._load_progress)

@@ -33,8 +33,9 @@ MAX_REPEATS = 20
 DEMO_CHUNK = 256
 # the form's field names before issue 16 (saved settings) -> now
 FORM_ALIASES = {"chunk_size": "chunk_tokens", "pf_depth": "pipeline_depth"}
-# a text prompt is refused above this many characters (1M tokens are about 4M characters of prose)
-MAX_PROMPT_TEXT_CHARS = 4 * MAX_PROMPT_TOKENS
+# a text prompt is refused above this many characters: engine/prompt.py MAX_TEXT_CHARS, the
+# engine's bound (not imported: that module imports torch, the form must not)
+MAX_PROMPT_TEXT_CHARS = 4 << 20
 MAX_FIELD_CHARS = 4096  # any other text field (paths, device lists, numbers as typed)
 # what each field's widget can show: a value outside would raise in the widget or be lost there
 INT_RANGES = {"prompt_tokens": (1, MAX_PROMPT_TOKENS), "decode_tokens": (0, MAX_DECODE_TOKENS),
