@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_ENV = "STRATA_STAGE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 POLL_S = 0.2  # how often a wait looks at the stage processes' liveness and its deadline
 PINGS = 7  # clock-offset exchanges per stage at start-up (the one of least round trip counts)
 STOP_GRACE_S = 5.0  # a stopped stage process that has not exited by then is killed
@@ -81,8 +82,8 @@ def stage_timeout(env: dict | None = None) -> float:
         v = float(raw)
     except ValueError:
         v = float("nan")
-    if not (v > 0 and v < float("inf")):
-        raise ConfigError(TIMEOUT_ENV, raw, "a number of seconds > 0")
+    if not (0 < v <= MAX_TIMEOUT_S):  # NaN and inf fail too; a week is past any real wait (timedelta's range)
+        raise ConfigError(TIMEOUT_ENV, raw, f"a number of seconds in (0, {MAX_TIMEOUT_S:g}]")
     return v
 
 

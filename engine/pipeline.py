@@ -111,11 +111,6 @@ class Session:
         self.config = config or EngineConfig()
         self.config.validate()
         self.config.check_layers(self.spec.n_layers)
-        if getattr(self.spec, "rope_scaling", None) is not None and self.config.executor == "processes":
-            # the stage processes build their RoPE tables without the scaling (stage_process.py
-            # makes `Rope(head_dim, base, style, device)`): refused rather than wrong logits
-            raise ConfigError("executor", "processes", "threads for a model with rope scaling "
-                              f"({self.spec.rope_scaling.kind}): the stage processes do not apply it yet")
         self.sink = sink
         self.hooks = hooks or PipelineHooks()
         self.events_on = events

@@ -273,7 +273,7 @@ class StageProcess:
         self.src = spec.source.open()
         self.model = self.src.spec
         self.hooks = spec.hooks
-        rope = Rope(self.model.head_dim, self.model.rope_base, self.model.rope_style, self.device)
+        rope = Rope.for_spec(self.model, self.device)  # the file's RoPE scaling, as the threaded stages
         self.rope = rope
         self.order: RunOrder | None = None
         self.clock = DeviceClock()  # CUDA event times of expert copies onto this process's clock

@@ -1,28 +1,15 @@
 #!/usr/bin/env bash
 # Files quantized by llama.cpp's own quantizer, for tests and benchmarks (issue 33): a random
-# qwen3moe written as F32 by `strata-bench make-model`, then `llama-quantize` (built here, CPU
-# only, from the llama-cpp-python sdist's vendor/llama.cpp; ~25-40 min on 2 cores, once).
+# qwen3moe written as F32 by `strata-bench make-model`, then `llama-quantize` (built once by
+# scripts/llama_quantize.sh, CPU only, from the llama-cpp-python sdist; ~25-60 min on 2 cores).
 #   bash scripts/llamacpp_quant_files.sh tests          # tests/data/qwen3moe-2L-iq3_s.llamacpp.gguf (committed)
 #   bash scripts/llamacpp_quant_files.sh cpu-bench DIR   # the 8-layer hidden-1024 Q4_K_M file (~129 MiB)
 # LLAMA_QUANTIZE=/path/to/llama-quantize skips the build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-VERSION=${LLAMA_CPP_PYTHON:-0.3.36}
-build_quantize() {
-  local src=${LLAMA_SRC:-/tmp/llama-cpp-src}
-  if [ ! -x "$src/build/bin/llama-quantize" ]; then
-    mkdir -p "$src"
-    "$PY" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$src"
-    tar xzf "$src/llama_cpp_python-$VERSION.tar.gz" -C "$src"
-    local tree="$src/llama_cpp_python-$VERSION/vendor/llama.cpp"
-    cmake -S "$tree" -B "$src/build" -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > "$src/cmake.log"
-    cmake --build "$src/build" --target llama-quantize -j "$(nproc)" > "$src/build.log"
-  fi
-  echo "$src/build/bin/llama-quantize"
-}
-Q=${LLAMA_QUANTIZE:-$(build_quantize)}
+Q=${LLAMA_QUANTIZE:-third_party/llama.cpp-cpu/build/bin/llama-quantize}
+[ -x "$Q" ] || bash scripts/llama_quantize.sh  # builds it there (the quantiser tests use the same one)
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 case "${1:-tests}" in
   tests)

@@ -10,7 +10,7 @@ import torch
 from hf_reference import hf_model
 
 from engine import bench, gguf_model, synth
-from engine.config import ConfigError, EngineConfig
+from engine.config import EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
 
@@ -113,7 +113,17 @@ def test_defaults_written_out_load_as_no_scaling(write):
     assert gguf_model.load(write("factor-one", {"{a}.rope.scaling.factor": 1.0})).spec.rope_scaling is None
 
 
-def test_stage_processes_refuse_a_scaled_model_rather_than_ignore_it(write):
+def test_stage_processes_apply_the_scaling_as_the_threads_do(write):
+    """Each stage process builds its RoPE tables from the file's scaling too: same digest."""
     model = gguf_model.load(write("procs", YARN))
-    with pytest.raises(ConfigError, match="rope scaling"):
-        Session(model, EngineConfig(devices=["cpu", "cpu"], executor="processes"))
+    ids = synthetic(64, model.spec.vocab)
+    digests = []
+    for executor in ("threads", "processes"):
+        sess = Session(model, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=32, executor=executor))
+        try:
+            digests.append(sess.run(ids, 0).report.digest)
+        finally:
+            sess.close()
+    plain = gguf_model.load(write("procs-plain", {}))
+    unscaled = Session(plain, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=32)).run(ids, 0).report.digest
+    assert digests[0] == digests[1] != unscaled
