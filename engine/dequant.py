@@ -13,12 +13,12 @@ On CUDA, where Triton imports, the types `engine.dequant_triton` has kernels for
 instead: one launch per tensor, the same bits (see `backend`).  STRATA_DEQUANT=torch keeps
 these torch expressions everywhere (an A/B switch); the CPU always uses them.
 
-The lattice types (IQ1_S/M, IQ2_XXS/XS/S, IQ3_XXS/S), the 4-bit floats (MXFP4, NVFP4) and the
-ternary TQ1_0/TQ2_0 have no Triton kernel: they take this torch path on CUDA too.  Their code
-books (grids, the IQ2/IQ3 sign table, the e2m1 values, the e8m0 and ue4m3 scale decoders
-applied to every byte) are read from gguf.quants at import, copied once per device, and every
-small index vector is made on the device, so the path captures in a CUDA graph after its first
-eager call.
+The lattice and 4-bit-float types read code books (grids, the IQ2/IQ3 sign table, the e2m1
+values, the e8m0 and ue4m3 scale decoders applied to every byte) from gguf.quants at import;
+they are copied once per device (`_table`), and the Triton kernels of IQ3_XXS, IQ3_S and MXFP4
+gather from those same device tables.  The types without a kernel (`dequant_triton.TYPES`
+says which have one) take this torch path on CUDA too; every small index vector is made on
+the device, so the path captures in a CUDA graph after its first eager call.
 """
 from __future__ import annotations
 

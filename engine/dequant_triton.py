@@ -11,6 +11,10 @@ rounding per operation, and no fused multiply-add: every launch passes enable_fp
 (Triton would otherwise contract `dl * q - ml` into one FMA, which rounds once and differs from
 gguf).  A lower precision output is one round-to-nearest-even cast of the exact float32 value.
 
+The lattice / 4-bit-float types gather their code books (gguf's grids, sign table, e2m1 values,
+e8m0 scales) from engine.dequant's float32 device tables, passed to the kernel as pointers
+(CODE_BOOKS names them): the torch path's own tables, so both read the same numbers.
+
 Importing this module imports triton (where it is installed); `engine.dequant` imports it only
 when a CUDA tensor is expanded.  STRATA_DEQUANT=torch keeps the torch path (A/B measurement).
 """
@@ -25,6 +29,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 
+from . import dequant
 from .triton_import import load
 
 log = logging.getLogger(__name__)
@@ -279,6 +284,57 @@ if triton is not None:
         q = _iq4((_u8(src, base + 8 + g * 16 + i, rm) >> ((s & 1) * 4)) & 15).to(tl.float32)
         _store(out, blk, s, i, dl * q, rm, 256, 16)
 
+    # ------------------------------ lattice (IQ3/IQ2/IQ1) and 4-bit-float types: code books in memory
+    # The grids, the sign table and the e2m1 / e8m0 decoders are engine.dequant's float32 tables
+    # (read from gguf at import), passed as small device tensors and gathered per value.
+    @triton.jit
+    def _row(tab, idx, col, mask, W: tl.constexpr):
+        """tab[idx, col] of a float32 [points, W] code book."""
+        return tl.load(tab + idx * W + col, mask=mask, other=0.0)
+
+    @triton.jit
+    def _iq3_xxs(src, out, rows, n_blocks, bpr, row_stride, grid, signs,
+                 R: tl.constexpr, GATHER: tl.constexpr):
+        # d | qs[64] (one grid byte per 4 values) | 8 x u32 (four 7-bit sign indices | 4-bit scale)
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 98, R, GATHER)
+        s, i = _tile(8, 32)
+        d = _f16(src, base, rm)
+        a = base + 66 + s * 4
+        aux = _u8(src, a, rm) | (_u8(src, a + 1, rm) << 8) | (_u8(src, a + 2, rm) << 16) | (_u8(src, a + 3, rm) << 24)
+        dl = d * (0.5 + (_u8(src, a + 3, rm) >> 4).to(tl.float32))
+        db = dl * 0.5
+        g = _row(grid, _u8(src, base + 2 + s * 8 + (i >> 2), rm), i & 3, rm, 4)
+        sg = _row(signs, (aux >> ((i >> 3) * 7)) & 127, i & 7, rm, 8)
+        p = db * g
+        _store(out, blk, s, i, p * sg, rm, 256, 32)
+
+    @triton.jit
+    def _iq3_s(src, out, rows, n_blocks, bpr, row_stride, grid,
+               R: tl.constexpr, GATHER: tl.constexpr):
+        # d | qs[64] (grid index low 8 bits) | qh[8] (ninth bits) | signs[32] (one bit a value) | scales[4]
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 110, R, GATHER)
+        s, i = _tile(8, 32)
+        d = _f16(src, base, rm)
+        sc = (_u8(src, base + 106 + (s >> 1), rm) >> ((s & 1) * 4)) & 15
+        db = d * (1 + 2 * sc).to(tl.float32)
+        k = i >> 2  # the grid point of these 4 values
+        idx = _u8(src, base + 2 + s * 8 + k, rm) | (((_u8(src, base + 66 + s, rm) >> k) & 1) << 8)
+        g = _row(grid, idx, i & 3, rm, 4)
+        bit = (_u8(src, base + 74 + s * 4 + (i >> 3), rm) >> (i & 7)) & 1
+        sg = 1.0 - 2.0 * bit.to(tl.float32)
+        p = db * g
+        _store(out, blk, s, i, p * sg, rm, 256, 32)
+
+    @triton.jit
+    def _mxfp4(src, out, rows, n_blocks, bpr, row_stride, e8m0_half, e2m1,
+               R: tl.constexpr, GATHER: tl.constexpr):
+        # e8m0 scale byte | 16 bytes of e2m1 nibbles (values 0-15 low, 16-31 high)
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 17, R, GATHER)
+        s, i = _tile(2, 16)
+        d = tl.load(e8m0_half + _u8(src, base, rm), mask=rm, other=0.0)
+        q = tl.load(e2m1 + _nibbles(src, base, s, i, rm, 1), mask=rm, other=0.0)
+        _store(out, blk, s, i, d * q, rm, 32, 16)
+
     # type -> (kernel, blocks per program, warps): ~2K values a program for the 32-value types,
     # 4K-8K for K-quants, the fastest measured on an H200 (benchmarks/dequant_bench.py --launch)
     _TABLE: dict[T, tuple[Any, int, int]] = {
@@ -286,9 +342,15 @@ if triton is not None:
         T.Q5_0: (_q5_0, 64, NUM_WARPS), T.Q5_1: (_q5_1, 64, NUM_WARPS), T.IQ4_NL: (_iq4_nl, 64, NUM_WARPS),
         T.Q4_K: (_q4_k, 16, NUM_WARPS), T.Q5_K: (_q5_k, 32, NUM_WARPS), T.Q6_K: (_q6_k, 16, NUM_WARPS),
         T.Q2_K: (_q2_k, 16, NUM_WARPS), T.Q3_K: (_q3_k, 16, NUM_WARPS), T.IQ4_XS: (_iq4_xs, 16, NUM_WARPS),
+        T.IQ3_XXS: (_iq3_xxs, 16, NUM_WARPS), T.IQ3_S: (_iq3_s, 16, NUM_WARPS), T.MXFP4: (_mxfp4, 64, NUM_WARPS),
     }
 else:
     _TABLE = {}
+
+# the code books a type's kernel takes after its row stride, by engine.dequant's table names
+CODE_BOOKS: dict[T, tuple[str, ...]] = {
+    T.IQ3_XXS: ("IQ3_XXS", "ksigns"), T.IQ3_S: ("IQ3_S",), T.MXFP4: ("e8m0_half", "e2m1"),
+}
 
 TYPES: frozenset[T] = frozenset(_TABLE)
 
@@ -353,7 +415,9 @@ def dequantize_into(raw: torch.Tensor, qtype: T, out: torch.Tensor, rows: torch.
     gather = rows is not None
     index = rows if gather else raw  # an unused pointer when there is no gather
     grid = (triton.cdiv(n_blocks, per_program),)
-    args = (raw, out, index, n_blocks, bpr, row_stride)
+    # gguf's code books, copied to raw's device once (engine.dequant keeps them per device)
+    books = tuple(dequant._table(name, raw.device) for name in CODE_BOOKS.get(qtype, ()))
+    args = (raw, out, index, n_blocks, bpr, row_stride, *books)
     opts = dict(R=per_program, GATHER=gather, num_warps=warps, enable_fp_fusion=False)
     if raw.is_cuda and raw.device.index is not None and raw.device.index != torch.cuda.current_device():
         with torch.cuda.device(raw.device):  # Triton launches on the current device

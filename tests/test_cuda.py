@@ -440,7 +440,7 @@ def test_cuda_dequant_in_steps_into_bf16(monkeypatch):
 
 
 TRITON_DEQUANT_TYPES = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "Q2_K", "Q3_K",
-                        "IQ4_NL", "IQ4_XS"]
+                        "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "MXFP4"]
 
 
 @cuda
@@ -504,15 +504,14 @@ def test_cuda_triton_dequant_bit_exact_casts_strided_and_graphed(monkeypatch, na
     dequant_triton._kernels.cache_clear()
 
 
-TORCH_ONLY_DEQUANT_TYPES = ["IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4",
-                            "NVFP4", "TQ1_0", "TQ2_0"]
+TORCH_ONLY_DEQUANT_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "NVFP4", "TQ1_0", "TQ2_0"]
 
 
 @cuda
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("name", TORCH_ONLY_DEQUANT_TYPES)
 def test_cuda_lattice_and_fp4_types_take_the_torch_path_bit_exact(monkeypatch, name):
-    """The IQ1/IQ2/IQ3 lattice types and the 4-bit float / ternary types have no Triton kernel:
+    """The lattice and 4-bit float / ternary types without a Triton kernel (IQ1, IQ2, NVFP4, TQ):
     on CUDA the dispatcher picks the torch path for them (whether or not triton imports), and
     that path gives gguf's bits for valid blocks and every bit pattern, in steps, gathered by a
     row index (the expert cache's slots) and cast to bf16."""

@@ -30,7 +30,8 @@ interpreted = pytest.mark.skipif(
     not HAVE_TRITON or torch.cuda.is_available(),
     reason="needs triton (not a dependency) and no GPU (tests/test_cuda.py runs the compiled kernels)")
 KERNEL_TYPES = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K,
-                T.IQ4_NL, T.IQ4_XS]
+                T.IQ4_NL, T.IQ4_XS, T.IQ3_XXS, T.IQ3_S, T.MXFP4]
+LATTICE_AND_FP4_KERNELS = [T.IQ3_XXS, T.IQ3_S, T.MXFP4]  # code books gathered from a device table
 
 
 if HAVE_TRITON:
@@ -79,7 +80,8 @@ def test_kernel_bit_exact_against_gguf_and_torch(fresh_choice, qtype, rows, bloc
 
 
 @interpreted
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS, *LATTICE_AND_FP4_KERNELS],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_output_is_the_cast_of_float32(fresh_choice, qtype, dtype):
     raw, shape = random_blocks(qtype, 9, 4, seed=3)
@@ -156,7 +158,8 @@ def test_bf16_rounding_is_torchs(fresh_choice):
 
 
 @interpreted
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS, *LATTICE_AND_FP4_KERNELS],
+                         ids=lambda t: t.name)
 def test_row_index_gathers_in_place(fresh_choice, qtype):
     """ExpertCache.expand hands its whole pool's column slice and the slots' index: the kernel
     reads rows in the index's order (repeats included) and gives the values of the gathered copy."""
@@ -171,10 +174,9 @@ def test_row_index_gathers_in_place(fresh_choice, qtype):
         fresh_choice.dequantize_into(pool[:, 24:24 + raw.shape[1]], qtype, torch.empty(3, cols), rows=rows)
 
 
-@pytest.mark.parametrize("qtype", [T.IQ3_XXS, T.IQ3_S, T.IQ2_XXS, T.IQ1_M, T.MXFP4, T.NVFP4, T.TQ2_0],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.IQ2_XXS, T.IQ1_M, T.NVFP4, T.TQ2_0], ids=lambda t: t.name)
 def test_types_without_a_kernel_fall_back_to_torch_on_cuda(fresh_choice, qtype, caplog):
-    """No Triton kernel for the lattice / fp4 / ternary types: a CUDA tensor of theirs takes the
+    """No Triton kernel for these lattice / fp4 / ternary types: a CUDA tensor of theirs takes the
     torch path (and its step temporaries are budgeted), and the log line naming the Triton
     types says the others use torch."""
     assert qtype not in fresh_choice.TYPES
