@@ -30,8 +30,10 @@ interpreted = pytest.mark.skipif(
     not HAVE_TRITON or torch.cuda.is_available(),
     reason="needs triton (not a dependency) and no GPU (tests/test_cuda.py runs the compiled kernels)")
 KERNEL_TYPES = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K,
-                T.IQ4_NL, T.IQ4_XS, T.IQ3_XXS, T.IQ3_S, T.MXFP4]
-LATTICE_AND_FP4_KERNELS = [T.IQ3_XXS, T.IQ3_S, T.MXFP4]  # code books gathered from a device table
+                T.IQ4_NL, T.IQ4_XS, T.IQ3_XXS, T.IQ3_S, T.MXFP4, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S,
+                T.IQ1_M, T.NVFP4, T.TQ2_0, T.TQ1_0]
+# code books gathered from a device table (TQ2_0 is plain arithmetic)
+LATTICE_AND_FP4_KERNELS = [T.IQ3_XXS, T.IQ3_S, T.MXFP4, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S, T.IQ1_M, T.NVFP4]
 
 
 if HAVE_TRITON:
@@ -174,11 +176,11 @@ def test_row_index_gathers_in_place(fresh_choice, qtype):
         fresh_choice.dequantize_into(pool[:, 24:24 + raw.shape[1]], qtype, torch.empty(3, cols), rows=rows)
 
 
-@pytest.mark.parametrize("qtype", [T.IQ2_XXS, T.IQ1_M, T.NVFP4, T.TQ2_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.F16, T.BF16, T.F32], ids=lambda t: t.name)
 def test_types_without_a_kernel_fall_back_to_torch_on_cuda(fresh_choice, qtype, caplog):
-    """No Triton kernel for these lattice / fp4 / ternary types: a CUDA tensor of theirs takes the
-    torch path (and its step temporaries are budgeted), and the log line naming the Triton
-    types says the others use torch."""
+    """Every quantised type has a kernel; the float types are torch casts: a CUDA tensor of
+    theirs takes the torch path (and its step temporaries are budgeted), and the log line naming
+    the Triton types says the others use torch."""
     assert qtype not in fresh_choice.TYPES
     assert not fresh_choice.handles(qtype, torch.bfloat16)
     assert dequant.backend("cuda:0", qtype, torch.bfloat16) == "torch"
@@ -189,3 +191,13 @@ def test_types_without_a_kernel_fall_back_to_torch_on_cuda(fresh_choice, qtype, 
             fresh_choice.handles(qtype, torch.bfloat16)
         assert "torch for the other types" in caplog.text
         assert qtype.name not in caplog.text.split("torch for")[0]
+
+
+@interpreted
+def test_quantised_types_all_have_kernels_and_need_no_step_temporaries(fresh_choice):
+    """The memory plan: a model of any quantised types expands each tensor in one launch into
+    its output, so no torch step's float32 temporaries are reserved on the GPU."""
+    quantised = dequant.SUPPORTED - {T.F32, T.F16, T.BF16}
+    assert quantised == fresh_choice.TYPES
+    assert dequant.gpu_temporaries("cuda:0", sorted(quantised), torch.bfloat16) == 0
+    assert all(dequant.backend("cuda:0", t, torch.bfloat16) == "triton" for t in quantised)
