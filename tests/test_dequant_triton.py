@@ -6,6 +6,9 @@ run everywhere."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -201,3 +204,44 @@ def test_quantised_types_all_have_kernels_and_need_no_step_temporaries(fresh_cho
     assert quantised == fresh_choice.TYPES
     assert dequant.gpu_temporaries("cuda:0", sorted(quantised), torch.bfloat16) == 0
     assert all(dequant.backend("cuda:0", t, torch.bfloat16) == "triton" for t in quantised)
+
+
+# compiled for an H100/H200 (sm_90) without a GPU, in a process where @triton.jit compiles (the
+# interpreter is off): every kernel, float32 and bf16 out, gathering; the PTX is read for FMA
+_COMPILE_CHECK = """
+import re, sys
+sys.path.insert(0, sys.argv[1])
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from engine import dequant_triton as dt
+for qt, (kernel, r, w) in sorted(dt._TABLE.items(), key=lambda kv: kv[0].name):
+    books = kernel.arg_names[6:6 + len(dt.CODE_BOOKS.get(qt, ()))]
+    for out in ("*fp32", "*bf16"):
+        sig = {"src": "*u8", "out": out, "rows": "*i64", "n_blocks": "i32", "bpr": "i32", "row_stride": "i64",
+               **{b: "*fp32" for b in books}, "R": "constexpr", "GATHER": "constexpr"}
+        c = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs={"R": r, "GATHER": True}),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "enable_fp_fusion": False})
+        ptx = c.asm["ptx"]
+        fused = ptx.count("fma") + len(re.findall(r"\\b(?:mul|add|sub)\\.f32", ptx))  # contractible
+        print(qt.name, out, "fused-or-contractible", fused, "cubin", len(c.asm["cubin"]))
+"""
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (not a dependency)")
+def test_every_kernel_compiles_for_sm90_without_fused_multiply_add():
+    """The interpreter accepts code the compiler may refuse, and cannot show FMA contraction:
+    each kernel is compiled for sm_90 (through ptxas) with the dequantiser's launch options and
+    its PTX holds only rounded .rn float operations, no fma."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE_CHECK, str(root)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.split("\n")
+    from engine import dequant_triton
+    for qt in dequant_triton.TYPES:
+        for out in ("*fp32", "*bf16"):
+            line = next((x for x in lines if x.startswith(f"{qt.name} {out} ")), None)
+            assert line is not None, (qt.name, out, run.stdout[-2000:])
+            assert " fused-or-contractible 0 " in line, line
