@@ -85,7 +85,7 @@ def test_kernel_bit_exact_against_gguf_and_torch(fresh_choice, qtype, rows, bloc
 
 
 @interpreted
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS, *LATTICE_AND_FP4_KERNELS],
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS, *LATTICE_AND_FP4_KERNELS, T.TQ1_0],
                          ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_output_is_the_cast_of_float32(fresh_choice, qtype, dtype):
@@ -163,7 +163,7 @@ def test_bf16_rounding_is_torchs(fresh_choice):
 
 
 @interpreted
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS, *LATTICE_AND_FP4_KERNELS],
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS, *LATTICE_AND_FP4_KERNELS, T.TQ1_0],
                          ids=lambda t: t.name)
 def test_row_index_gathers_in_place(fresh_choice, qtype):
     """ExpertCache.expand hands its whole pool's column slice and the slots' index: the kernel
