@@ -12,7 +12,7 @@ On a CPU (no CUDA) it runs tiny shapes through the torch path only, and says so:
     python3 benchmarks/dequant_bench.py                     # every type with a kernel
     python3 benchmarks/dequant_bench.py --types Q4_K,Q6_K,Q8_0 --repeat 20
     python3 benchmarks/dequant_bench.py --types Q4_K --launch 8:4,16:8   # blocks per program : warps
-    python3 benchmarks/dequant_bench.py --types low-bit     # IQ1/IQ2/IQ3, MXFP4, NVFP4, TQ: torch path only
+    python3 benchmarks/dequant_bench.py --types low-bit     # IQ1/IQ2/IQ3, MXFP4, NVFP4, TQ only
 
 A `fill` row writes the same output bytes with torch's fill_: the device's write ceiling for
 this output, against which the kernels' GB/s read.
@@ -38,9 +38,9 @@ SCALES = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q5_0: (0,), T.IQ4_NL: (0,), T.IQ4_XS: (0
           T.Q5_1: (0, 2), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q6_K: (208,),
           T.IQ3_XXS: (0,), T.IQ3_S: (0,), T.IQ2_XXS: (0,), T.IQ2_XS: (0,), T.IQ2_S: (0,), T.IQ1_S: (0,),
           T.TQ1_0: (52,), T.TQ2_0: (64,)}
-DEFAULT_TYPES = "Q4_K,Q6_K,Q5_K,Q8_0,Q4_0,Q5_0,Q4_1,Q5_1,Q2_K,Q3_K,IQ4_NL,IQ4_XS"
-# the types with no Triton kernel (torch path on CUDA too): `--types low-bit`
+# the lattice / 4-bit-float / ternary types (kernels gathering gguf's code books): `--types low-bit`
 LOW_BIT_TYPES = "IQ3_XXS,IQ3_S,IQ2_XXS,IQ2_XS,IQ2_S,IQ1_S,IQ1_M,MXFP4,NVFP4,TQ1_0,TQ2_0"
+DEFAULT_TYPES = "Q4_K,Q6_K,Q5_K,Q8_0,Q4_0,Q5_0,Q4_1,Q5_1,Q2_K,Q3_K,IQ4_NL,IQ4_XS," + LOW_BIT_TYPES
 
 
 def layer_shapes(cuda: bool) -> list[tuple[int, ...]]:

@@ -13,12 +13,12 @@ On CUDA, where Triton imports, the types `engine.dequant_triton` has kernels for
 instead: one launch per tensor, the same bits (see `backend`).  STRATA_DEQUANT=torch keeps
 these torch expressions everywhere (an A/B switch); the CPU always uses them.
 
-The lattice types (IQ1_S/M, IQ2_XXS/XS/S, IQ3_XXS/S), the 4-bit floats (MXFP4, NVFP4) and the
-ternary TQ1_0/TQ2_0 have no Triton kernel: they take this torch path on CUDA too.  Their code
-books (grids, the IQ2/IQ3 sign table, the e2m1 values, the e8m0 and ue4m3 scale decoders
-applied to every byte) are read from gguf.quants at import, copied once per device, and every
-small index vector is made on the device, so the path captures in a CUDA graph after its first
-eager call.
+The lattice and 4-bit-float types read code books (grids, the IQ2/IQ3 sign table, the e2m1
+values, the e8m0 and ue4m3 scale decoders applied to every byte) from gguf.quants at import;
+they are copied once per device (`_table`), and the Triton kernels of those types gather from
+the same device tables.  Every quantised type has a kernel (`dequant_triton.TYPES`); with
+STRATA_DEQUANT=torch or no triton they take this torch path on CUDA, where every small index
+vector is made on the device, so the path captures in a CUDA graph after its first eager call.
 """
 from __future__ import annotations
 
@@ -291,6 +291,8 @@ _NP_TABLES: dict[str, Callable[[], np.ndarray]] = {
     # the scale decoders applied to every byte: a table of 256 exact float32 scales
     "e8m0_half": lambda: gguf_quants.MXFP4.e8m0_to_fp32_half(np.arange(256, dtype=np.uint8)).astype(np.float32),
     "ue4m3": lambda: np.asarray(gguf_quants.NVFP4.ue4m3_to_fp32(np.arange(256, dtype=np.uint8)), dtype=np.float32),
+    # IQ1's lattice offset by its sign bit (0: +delta, 1: -delta), for the Triton kernels
+    "iq1_delta": lambda: np.array([gguf_quants.IQ1_S.delta, -gguf_quants.IQ1_S.delta], dtype=np.float32),
 }
 _HOST_TABLES: dict[str, torch.Tensor] = {name: torch.from_numpy(make()) for name, make in _NP_TABLES.items()}
 _DEVICE_TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}

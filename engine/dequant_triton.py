@@ -11,6 +11,10 @@ rounding per operation, and no fused multiply-add: every launch passes enable_fp
 (Triton would otherwise contract `dl * q - ml` into one FMA, which rounds once and differs from
 gguf).  A lower precision output is one round-to-nearest-even cast of the exact float32 value.
 
+The lattice / 4-bit-float types gather their code books (gguf's grids, sign table, e2m1 values,
+e8m0 scales) from engine.dequant's float32 device tables, passed to the kernel as pointers
+(CODE_BOOKS names them): the torch path's own tables, so both read the same numbers.
+
 Importing this module imports triton (where it is installed); `engine.dequant` imports it only
 when a CUDA tensor is expanded.  STRATA_DEQUANT=torch keeps the torch path (A/B measurement).
 """
@@ -25,6 +29,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 
+from . import dequant
 from .triton_import import load
 
 log = logging.getLogger(__name__)
@@ -279,16 +284,204 @@ if triton is not None:
         q = _iq4((_u8(src, base + 8 + g * 16 + i, rm) >> ((s & 1) * 4)) & 15).to(tl.float32)
         _store(out, blk, s, i, dl * q, rm, 256, 16)
 
+    # ----------------------- lattice (IQ3/IQ2/IQ1), 4-bit-float and ternary types: code books in memory
+    # The grids, the sign table and the e2m1 / e8m0 decoders are engine.dequant's float32 tables
+    # (read from gguf at import), passed as small device tensors and gathered per value.
+    @triton.jit
+    def _row(tab, idx, col, mask, W: tl.constexpr):
+        """tab[idx, col] of a float32 [points, W] code book."""
+        return tl.load(tab + idx * W + col, mask=mask, other=0.0)
+
+    @triton.jit
+    def _aux_u32(src, a, mask):
+        """The little-endian u32 at src + a as int32 bits (IQ2_XXS, IQ3_XXS sign words)."""
+        return _u8(src, a, mask) | (_u8(src, a + 1, mask) << 8) | (_u8(src, a + 2, mask) << 16) | (_u8(src, a + 3, mask) << 24)
+
+    @triton.jit
+    def _iq3_xxs(src, out, rows, n_blocks, bpr, row_stride, grid, signs,
+                 R: tl.constexpr, GATHER: tl.constexpr):
+        # d | qs[64] (one grid byte per 4 values) | 8 x u32 (four 7-bit sign indices | 4-bit scale)
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 98, R, GATHER)
+        s, i = _tile(8, 32)
+        d = _f16(src, base, rm)
+        a = base + 66 + s * 4
+        aux = _aux_u32(src, a, rm)
+        dl = d * (0.5 + (_u8(src, a + 3, rm) >> 4).to(tl.float32))
+        db = dl * 0.5
+        g = _row(grid, _u8(src, base + 2 + s * 8 + (i >> 2), rm), i & 3, rm, 4)
+        sg = _row(signs, (aux >> ((i >> 3) * 7)) & 127, i & 7, rm, 8)
+        p = db * g
+        _store(out, blk, s, i, p * sg, rm, 256, 32)
+
+    @triton.jit
+    def _iq3_s(src, out, rows, n_blocks, bpr, row_stride, grid,
+               R: tl.constexpr, GATHER: tl.constexpr):
+        # d | qs[64] (grid index low 8 bits) | qh[8] (ninth bits) | signs[32] (one bit a value) | scales[4]
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 110, R, GATHER)
+        s, i = _tile(8, 32)
+        d = _f16(src, base, rm)
+        sc = (_u8(src, base + 106 + (s >> 1), rm) >> ((s & 1) * 4)) & 15
+        db = d * (1 + 2 * sc).to(tl.float32)
+        k = i >> 2  # the grid point of these 4 values
+        idx = _u8(src, base + 2 + s * 8 + k, rm) | (((_u8(src, base + 66 + s, rm) >> k) & 1) << 8)
+        g = _row(grid, idx, i & 3, rm, 4)
+        bit = (_u8(src, base + 74 + s * 4 + (i >> 3), rm) >> (i & 7)) & 1
+        sg = 1.0 - 2.0 * bit.to(tl.float32)
+        p = db * g
+        _store(out, blk, s, i, p * sg, rm, 256, 32)
+
+    @triton.jit
+    def _mxfp4(src, out, rows, n_blocks, bpr, row_stride, e8m0_half, e2m1,
+               R: tl.constexpr, GATHER: tl.constexpr):
+        # e8m0 scale byte | 16 bytes of e2m1 nibbles (values 0-15 low, 16-31 high)
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 17, R, GATHER)
+        s, i = _tile(2, 16)
+        d = tl.load(e8m0_half + _u8(src, base, rm), mask=rm, other=0.0)
+        q = tl.load(e2m1 + _nibbles(src, base, s, i, rm, 1), mask=rm, other=0.0)
+        _store(out, blk, s, i, d * q, rm, 32, 16)
+
+    @triton.jit
+    def _iq2_xxs(src, out, rows, n_blocks, bpr, row_stride, grid, signs,
+                 R: tl.constexpr, GATHER: tl.constexpr):
+        # d | 8 x (4 grid bytes, one per 8 values | u32: four 7-bit sign indices, 4-bit scale on top)
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 66, R, GATHER)
+        s, i = _tile(8, 32)
+        d = _f16(src, base, rm)
+        a = base + 2 + s * 8
+        aux = _aux_u32(src, a + 4, rm)
+        dl = d * (0.5 + (_u8(src, a + 7, rm) >> 4).to(tl.float32))
+        db = dl * 0.25
+        g = _row(grid, _u8(src, a + (i >> 3), rm), i & 7, rm, 8)
+        sg = _row(signs, (aux >> ((i >> 3) * 7)) & 127, i & 7, rm, 8)
+        p = db * g
+        _store(out, blk, s, i, p * sg, rm, 256, 32)
+
+    @triton.jit
+    def _iq2_xs(src, out, rows, n_blocks, bpr, row_stride, grid, signs,
+                R: tl.constexpr, GATHER: tl.constexpr):
+        # d | qs[32] u16 (9-bit grid index | 7-bit sign index, 8 values each) | scales[8] (4-bit per 16 values)
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 74, R, GATHER)
+        s, i = _tile(16, 16)
+        d = _f16(src, base, rm)
+        sc = (_u8(src, base + 66 + (s >> 1), rm) >> ((s & 1) * 4)) & 15
+        dl = d * (0.5 + sc.to(tl.float32))
+        db = dl * 0.25
+        a = base + 2 + (s * 2 + (i >> 3)) * 2
+        q = _u8(src, a, rm) | (_u8(src, a + 1, rm) << 8)
+        g = _row(grid, q & 511, i & 7, rm, 8)
+        sg = _row(signs, q >> 9, i & 7, rm, 8)
+        p = db * g
+        _store(out, blk, s, i, p * sg, rm, 256, 16)
+
+    @triton.jit
+    def _iq2_s(src, out, rows, n_blocks, bpr, row_stride, grid,
+               R: tl.constexpr, GATHER: tl.constexpr):
+        # d | qs[32] (grid index low 8 bits) | signs[32] (one bit a value) | qh[8] (2 high bits each) | scales[8]
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 82, R, GATHER)
+        s, i = _tile(16, 16)
+        d = _f16(src, base, rm)
+        sc = (_u8(src, base + 74 + (s >> 1), rm) >> ((s & 1) * 4)) & 15
+        dl = d * (0.5 + sc.to(tl.float32))
+        db = dl * 0.25
+        k = s * 2 + (i >> 3)  # the grid point of these 8 values
+        hi = (_u8(src, base + 66 + (k >> 2), rm) >> ((k & 3) * 2)) & 3
+        g = _row(grid, _u8(src, base + 2 + k, rm) | (hi << 8), i & 7, rm, 8)
+        bit = (_u8(src, base + 34 + s * 2 + (i >> 3), rm) >> (i & 7)) & 1
+        sg = 1.0 - 2.0 * bit.to(tl.float32)
+        p = db * g
+        _store(out, blk, s, i, p * sg, rm, 256, 16)
+
+    @triton.jit
+    def _iq1_s(src, out, rows, n_blocks, bpr, row_stride, grid, delta,
+               R: tl.constexpr, GATHER: tl.constexpr):
+        # d | qs[32] (grid index low 8 bits) | qh[8] u16 (3 high bits x4 | 3-bit scale | delta sign)
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 50, R, GATHER)
+        s, i = _tile(8, 32)
+        d = _f16(src, base, rm)
+        qh = _u8(src, base + 34 + s * 2, rm) | (_u8(src, base + 35 + s * 2, rm) << 8)
+        dl = d * (2 * ((qh >> 12) & 7) + 1).to(tl.float32)
+        dt = tl.load(delta + (qh >> 15), mask=rm, other=0.0)  # [+delta, -delta]
+        k = i >> 3
+        idx = _u8(src, base + 2 + s * 4 + k, rm) | (((qh >> (k * 3)) & 7) << 8)
+        g = _row(grid, idx, i & 7, rm, 8)
+        _store(out, blk, s, i, dl * (g + dt), rm, 256, 32)
+
+    @triton.jit
+    def _iq1_m(src, out, rows, n_blocks, bpr, row_stride, grid, delta,
+               R: tl.constexpr, GATHER: tl.constexpr):
+        # qs[32] | qh[16] (a nibble per 8 values: 3 high index bits | delta sign) | 4 x u16: four
+        # 3-bit sub-scales each (one per 16 values), the block's f16 scale in their top nibbles
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 56, R, GATHER)
+        s, i = _tile(16, 16)
+        dbits = ((_u8(src, base + 49, rm) >> 4) | ((_u8(src, base + 51, rm) >> 4) << 4)
+                 | ((_u8(src, base + 53, rm) >> 4) << 8) | ((_u8(src, base + 55, rm) >> 4) << 12))
+        d = dbits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        a = base + 48 + (s >> 2) * 2
+        sc = _u8(src, a, rm) | (_u8(src, a + 1, rm) << 8)
+        dl = d * (2 * ((sc >> ((s & 3) * 3)) & 7) + 1).to(tl.float32)
+        k = s * 2 + (i >> 3)  # the grid point of these 8 values
+        nib = (_u8(src, base + 32 + (k >> 1), rm) >> ((k & 1) * 4)) & 15
+        dt = tl.load(delta + (nib >> 3), mask=rm, other=0.0)
+        g = _row(grid, _u8(src, base + k, rm) | ((nib & 7) << 8), i & 7, rm, 8)
+        _store(out, blk, s, i, dl * (g + dt), rm, 256, 16)
+
+    @triton.jit
+    def _nvfp4(src, out, rows, n_blocks, bpr, row_stride, ue4m3, e2m1,
+               R: tl.constexpr, GATHER: tl.constexpr):
+        # 4 ue4m3 scales (one per 16 values) | 4 x 8 bytes of e2m1 nibbles (8 low, then 8 high)
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 36, R, GATHER)
+        s, i = _tile(4, 16)
+        d = tl.load(ue4m3 + _u8(src, base + s, rm), mask=rm, other=0.0)
+        q = tl.load(e2m1 + ((_u8(src, base + 4 + s * 8 + (i & 7), rm) >> ((i >> 3) * 4)) & 15), mask=rm, other=0.0)
+        _store(out, blk, s, i, d * q, rm, 64, 16)
+
+    @triton.jit
+    def _tq2_0(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
+        # qs[64] (2-bit digits: 32 bytes per 128 values, 4 shifts) | d
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 66, R, GATHER)
+        s, i = _tile(8, 32)
+        d = _f16(src, base + 64, rm)
+        q = ((_u8(src, base + (s >> 2) * 32 + i, rm) >> ((s & 3) * 2)) & 3) - 1
+        _store(out, blk, s, i, d * q.to(tl.float32), rm, 256, 32)
+
+    @triton.jit
+    def _tq1_0(src, out, rows, n_blocks, bpr, row_stride, R: tl.constexpr, GATHER: tl.constexpr):
+        # qs[48] (5 base-3 digits per byte, as a fraction of 256) | qh[4] (4 digits each) | d, as
+        # [16, 16]: values 0-159 digit m = s//2 of bytes 0-31, 160-239 digit s-10 of bytes 32-47,
+        # 240-255 digit i//4 of bytes 48-51
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 54, R, GATHER)
+        s, i = _tile(16, 16)
+        d = _f16(src, base + 52, rm)
+        b = tl.where(s < 10, (s & 1) * 16 + i, tl.where(s < 15, 32 + i, 48 + (i & 3)))
+        m = tl.where(s < 10, s >> 1, tl.where(s < 15, s - 10, i >> 2))
+        p3 = tl.full(m.shape, 1, tl.int32)  # 3 ** m
+        for k in tl.static_range(4):
+            p3 = tl.where(m > k, p3 * 3, p3)
+        q = ((((_u8(src, base + b, rm) * p3) & 255) * 3) >> 8) - 1
+        _store(out, blk, s, i, d * q.to(tl.float32), rm, 256, 16)
+
     # type -> (kernel, blocks per program, warps): ~2K values a program for the 32-value types,
     # 4K-8K for K-quants, the fastest measured on an H200 (benchmarks/dequant_bench.py --launch)
+    # (the lattice / fp4 / TQ kernels take those shapes unmeasured: tune with the same --launch)
     _TABLE: dict[T, tuple[Any, int, int]] = {
         T.Q8_0: (_q8_0, 64, NUM_WARPS), T.Q4_0: (_q4_0, 64, NUM_WARPS), T.Q4_1: (_q4_1, 64, NUM_WARPS),
         T.Q5_0: (_q5_0, 64, NUM_WARPS), T.Q5_1: (_q5_1, 64, NUM_WARPS), T.IQ4_NL: (_iq4_nl, 64, NUM_WARPS),
         T.Q4_K: (_q4_k, 16, NUM_WARPS), T.Q5_K: (_q5_k, 32, NUM_WARPS), T.Q6_K: (_q6_k, 16, NUM_WARPS),
         T.Q2_K: (_q2_k, 16, NUM_WARPS), T.Q3_K: (_q3_k, 16, NUM_WARPS), T.IQ4_XS: (_iq4_xs, 16, NUM_WARPS),
+        T.IQ3_XXS: (_iq3_xxs, 16, NUM_WARPS), T.IQ3_S: (_iq3_s, 16, NUM_WARPS), T.MXFP4: (_mxfp4, 64, NUM_WARPS),
+        T.IQ2_XXS: (_iq2_xxs, 16, NUM_WARPS), T.IQ2_XS: (_iq2_xs, 16, NUM_WARPS), T.IQ2_S: (_iq2_s, 16, NUM_WARPS),
+        T.IQ1_S: (_iq1_s, 16, NUM_WARPS), T.IQ1_M: (_iq1_m, 16, NUM_WARPS), T.NVFP4: (_nvfp4, 32, NUM_WARPS),
+        T.TQ2_0: (_tq2_0, 16, NUM_WARPS), T.TQ1_0: (_tq1_0, 16, NUM_WARPS),
     }
 else:
     _TABLE = {}
+
+# the code books a type's kernel takes after its row stride, by engine.dequant's table names
+CODE_BOOKS: dict[T, tuple[str, ...]] = {
+    T.IQ3_XXS: ("IQ3_XXS", "ksigns"), T.IQ3_S: ("IQ3_S",), T.MXFP4: ("e8m0_half", "e2m1"),
+    T.IQ2_XXS: ("IQ2_XXS", "ksigns"), T.IQ2_XS: ("IQ2_XS", "ksigns"), T.IQ2_S: ("IQ2_S",),
+    T.IQ1_S: ("IQ1_S", "iq1_delta"), T.IQ1_M: ("IQ1_S", "iq1_delta"), T.NVFP4: ("ue4m3", "e2m1"),
+}
 
 TYPES: frozenset[T] = frozenset(_TABLE)
 
@@ -353,7 +546,9 @@ def dequantize_into(raw: torch.Tensor, qtype: T, out: torch.Tensor, rows: torch.
     gather = rows is not None
     index = rows if gather else raw  # an unused pointer when there is no gather
     grid = (triton.cdiv(n_blocks, per_program),)
-    args = (raw, out, index, n_blocks, bpr, row_stride)
+    # gguf's code books, copied to raw's device once (engine.dequant keeps them per device)
+    books = tuple(dequant._table(name, raw.device) for name in CODE_BOOKS.get(qtype, ()))
+    args = (raw, out, index, n_blocks, bpr, row_stride, *books)
     opts = dict(R=per_program, GATHER=gather, num_warps=warps, enable_fp_fusion=False)
     if raw.is_cuda and raw.device.index is not None and raw.device.index != torch.cuda.current_device():
         with torch.cuda.device(raw.device):  # Triton launches on the current device

@@ -440,7 +440,8 @@ def test_cuda_dequant_in_steps_into_bf16(monkeypatch):
 
 
 TRITON_DEQUANT_TYPES = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "Q2_K", "Q3_K",
-                        "IQ4_NL", "IQ4_XS"]
+                        "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S",
+                        "IQ1_M", "NVFP4", "TQ1_0", "TQ2_0"]
 
 
 @cuda
@@ -504,18 +505,20 @@ def test_cuda_triton_dequant_bit_exact_casts_strided_and_graphed(monkeypatch, na
     dequant_triton._kernels.cache_clear()
 
 
-TORCH_ONLY_DEQUANT_TYPES = ["IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4",
-                            "NVFP4", "TQ1_0", "TQ2_0"]
+# code-book types: their Triton kernels gather from the torch path's device tables
+LATTICE_AND_FP4_DEQUANT_TYPES = ["IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4",
+                                 "NVFP4", "TQ1_0", "TQ2_0"]
 
 
 @cuda
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("name", TORCH_ONLY_DEQUANT_TYPES)
+@pytest.mark.parametrize("name", LATTICE_AND_FP4_DEQUANT_TYPES)
 def test_cuda_lattice_and_fp4_types_take_the_torch_path_bit_exact(monkeypatch, name):
-    """The IQ1/IQ2/IQ3 lattice types and the 4-bit float / ternary types have no Triton kernel:
-    on CUDA the dispatcher picks the torch path for them (whether or not triton imports), and
+    """The IQ1/IQ2/IQ3 lattice types and the 4-bit float / ternary types with STRATA_DEQUANT=torch
+    (or where triton does not import): on CUDA the dispatcher picks the torch path for them, and
     that path gives gguf's bits for valid blocks and every bit pattern, in steps, gathered by a
-    row index (the expert cache's slots) and cast to bf16."""
+    row index (the expert cache's slots) and cast to bf16; with the kernels on, the same
+    finite blocks expand through Triton to the same bits."""
     from dequant_support import assert_bit_exact, random_blocks
     from gguf import GGMLQuantizationType as T
     from gguf import quants as gguf_quants
@@ -523,7 +526,7 @@ def test_cuda_lattice_and_fp4_types_take_the_torch_path_bit_exact(monkeypatch, n
     from engine import dequant, dequant_triton
 
     qtype = T[name]
-    monkeypatch.delenv(dequant_triton.ENV, raising=False)
+    monkeypatch.setenv(dequant_triton.ENV, "torch")
     dequant_triton._kernels.cache_clear()
     assert dequant.backend("cuda:0", qtype, torch.bfloat16) == "torch"
     assert dequant.gpu_temporaries("cuda:0", [qtype], torch.bfloat16) == dequant.STEP_BYTES_CUDA
@@ -534,6 +537,13 @@ def test_cuda_lattice_and_fp4_types_take_the_torch_path_bit_exact(monkeypatch, n
         f32 = dequant.dequantize(t, qtype, shape)
         assert f32.is_cuda
         assert_bit_exact(f32, ref, f"{name} on CUDA, seed {seed}")
+        if finite and dequant_triton.triton is not None:
+            monkeypatch.delenv(dequant_triton.ENV)
+            dequant_triton._kernels.cache_clear()
+            assert dequant.backend("cuda:0", qtype) == "triton"
+            assert_bit_exact(dequant.dequantize(t, qtype, shape), ref, f"{name} Triton, finite, seed {seed}")
+            monkeypatch.setenv(dequant_triton.ENV, "torch")
+            dequant_triton._kernels.cache_clear()
         bf = dequant.dequantize(t, qtype, shape, dtype=torch.bfloat16)
         assert torch.equal(bf.float().nan_to_num(), f32.to(torch.bfloat16).float().nan_to_num()), name
         idx = torch.arange(63, -1, -1, device="cuda:0")

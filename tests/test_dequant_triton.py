@@ -6,6 +6,9 @@ run everywhere."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,7 +33,10 @@ interpreted = pytest.mark.skipif(
     not HAVE_TRITON or torch.cuda.is_available(),
     reason="needs triton (not a dependency) and no GPU (tests/test_cuda.py runs the compiled kernels)")
 KERNEL_TYPES = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K,
-                T.IQ4_NL, T.IQ4_XS]
+                T.IQ4_NL, T.IQ4_XS, T.IQ3_XXS, T.IQ3_S, T.MXFP4, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S,
+                T.IQ1_M, T.NVFP4, T.TQ2_0, T.TQ1_0]
+# code books gathered from a device table (TQ2_0 is plain arithmetic)
+LATTICE_AND_FP4_KERNELS = [T.IQ3_XXS, T.IQ3_S, T.MXFP4, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S, T.IQ1_M, T.NVFP4]
 
 
 if HAVE_TRITON:
@@ -79,7 +85,8 @@ def test_kernel_bit_exact_against_gguf_and_torch(fresh_choice, qtype, rows, bloc
 
 
 @interpreted
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS, *LATTICE_AND_FP4_KERNELS, T.TQ1_0],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_output_is_the_cast_of_float32(fresh_choice, qtype, dtype):
     raw, shape = random_blocks(qtype, 9, 4, seed=3)
@@ -156,7 +163,8 @@ def test_bf16_rounding_is_torchs(fresh_choice):
 
 
 @interpreted
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS, *LATTICE_AND_FP4_KERNELS, T.TQ1_0],
+                         ids=lambda t: t.name)
 def test_row_index_gathers_in_place(fresh_choice, qtype):
     """ExpertCache.expand hands its whole pool's column slice and the slots' index: the kernel
     reads rows in the index's order (repeats included) and gives the values of the gathered copy."""
@@ -171,12 +179,11 @@ def test_row_index_gathers_in_place(fresh_choice, qtype):
         fresh_choice.dequantize_into(pool[:, 24:24 + raw.shape[1]], qtype, torch.empty(3, cols), rows=rows)
 
 
-@pytest.mark.parametrize("qtype", [T.IQ3_XXS, T.IQ3_S, T.IQ2_XXS, T.IQ1_M, T.MXFP4, T.NVFP4, T.TQ2_0],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.F16, T.BF16, T.F32], ids=lambda t: t.name)
 def test_types_without_a_kernel_fall_back_to_torch_on_cuda(fresh_choice, qtype, caplog):
-    """No Triton kernel for the lattice / fp4 / ternary types: a CUDA tensor of theirs takes the
-    torch path (and its step temporaries are budgeted), and the log line naming the Triton
-    types says the others use torch."""
+    """Every quantised type has a kernel; the float types are torch casts: a CUDA tensor of
+    theirs takes the torch path (and its step temporaries are budgeted), and the log line naming
+    the Triton types says the others use torch."""
     assert qtype not in fresh_choice.TYPES
     assert not fresh_choice.handles(qtype, torch.bfloat16)
     assert dequant.backend("cuda:0", qtype, torch.bfloat16) == "torch"
@@ -187,3 +194,54 @@ def test_types_without_a_kernel_fall_back_to_torch_on_cuda(fresh_choice, qtype, 
             fresh_choice.handles(qtype, torch.bfloat16)
         assert "torch for the other types" in caplog.text
         assert qtype.name not in caplog.text.split("torch for")[0]
+
+
+@interpreted
+def test_quantised_types_all_have_kernels_and_need_no_step_temporaries(fresh_choice):
+    """The memory plan: a model of any quantised types expands each tensor in one launch into
+    its output, so no torch step's float32 temporaries are reserved on the GPU."""
+    quantised = dequant.SUPPORTED - {T.F32, T.F16, T.BF16}
+    assert quantised == fresh_choice.TYPES
+    assert dequant.gpu_temporaries("cuda:0", sorted(quantised), torch.bfloat16) == 0
+    assert all(dequant.backend("cuda:0", t, torch.bfloat16) == "triton" for t in quantised)
+
+
+# compiled for an H100/H200 (sm_90) without a GPU, in a process where @triton.jit compiles (the
+# interpreter is off): every kernel, float32 and bf16 out, gathering; the PTX is read for FMA
+_COMPILE_CHECK = """
+import re, sys
+sys.path.insert(0, sys.argv[1])
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from engine import dequant_triton as dt
+for qt, (kernel, r, w) in sorted(dt._TABLE.items(), key=lambda kv: kv[0].name):
+    books = kernel.arg_names[6:6 + len(dt.CODE_BOOKS.get(qt, ()))]
+    for out in ("*fp32", "*bf16"):
+        sig = {"src": "*u8", "out": out, "rows": "*i64", "n_blocks": "i32", "bpr": "i32", "row_stride": "i64",
+               **{b: "*fp32" for b in books}, "R": "constexpr", "GATHER": "constexpr"}
+        c = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs={"R": r, "GATHER": True}),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "enable_fp_fusion": False})
+        ptx = c.asm["ptx"]
+        fused = ptx.count("fma") + len(re.findall(r"\\b(?:mul|add|sub)\\.f32", ptx))  # contractible
+        print(qt.name, out, "fused-or-contractible", fused, "cubin", len(c.asm["cubin"]))
+"""
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (not a dependency)")
+def test_every_kernel_compiles_for_sm90_without_fused_multiply_add():
+    """The interpreter accepts code the compiler may refuse, and cannot show FMA contraction:
+    each kernel is compiled for sm_90 (through ptxas) with the dequantiser's launch options and
+    its PTX holds only rounded .rn float operations, no fma."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE_CHECK, str(root)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.split("\n")
+    from engine import dequant_triton
+    for qt in dequant_triton.TYPES:
+        for out in ("*fp32", "*bf16"):
+            line = next((x for x in lines if x.startswith(f"{qt.name} {out} ")), None)
+            assert line is not None, (qt.name, out, run.stdout[-2000:])
+            assert " fused-or-contractible 0 " in line, line

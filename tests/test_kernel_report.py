@@ -173,3 +173,22 @@ def test_the_app_summary_shows_the_kernels_and_the_warning_in_colour(cpu_session
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU case (tests/test_cuda.py has the CUDA one)")
 def test_the_selftest_exercise_without_cuda_runs_nothing_and_passes():
     assert kernel_report.exercise() == (True, "no CUDA device: Triton kernels not exercised")
+
+
+def test_low_bit_mixes_expand_every_quantised_type_on_triton(monkeypatch):
+    """llama.cpp's IQ3_XXS mix (IQ3_XXS experts, IQ3_S/IQ2_S attention, Q5_K output) and gpt-oss'
+    MXFP4 experts: with triton every quantised type of theirs has a kernel, so the report names
+    them all and says torch for none (the lattice / fp4 types took the torch path before)."""
+    pytest.importorskip("triton")
+    from engine import dequant_triton
+
+    monkeypatch.delenv(dequant_triton.ENV, raising=False)
+    dequant_triton._kernels.cache_clear()
+    try:
+        parts = kernel_report.kernel_parts(["cuda"], is_moe=True,
+                                           qtypes=[T.IQ3_XXS, T.IQ3_S, T.IQ2_S, T.Q5_K, T.MXFP4, T.Q8_0, T.F32])
+    finally:
+        dequant_triton._kernels.cache_clear()
+    dq = next(p for p in parts if p.part == "dequant")
+    assert dq.kernel.startswith("Triton") and not dq.missing, dq
+    assert dq.detail == "IQ2_S, IQ3_S, IQ3_XXS, MXFP4, Q5_K, Q8_0", dq.detail
