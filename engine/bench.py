@@ -630,6 +630,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
 def _session(shown: LoadProgress, model, config: EngineConfig, events: bool):
     """A Session loaded with `shown` as its progress; the progress line is cleared (its heartbeat
     stopped) when the load fails, so the error line stands alone."""
+    from .pipeline import Session  # by name: a caller may come here before _engine() ran
+
     try:
         return Session(model, config, events=events, progress=shown)
     except BaseException:

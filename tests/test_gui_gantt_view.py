@@ -110,6 +110,6 @@ def test_telemetry_says_why_it_is_unavailable_and_plots_when_it_is(themed_app, q
     tv.add_samples([TelemetrySample(ORIGIN + i * 100 * MS, g, util_pct=10 * i, pcie_tx_gbs=1.0, pcie_rx_gbs=2.0)
                     for i in range(5) for g in (0, 1)])
     assert tv.showing_plots
-    x, y = tv._curves[(1, "util")].getData()
+    x, y = tv._curves[(1, "util_pct")].getData()  # curves are keyed by (GPU, series)
     assert list(y) == [0, 10, 20, 30, 40] and abs(x[1] - 0.1) < 1e-9
-    assert tv._curves[(0, "rx")].getData()[1][0] == 2e9
+    assert tv._curves[(0, "pcie_rx_gbs")].getData()[1][0] == 2e9

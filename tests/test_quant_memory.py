@@ -46,6 +46,7 @@ x = torch.randn(64, 512)
 torch.nn.functional.silu(torch.nn.functional.linear(x, torch.randn(256, 512))).sum()
 torch.nn.functional.scaled_dot_product_attention(x.view(1, 8, 64, 64), x.view(1, 8, 64, 64), x.view(1, 8, 64, 64),
                                                  is_causal=True)
+import torch.nn.attention.bias  # noqa: E402,F401  (the engine imports it at its first chunk: torch._dynamo, ~150 MB)
 m.tensor("blk.0.attn_q.weight")
 before = rss()
 t0 = time.perf_counter()

@@ -44,7 +44,7 @@ def test_two_chunks_over_two_devices_pick_interleave_and_rebuild(demo, two_devic
     assert "interleave:2" in choice.reason and "contiguous" in choice.reason
     ids = synthetic(256, demo.spec.vocab, nonce=2)
     contiguous = sess.run(ids, 0).report
-    ns = argparse.Namespace(no_events=True)
+    ns = argparse.Namespace(no_events=True, quiet=True)
     name, rebuilt = bench._split_for(demo, user, sess, "base", 256, ns)
     try:
         assert rebuilt is not sess and rebuilt.interleave == 2 and len(rebuilt.stages) == 4
@@ -63,7 +63,7 @@ def test_many_chunks_keep_the_contiguous_split_without_a_rebuild(demo, two_devic
         choice = split_choice.choose_split(sess, user, 256)
         # 32 chunks: 33 T against 32.5 T — under the 3% a rebuild must buy
         assert choice is not None and choice.interleave == 1
-        name, same = bench._split_for(demo, user, sess, "base", 256, argparse.Namespace(no_events=True))
+        name, same = bench._split_for(demo, user, sess, "base", 256, argparse.Namespace(no_events=True, quiet=True))
         assert same is sess
         assert any(n.startswith("layer split auto: a contiguous split") for n in sess.run(
             synthetic(64, demo.spec.vocab), 0).report.notes)
