@@ -102,8 +102,8 @@ def run_needs(source, config: EngineConfig, prompt_tokens: int, decode_tokens: i
     for d in plan.devices:
         need = host if d.device == "cpu" else by_device.setdefault(d.device, Need(d.device))
         for part, n in (("KV cache", d.kv), ("dense weights", d.dense), ("experts", d.experts),
-                        ("scratch", d.scratch)):
-            if part == "KV cache" or not loaded:
+                        ("scratch", d.scratch), ("attention scores", d.attention)):
+            if part in ("KV cache", "attention scores") or not loaded:
                 need.add(part, n)
     if not loaded:
         host.add("host expert arena", plan.host_arena)

@@ -51,10 +51,22 @@ class DevicePlan:
     expert_slots: int  # experts the device holds (resident: all of its layers')
     kv: int
     scratch: int
+    attention: int = 0  # a CPU stage's attention scores at the last chunk (SDPA's math kernel holds them)
 
     @property
     def total(self) -> int:
-        return self.dense + self.experts + self.kv + self.scratch
+        return self.dense + self.experts + self.kv + self.scratch + self.attention
+
+
+CPU_MIN_CHUNK = 16  # the smallest chunk a CPU plan picks: the lower bound when the chunk is auto
+
+
+def cpu_attention_bytes(spec, config: EngineConfig, tokens: int) -> int:
+    """The float32 scores a CPU stage's attention holds for the last chunk of `tokens`: heads x
+    chunk x keys (PyTorch's CPU SDPA materialises them; GPU kernels do not). With chunk auto the
+    smallest CPU chunk is taken, so the figure is a floor, never an overstatement."""
+    chunk = config.chunk_tokens if isinstance(config.chunk_tokens, int) else CPU_MIN_CHUNK
+    return spec.n_heads * min(chunk, tokens) * tokens * 4
 
 
 @dataclass(frozen=True)
@@ -72,8 +84,9 @@ class MemoryPlan:
             experts = (f"expert cache {size_text(d.experts)} ({d.expert_slots} slots)" if self.streamed
                        else f"experts {size_text(d.experts)}")
             lines.append(f"stage {d.stage} {d.device} (layers {d.first}-{d.end - 1}): dense {size_text(d.dense)}, "
-                         f"{experts}, KV {size_text(d.kv)} ({self.tokens} tokens), scratch {size_text(d.scratch)}; "
-                         f"total {size_text(d.total)}")
+                         f"{experts}, KV {size_text(d.kv)} ({self.tokens} tokens), scratch {size_text(d.scratch)}"
+                         + (f", attention scores {size_text(d.attention)}" if d.attention else "")
+                         + f"; total {size_text(d.total)}")
         if self.streamed:
             lines.append(f"host arena {size_text(self.host_arena)} (experts as stored), "
                          f"page-locked {size_text(self.pin_lock)} ({self.pin_note})")
@@ -138,7 +151,9 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
             if floats and not eplan.streamed:  # float experts are expanded once at load, as dense
                 experts, scratch = n_layers * spec.n_experts * expanded_expert, 0
         kv = 2 * n_layers * spec.n_kv_heads * spec.head_dim * tokens * dsize
-        out.append(DevicePlan(st.index, str(st.device), st.first, st.end, dense, experts, slots, kv, scratch))
+        attention = cpu_attention_bytes(spec, config, tokens) if st.device.type == "cpu" else 0
+        out.append(DevicePlan(st.index, str(st.device), st.first, st.end, dense, experts, slots, kv, scratch,
+                              attention))
     host = pin = 0
     note = "no arena"
     if eplan.streamed:

@@ -96,3 +96,24 @@ def test_gpu_scratch_reserves_torch_temporaries_only_where_torch_expands(make_ar
     batch = 16 * 3 * 256 * 256 * 2  # every expert of a layer, bf16
     want = batch + (dequant.STEP_BYTES_CUDA if path == "torch" else 0)
     assert [d.scratch for d in plan.devices] == [want]
+
+
+def test_cpu_attention_scores_are_planned_and_refuse_a_run_that_cannot_hold_them(demo_path):
+    """A CPU stage's SDPA holds heads x chunk x keys float32 scores at the last chunk: the plan
+    counts them (the chunk when fixed, the smallest CPU chunk when auto) and a run whose scores
+    exceed the host's memory is refused with the two sizes before anything is allocated."""
+    from engine import memory_check
+    from engine.config import ConfigError
+
+    model = gguf_model.load(demo_path)
+    heads = model.spec.n_heads
+    fixed = plan_memory(model, EngineConfig(devices=["cpu"], chunk_tokens=64), tokens=1000)
+    assert fixed.devices[0].attention == heads * 64 * 1000 * 4
+    assert "attention scores" in fixed.render()
+    auto = plan_memory(model, EngineConfig(devices=["cpu"]), tokens=1000)
+    assert auto.devices[0].attention == heads * 16 * 1000 * 4
+    cfg = EngineConfig(devices=["cpu"], chunk_tokens=4096)
+    n = 20_000_000  # 4096 x 20M scores per head: 1.3 TB for the demo's 4 heads, past any host
+    assert plan_memory(model, cfg, tokens=n).devices[0].attention > 10**12
+    with pytest.raises(ConfigError, match=r"--prompt-tokens.*attention scores"):
+        memory_check.check_run(model, cfg, n, 0, False)
