@@ -36,7 +36,7 @@ class ConfigError(ValueError):
         super().__init__(msg)
 
 
-# setting name -> environment variable (DESIGN.md "Settings")
+# setting name -> environment variable (the README's settings table)
 ENV_NAMES: dict[str, str] = {
     "pipeline_depth": "STRATA_PIPELINE_DEPTH",
     "prefill_main": "STRATA_PREFILL_MAIN",
@@ -97,7 +97,7 @@ def old_names_accepted(cls: type) -> type:
     return cls
 
 
-# every setting `parse_setting` knows, in the order of DESIGN.md's table
+# every setting `parse_setting` knows, in the order of the README's settings table
 SETTING_NAMES: tuple[str, ...] = (
     "pipeline_depth", "prefill_main", "pin_limit_gib", "chunk_tokens", "gpu_order", "layer_split", "expert_cache",
     "timing", "check_nan", "devices", "handoff", "dtype", "cuda_graphs", "chunk_schedule",
@@ -357,7 +357,7 @@ def parse_setting(name: str, raw: Any, source: str | None = None) -> Any:
     except ConfigError:
         raise
     except (TypeError, ValueError, ArithmeticError) as exc:  # defensive: never leak a bare parse error
-        raise ConfigError(label, raw, "see DESIGN.md settings", str(exc)) from None
+        raise ConfigError(label, raw, "see the README's settings table", str(exc)) from None
 
 
 def format_setting(name: str, value: Any) -> str:

@@ -78,7 +78,7 @@ def _device_ok(d: str) -> bool:
 
 
 def expected(name: str, s: str) -> Any:
-    """What a string must parse to, or None where it must be refused (DESIGN.md, "Settings")."""
+    """What a string must parse to, or None where it must be refused (the README's settings table)."""
     low = s.strip().lower()
     if name == "pipeline_depth":
         v = _int_or_none(s)

@@ -544,14 +544,6 @@ class RunHistory:
                 (int(sweep),)).fetchall()
         return json.loads(found[0]), [SweepMember(*m) for m in members]
 
-    def delete_sweep(self, sweep: int, with_runs: bool = False) -> None:
-        def write(conn: sqlite3.Connection) -> None:
-            if with_runs:
-                conn.execute("DELETE FROM runs WHERE id IN (SELECT run FROM sweep_runs WHERE sweep = ?)", (int(sweep),))
-            conn.execute("DELETE FROM sweeps WHERE id = ?", (int(sweep),))
-
-        self._write(write)
-
     def integrity(self) -> str:
         """SQLite's own check: "ok" for a sound file."""
         with self._lock:

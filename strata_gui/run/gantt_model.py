@@ -283,9 +283,6 @@ class EventStore:
             return self.origin_ns, self.origin_ns
         return min(starts), self._end_ns
 
-    def stages_with(self, kind: str) -> list[int]:
-        return sorted(s for (k, s), lane in self._lanes.items() if k == kind and lane.n)
-
     def blocks(self, kind: str, stage: int | None = None) -> Blocks:
         """Every block of a kind (optionally one stage)."""
         return self.visible(kind, np.iinfo(_INT).min // 2, np.iinfo(_INT).max // 2, stage)

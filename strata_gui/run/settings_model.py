@@ -172,7 +172,7 @@ class RunSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, devices: str = "cpu,cpu",
                  demo: bool = False) -> RunSettings:
-        """Defaults for a first start: the environment's valid values (DESIGN.md "Settings").
+        """Defaults for a first start: the environment's valid values (the README's settings table).
 
         demo: the first start opens the built-in demo model; its chunk is fixed at DEMO_CHUNK
         (unless STRATA_CHUNK_TOKENS or STRATA_PREFILL says otherwise) so the first Run shows the pipeline."""
