@@ -58,6 +58,13 @@ class DevicePlan:
         return self.dense + self.experts + self.kv + self.scratch + self.attention
 
 
+def cpu_expert_batch(spec, expanded_expert: int) -> int:
+    """Experts a CPU stage expands at once (routed_experts.batches' budget, whole experts)."""
+    from .routed_experts import REFERENCE_SCRATCH_BYTES
+
+    return min(spec.n_experts, max(REFERENCE_SCRATCH_BYTES // max(expanded_expert, 1), 1))
+
+
 CPU_MIN_CHUNK = 16  # the smallest chunk a CPU plan picks: the lower bound when the chunk is auto
 
 
@@ -142,10 +149,11 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
                 slots = n_layers * spec.n_experts
                 experts = sum(layouts[i].row_bytes for i in range(st.first, st.end)) * spec.n_experts
                 batch = spec.n_experts
-            # the GPU expands a batch of experts for its grouped GEMM; the CPU one expert at a time
+            # the GPU expands a batch of experts for its grouped GEMM; the CPU a batch of whole
+            # experts within routed_experts.REFERENCE_SCRATCH_BYTES (Layer._reference_experts)
             scratch = (batch * expanded_expert + gpu_temporaries(st.device, expert_qtypes(layouts[st.first:st.end]),
                                                                  dtypes[st.device])
-                       if st.device.type == "cuda" else expanded_expert)
+                       if st.device.type == "cuda" else cpu_expert_batch(spec, expanded_expert) * expanded_expert)
             floats = all(p.qtype.name in ("F32", "F16", "BF16") for i in range(st.first, st.end)
                          for p in layouts[i].parts)
             if floats and not eplan.streamed:  # float experts are expanded once at load, as dense

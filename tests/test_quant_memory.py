@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from engine import gguf_model, synth
+from engine.config import EngineConfig
 from engine.gguf_model import GGUFError
 
 BIG = dict(arch="qwen3moe", n_layers=8, hidden=512, n_heads=8, n_kv_heads=2, head_dim=64, n_experts=64,
@@ -86,9 +87,16 @@ def test_loading_a_q4_k_m_file_raises_rss_by_at_most_1_2x_its_size(big_q4, exper
     print(f"{size / 2**20:.0f} MiB file, expert_cache={expert_cache}: RSS +{loaded:.0f} "
           f"MiB after load ({r['load_s']:.2f} s), +{(r['after_run'] - r['before']) / 2**20:.0f} MiB after a run")
     grew = max(r["after_load"], r["after_run"]) - r["before"]
-    # 1.2x the file, plus a fixed 32 MiB that does not scale with it: glibc keeps freed
-    # dequantisation temporaries of the dense weights (measured ~15-20 MiB here)
-    assert grew <= 1.2 * size + FIXED, f"RSS grew {grew / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB file ({r})"
+    # 1.2x the file, plus a fixed 32 MiB that does not scale with it (glibc keeps freed
+    # dequantisation temporaries of the dense weights: ~15-20 MiB here), plus the one batch of
+    # expanded experts a CPU stage holds while it runs them (the memory plan's scratch, capped at
+    # routed_experts.REFERENCE_SCRATCH_BYTES whatever the model's size)
+    from engine.memory_plan import plan_memory
+
+    cache = expert_cache if expert_cache == "all" else float(expert_cache)
+    scratch = plan_memory(m, EngineConfig(devices=["cpu"], chunk_tokens=16, expert_cache=cache), 34).devices[0].scratch
+    bound = 1.2 * size + FIXED + scratch
+    assert grew <= bound, f"RSS grew {grew / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB file ({r}; bound {bound / 2**20:.0f})"
     # and it holds the experts: not a vacuous bound
     assert r["after_load"] - r["before"] >= 0.8 * experts
 
