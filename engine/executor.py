@@ -364,7 +364,7 @@ class _Job:
 
         def greet(sock: socket.socket, peer: str) -> None:
             try:
-                ch = wire.accept(sock, key, time.monotonic() + handshake_s, self.timeout_s, peer)
+                ch = wire.accept(sock, key, time.monotonic() + handshake_s, self.timeout_s)
                 hello = hello_fields(ch.recv(timeout=handshake_s))
                 arrived.put((ch, hello))
             except (OSError, EOFError, wire.WireError, ValueError) as exc:

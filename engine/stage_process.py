@@ -227,7 +227,7 @@ def attach(rendezvous: str, rank: int, world: int, timeout_s: float, key_file: s
                                   f"{exc}") from None
             time.sleep(CONNECT_RETRY_S)
     try:
-        conn = wire.connect(sock, key, deadline, timeout_s, rendezvous)
+        conn = wire.connect(sock, key, deadline, timeout_s)
         conn.send(("hello", rank, world, os.getpid(), socket.gethostname(), versions()))
         reply = conn.recv(timeout=max(deadline - time.monotonic(), 0.01))
     except TimeoutError:

@@ -179,9 +179,8 @@ class Channel:
     multiprocessing Connection the spawned stages use (so `multiprocessing.connection.wait`
     takes it too).  `io_timeout_s` bounds how long a frame already begun may take to arrive."""
 
-    def __init__(self, sock: socket.socket, session_key: bytes, server: bool, io_timeout_s: float,
-                 peer: str = "") -> None:
-        self.sock, self.peer, self.io_timeout_s = sock, peer, io_timeout_s
+    def __init__(self, sock: socket.socket, session_key: bytes, server: bool, io_timeout_s: float) -> None:
+        self.sock, self.io_timeout_s = sock, io_timeout_s
         self._key = session_key
         self._out_dir, self._in_dir = (b"s>c", b"c>s") if server else (b"c>s", b"s>c")
         self._out_seq = self._in_seq = 0
@@ -224,10 +223,6 @@ class Channel:
         except OSError:
             pass
 
-    @property
-    def closed(self) -> bool:
-        return self.sock.fileno() < 0
-
 
 # ----------------------------------------------------------------- handshake
 def _plain(sock: socket.socket, doc: dict) -> None:
@@ -264,7 +259,7 @@ def _session(key: bytes, sn: bytes, cn: bytes) -> bytes:
     return hmac.new(key, b"session" + sn + cn, hashlib.sha256).digest()
 
 
-def accept(sock: socket.socket, key: bytes, deadline: float, io_timeout_s: float, peer: str = "") -> Channel:
+def accept(sock: socket.socket, key: bytes, deadline: float, io_timeout_s: float) -> Channel:
     """The controller's side of the handshake on a freshly accepted socket."""
     sn = secrets.token_bytes(32)
     sock.settimeout(max(deadline - time.monotonic(), 0.01))
@@ -274,10 +269,10 @@ def accept(sock: socket.socket, key: bytes, deadline: float, io_timeout_s: float
     if not isinstance(doc.get("proof"), str) or not hmac.compare_digest(doc["proof"], _proof(key, b"stage", sn, cn)):
         raise WireError("wrong key")
     _plain(sock, {"v": VERSION, "proof": _proof(key, b"controller", sn, cn)})
-    return Channel(sock, _session(key, sn, cn), True, io_timeout_s, peer)
+    return Channel(sock, _session(key, sn, cn), True, io_timeout_s)
 
 
-def connect(sock: socket.socket, key: bytes, deadline: float, io_timeout_s: float, peer: str = "") -> Channel:
+def connect(sock: socket.socket, key: bytes, deadline: float, io_timeout_s: float) -> Channel:
     """A stage's side of the handshake: it proves the key and checks that the controller does."""
     first = _read_plain(sock, deadline)
     if first.get("proto") != PROTOCOL:
@@ -287,4 +282,4 @@ def connect(sock: socket.socket, key: bytes, deadline: float, io_timeout_s: floa
     doc = _read_plain(sock, deadline)
     if not isinstance(doc.get("proof"), str) or not hmac.compare_digest(doc["proof"], _proof(key, b"controller", sn, cn)):
         raise WireError("the controller did not prove the key")
-    return Channel(sock, _session(key, sn, cn), False, io_timeout_s, peer)
+    return Channel(sock, _session(key, sn, cn), False, io_timeout_s)
