@@ -21,7 +21,6 @@ from typing import Any
 
 from engine.config import ConfigError, EngineConfig
 from engine.events import RunReport
-from engine.run_progress import duration
 from engine.sweep import SweepStep, median_spread, parse_arm, steps
 
 log = logging.getLogger(__name__)
@@ -336,8 +335,12 @@ def estimate_seconds(plan: SweepPlan, flops: Callable[[int], float], ref_tokens:
 
 
 def format_duration(seconds: float) -> str:
-    """About 40 s, about 12 min 05 s, about 3 h 24 min: the CLI's progress format."""
-    return f"about {duration(seconds)}"
+    """About 40 s, about 12 min, about 3.4 h."""
+    if seconds < 90:
+        return f"about {seconds:.0f} s"
+    if seconds < 5400:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"
 
 
 def estimate_text(plan: SweepPlan, flops: Callable[[int], float] | None,
