@@ -29,7 +29,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 
-from . import dequant
+from .code_books import code_book
 from .triton_import import load
 
 log = logging.getLogger(__name__)
@@ -546,8 +546,8 @@ def dequantize_into(raw: torch.Tensor, qtype: T, out: torch.Tensor, rows: torch.
     gather = rows is not None
     index = rows if gather else raw  # an unused pointer when there is no gather
     grid = (triton.cdiv(n_blocks, per_program),)
-    # gguf's code books, copied to raw's device once (engine.dequant keeps them per device)
-    books = tuple(dequant._table(name, raw.device) for name in CODE_BOOKS.get(qtype, ()))
+    # gguf's code books, copied to raw's device once (engine.code_books keeps them per device)
+    books = tuple(code_book(name, raw.device) for name in CODE_BOOKS.get(qtype, ()))
     args = (raw, out, index, n_blocks, bpr, row_stride, *books)
     opts = dict(R=per_program, GATHER=gather, num_warps=warps, enable_fp_fusion=False)
     if raw.is_cuda and raw.device.index is not None and raw.device.index != torch.cuda.current_device():
