@@ -2,7 +2,7 @@
 the family's own transformers class, `save_pretrained`, then llama.cpp's own
 `convert_hf_to_gguf.py` (vendor/llama.cpp of the llama-cpp-python source package, pure Python).
 
-    python scripts/family_files.py mixtral qwen3vlmoe [--out tests/data/families] [--source DIR]
+    python scripts/family_files.py mixtral qwen3vlmoe qwen3next [--out tests/data/families] [--source DIR]
 
 Writes DIR/<family>/ (the transformers model: config, safetensors, tokenizer) and
 DIR/<family>.gguf (F32), both committed so the oracle tests need neither the network nor the
@@ -73,7 +73,24 @@ def qwen3vlmoe(seed: int):
     return Qwen3VLMoeForConditionalGeneration(cfg)
 
 
-FAMILIES: dict[str, Callable] = {"mixtral": mixtral, "qwen3vlmoe": qwen3vlmoe}
+def qwen3next(seed: int):
+    """Qwen3-Next: three gated-DeltaNet layers then one gated-attention layer, partial RoPE,
+    routed plus shared experts (issue 34)."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    cfg = Qwen3NextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4,
+                          linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+                          linear_num_value_heads=4, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                          num_experts=4, num_experts_per_tok=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25},
+                          tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    return Qwen3NextForCausalLM(cfg)
+
+
+FAMILIES: dict[str, Callable] = {"mixtral": mixtral, "qwen3vlmoe": qwen3vlmoe, "qwen3next": qwen3next}
+# the converter's flags a family's file needs: Qwen3-Next's MTP block is a draft model, left out
+CONVERT_ARGS: dict[str, tuple[str, ...]] = {"qwen3next": ("--no-mtp",)}
 
 
 def _scaled(model, seed: int) -> None:
@@ -111,10 +128,10 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def convert(src: Path, hf_dir: Path, out: Path) -> None:
+def convert(src: Path, hf_dir: Path, out: Path, *extra: str) -> None:
     env = dict(os.environ, NO_LOCAL_GGUF="")
     env.pop("NO_LOCAL_GGUF")
-    subprocess.run([sys.executable, "-c", SHIM, str(src), str(hf_dir), "--outtype", "f32", "--outfile", str(out)],
+    subprocess.run([sys.executable, "-c", SHIM, str(src), str(hf_dir), "--outtype", "f32", "--outfile", str(out), *extra],
                    check=True, env=env)
 
 
@@ -128,7 +145,7 @@ def make(family: str, out_dir: Path, src: Path, seed: int = 0) -> Path:
     model.save_pretrained(hf_dir, safe_serialization=True)
     tokenizer().save_pretrained(hf_dir)
     gguf_path = out_dir / f"{family}.gguf"
-    convert(src, hf_dir, gguf_path)
+    convert(src, hf_dir, gguf_path, *CONVERT_ARGS.get(family, ()))
     (hf_dir / "made_by.json").write_text(json.dumps({"script": "scripts/family_files.py", "family": family,
                                                      "seed": seed, "llama_cpp_python": LLAMA_CPP_PYTHON}) + "\n")
     return gguf_path
