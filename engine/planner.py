@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import chunking
+from . import chunking, layer_ranges
 from .events import RunPlan, StageEvent, StagePlan, StageTotals, busy_histogram, stage_totals
 
 log = logging.getLogger(__name__)
@@ -167,28 +167,11 @@ class PlanSettings:
 
 def plan_stages(n_layers: int, devices: Sequence[str], layer_split: Sequence[int] | None = None,
                 interleave: int = 1) -> list[StagePlan]:
-    """Stages with a device each: contiguous ranges (explicit counts or balanced), or with
-    `interleave` V > 1, V x D groups where group j sits on device j mod D (issue 21)."""
-    d = len(devices)
-    if d == 0:
-        raise PlanError("at least one device")
-    groups = d * max(1, interleave)
-    if layer_split:
-        if len(layer_split) != d or sum(layer_split) != n_layers or min(layer_split) < 1:
-            raise PlanError(f"layer split {layer_split}: one count per device, >= 1 each, summing to {n_layers}")
-        counts = list(layer_split)
-        if interleave > 1:
-            raise PlanError("an explicit layer split and interleave do not combine")
-    else:
-        if groups > n_layers:
-            raise PlanError(f"{groups} stages for {n_layers} layers: at most one stage per layer")
-        base, extra = divmod(n_layers, groups)
-        counts = [base + (1 if i < extra else 0) for i in range(groups)]
-    out, start = [], 0
-    for j, c in enumerate(counts):
-        out.append(StagePlan(j, devices[j % d], start, start + c))
-        start += c
-    return out
+    """The stages a run of these settings loads (engine/layer_ranges.py), as the events name them."""
+    try:
+        return [StagePlan(*r) for r in layer_ranges.stage_ranges(n_layers, devices, layer_split, interleave)]
+    except layer_ranges.LayerSplitError as exc:
+        raise PlanError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------- timelines
