@@ -49,7 +49,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import chunking, layer_ranges
+from . import chunking, layer_ranges, run_plan
+from .config import EngineConfig
 from .events import RunPlan, StageEvent, StagePlan, StageTotals, busy_histogram, stage_totals
 
 log = logging.getLogger(__name__)
@@ -235,6 +236,21 @@ class Prediction:
                        bounds=tuple(self.bounds) if s.schedule == "balanced" else ())
 
 
+def handoff(p: CostProfile, m: Machine, da: DeviceSpec, db: DeviceSpec, nbytes: float) -> tuple[float, str]:
+    """(seconds, kind) to hand `nbytes` of activations from a stage on `da` to one on `db`."""
+    if da.name == db.name:
+        return 0.0, "same-device"
+    if da.kind == "cuda" and db.kind == "cuda":
+        if m.peer_gbs > 0:
+            return nbytes / (m.peer_gbs * 1e9), "peer"
+        la, lb = da.link_gbs or p.copy_gbs, db.link_gbs or p.copy_gbs
+        if la <= 0 or lb <= 0:
+            return 0.0, "host"
+        return nbytes / (la * 1e9) + nbytes / (lb * 1e9), "host"
+    rate = p.copy_gbs if p.device_kind == "cpu" else (da.link_gbs or db.link_gbs or p.copy_gbs)
+    return (nbytes / (rate * 1e9) if rate > 0 else 0.0), "host"
+
+
 class _Sim:
     def __init__(self, profile: CostProfile, machine: Machine, settings: PlanSettings, stages: list[StagePlan],
                  run_id: str) -> None:
@@ -283,18 +299,7 @@ class _Sim:
         return layers * comp, 0.0
 
     def handoff(self, a: StagePlan, b: StagePlan, nbytes: float) -> tuple[float, str]:
-        da, db = self.devs[a.stage], self.devs[b.stage]
-        if da.name == db.name:
-            return 0.0, "same-device"
-        if da.kind == "cuda" and db.kind == "cuda":
-            if self.m.peer_gbs > 0:
-                return nbytes / (self.m.peer_gbs * 1e9), "peer"
-            la, lb = da.link_gbs or self.p.copy_gbs, db.link_gbs or self.p.copy_gbs
-            if la <= 0 or lb <= 0:
-                return 0.0, "host"
-            return nbytes / (la * 1e9) + nbytes / (lb * 1e9), "host"
-        rate = self.p.copy_gbs if self.p.device_kind == "cpu" else (da.link_gbs or db.link_gbs or self.p.copy_gbs)
-        return (nbytes / (rate * 1e9) if rate > 0 else 0.0), "host"
+        return handoff(self.p, self.m, self.devs[a.stage], self.devs[b.stage], nbytes)
 
     # ---------------------------------------------------------------- events
     def ev(self, st: StagePlan, chunk: int, kind: str, t0: float, t1: float, tokens: int = 0, nbytes: int = 0,
@@ -455,21 +460,59 @@ class _Sim:
         return t - t0
 
 
-def resolve_chunk(profile: CostProfile, settings: PlanSettings, n_stages: int) -> tuple[int, str]:
-    """The chunk size and schedule a run with these settings would use (auto as the engine picks)."""
-    c = settings.chunk_tokens
-    if isinstance(c, int) or (isinstance(c, str) and c.isdigit()):
-        c = int(c)
-        if c <= 0:
+@dataclass(frozen=True)
+class _Kind:
+    type: str  # as torch.device.type: cuda or cpu
+
+
+@dataclass(frozen=True)
+class _Shape:
+    n_layers: int
+
+
+class WhatIf:
+    """A run of these settings on this machine as `run_plan.choice` reads a Session: the config
+    it would run with, its stages' devices and layer groups, the profile's costs (one layer; the
+    most layers a device runs per chunk, as `Session.chunk_cost`) and the hand-off between the
+    first two stages (as `Session.hop_s_per_token`).  So a prediction chunks a prompt the way
+    the engine's run of the same settings would (auto, balanced, a user's size)."""
+
+    def __init__(self, profile: CostProfile, machine: Machine, settings: PlanSettings, devices: Sequence[str],
+                 stages: Sequence[StagePlan]) -> None:
+        c = settings.chunk_tokens
+        if isinstance(c, str) and c.isdigit():
+            c = int(c)
+        if isinstance(c, int) and c <= 0:
             raise PlanError(f"chunk {c}: a positive number of tokens or auto")
-        return min(c, settings.prompt_tokens), settings.schedule
-    if c != "auto":
-        raise PlanError(f"chunk {c!r}: a number of tokens or auto")
-    cost = replace(profile.cost(), layers_per_stage=max(1, profile.n_layers // max(n_stages, 1)))
-    cands = cost.sizes if profile.device_kind == "cuda" else chunking.CPU_CANDIDATES  # as a run: the measured sizes
-    n = 1 if settings.prefill_main else n_stages
-    chunk, kind, _ = chunking.choose_schedule(settings.prompt_tokens, n, cost, cands, (settings.schedule,))
-    return chunk, kind
+        if not isinstance(c, int) and c != "auto":
+            raise PlanError(f"chunk {c!r}: a number of tokens or auto")
+        split: str | list[int] = list(settings.layer_split) if settings.layer_split else (
+            f"interleave:{settings.interleave}" if settings.interleave > 1 else "auto")
+        self.config = EngineConfig(devices=list(devices), chunk_tokens=c, chunk_schedule=settings.schedule,
+                                   pipeline_depth=settings.pipeline_depth, prefill_main=settings.prefill_main,
+                                   layer_split=split)
+        self.devices = [_Kind(machine.device(d).kind) for d in devices]
+        self.interleave = max(1, settings.interleave)
+        self.spec = _Shape(profile.n_layers)
+        per_device: dict[int, int] = {}  # interleaved groups of a device all run on it
+        for st in stages:
+            lane = st.stage % len(devices)
+            per_device[lane] = per_device.get(lane, 0) + st.n_layers
+        self._cost = replace(profile.cost(), layers_per_stage=max(per_device.values()))
+        self._hop = 0.0
+        if len(stages) > 1:
+            da, db = machine.device(stages[0].device), machine.device(stages[1].device)
+            self._hop = handoff(profile, machine, da, db, profile.handoff_bytes_per_token)[0]
+
+    @property
+    def measured_chunk_cost(self) -> chunking.ChunkCost:
+        return self._cost
+
+    def chunk_cost(self, n_tokens: int | None = None) -> chunking.ChunkCost:
+        return self._cost
+
+    def hop_s_per_token(self) -> float:
+        return self._hop
 
 
 def simulate(profile: CostProfile, machine: Machine, settings: PlanSettings,
@@ -483,12 +526,10 @@ def simulate(profile: CostProfile, machine: Machine, settings: PlanSettings,
         raise PlanError("the profile does not say how many layers the model has")
     names = list(devices) if devices is not None else [d.name for d in machine.devices]
     stages = plan_stages(profile.n_layers, names, settings.layer_split, settings.interleave)
-    chunk, kind = resolve_chunk(profile, settings, len(stages))
-    settings = replace(settings, chunk_tokens=chunk, schedule=kind)
-    cost = profile.cost()
-    bounds = chunking.schedule(settings.prompt_tokens, chunk, kind, cost if kind == "balanced" else None)
-    if kind == "balanced":
-        chunk = max(n for _, n in bounds)
+    chosen = run_plan.choice(WhatIf(profile, machine, settings, names, stages), settings.prompt_tokens)
+    bounds = list(chosen.bounds)
+    chunk = max(n for _, n in bounds)
+    settings = replace(settings, chunk_tokens=min(chosen.chunk, settings.prompt_tokens), schedule=chosen.kind)
     sim = _Sim(profile, machine, settings, stages, run_id)
     prefill_s = sim.prefill(bounds)
     decode_s = sim.decode(prefill_s, settings.decode_tokens)
