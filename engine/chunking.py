@@ -180,10 +180,6 @@ def bounds_makespan(bounds: list[tuple[int, int]], n_stages: int, cost: ChunkCos
     return max(pipeline, host)
 
 
-def makespan(n_tokens: int, chunk: int, n_stages: int, cost: ChunkCost) -> float:
-    return bounds_makespan(chunk_bounds(n_tokens, chunk), n_stages, cost)
-
-
 def schedule(n_tokens: int, chunk: int, kind: str, cost: ChunkCost | None, grain: int = GRAIN,
              floor: int = 0) -> list[tuple[int, int]]:
     """The chunks of a prompt: `fixed` cuts every `chunk` tokens; `balanced` makes as many
@@ -191,13 +187,6 @@ def schedule(n_tokens: int, chunk: int, kind: str, cost: ChunkCost | None, grain
     if kind == "balanced" and cost is not None:
         return balanced_bounds(n_tokens, -(-n_tokens // chunk), cost, grain, floor)
     return chunk_bounds(n_tokens, chunk)
-
-
-def choose_chunk(n_tokens: int, n_stages: int, cost: ChunkCost,
-                 candidates: tuple[int, ...] = GPU_CANDIDATES) -> tuple[int, str]:
-    """The candidate chunk with the smallest modelled makespan (fixed schedule), and why."""
-    chunk, _, reason = choose_schedule(n_tokens, n_stages, cost, candidates, ("fixed",))
-    return chunk, reason
 
 
 @dataclass(frozen=True)
@@ -252,10 +241,3 @@ def choose(n_tokens: int, n_stages: int, cost: ChunkCost, candidates: tuple[int,
             split = f"interleave:{v}" if v > 1 else "a contiguous split"
             reason += f"; {split} would model {alt_s * 1e3:.1f} ms ({(est / alt_s - 1) * 100:.0f}% faster)"
     return Choice(best, kind, est, reason, interleave, bounds)
-
-
-def choose_schedule(n_tokens: int, n_stages: int, cost: ChunkCost, candidates: tuple[int, ...] = GPU_CANDIDATES,
-                    kinds: tuple[str, ...] = ("fixed", "balanced")) -> tuple[int, str, str]:
-    """(chunk, schedule kind, why) with the smallest modelled makespan over candidates x kinds."""
-    c = choose(n_tokens, n_stages, cost, candidates, kinds)
-    return c.chunk, c.kind, c.reason

@@ -111,6 +111,7 @@ class Sim:
         self.notes: list[str] = []
         self.handoffs: list[str] = []
         self.stream_share = self._pinned_share()
+        self.cost = profile.cost()  # one layer's time per chunk size and position
 
     # ---------------------------------------------------------------- costs
     def _pinned_share(self) -> float:
@@ -141,7 +142,7 @@ class Sim:
     def work(self, st: StagePlan, layers: int, n: int, pos: int, first: bool = False) -> tuple[float, float]:
         """(compute seconds, of which streaming-bound extra) of `layers` layers for one chunk."""
         dev = self.devs[st.stage]
-        comp = (self.p.layer_time(n, pos) + (self.p.first_chunk_s_per_layer if first else 0.0)) / max(dev.speed, 1e-9)
+        comp = (self.cost.layer_time(n, pos) + (self.p.first_chunk_s_per_layer if first else 0.0)) / max(dev.speed, 1e-9)
         if self.streams(st, layers):
             strm = self.stream_s(dev)
             return layers * max(comp, strm), layers * strm

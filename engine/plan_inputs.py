@@ -48,9 +48,6 @@ class CostProfile:
     def cost(self) -> chunking.ChunkCost:
         return chunking.ChunkCost(dict(self.layer_s), self.attn_s_per_token_key, self.host_s_per_layer, 1)
 
-    def layer_time(self, tokens: int, position: int) -> float:
-        return self.cost().layer_time(tokens, position)
-
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["layer_s"] = {str(k): v for k, v in self.layer_s.items()}
