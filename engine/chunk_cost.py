@@ -22,7 +22,8 @@ candidate sizes below the prompt and adds the prompt's own length (its one-chunk
 the attention probe (a chunk behind a prefix) fits in it too.  A measurement's `limit` is the
 largest size it timed; a later, longer prompt measures again up to its length (and replaces
 the process's measurement), a shorter one reuses what is known.  A prompt no longer than the
-smallest chunk candidate has one chunk whatever the costs, and is not probed at all (run_plan).
+smallest chunk candidate has one chunk whatever the costs, and is not probed at all
+(`chunking.one_chunk_only`, applied by run_plan).
 """
 from __future__ import annotations
 
@@ -245,13 +246,6 @@ def probe_shape(device: torch.device, n_tokens: int | None = None) -> ProbeShape
     top = sizes[-1]
     probe = min(probe, top // 2)
     return sizes, min(prefix, top - probe), probe, reps
-
-
-def one_chunk_only(device: torch.device, n_tokens: int) -> bool:
-    """Whether a prompt of n_tokens is no longer than the smallest chunk auto considers on the
-    device kind: then it runs as one chunk whatever the costs, and nothing is probed."""
-    smallest = chunking.GPU_CANDIDATES[0] if device.type == "cuda" else chunking.CPU_CANDIDATES[0]
-    return n_tokens <= smallest
 
 
 def measure_layer(layer: Layer, device: torch.device, dtype: torch.dtype, cuda_graphs: bool,

@@ -44,6 +44,14 @@ def chunk_bounds(n_tokens: int, chunk: int) -> list[tuple[int, int]]:
 GRAIN = 64  # balanced chunk sizes are multiples of this many tokens
 
 
+def one_chunk_only(device: object, n_tokens: int) -> bool:
+    """Whether a prompt of n_tokens is no longer than the smallest chunk auto considers on the
+    device's kind (`device.type`: a torch.device, or the planner's): then it runs as one chunk
+    whatever the costs, and nothing is probed."""
+    smallest = GPU_CANDIDATES[0] if getattr(device, "type", "cpu") == "cuda" else CPU_CANDIDATES[0]
+    return n_tokens <= smallest
+
+
 @dataclass(frozen=True)
 class ChunkCost:
     """Measured per-layer costs (seconds) on the main device; see the module doc."""
@@ -172,10 +180,6 @@ def bounds_makespan(bounds: list[tuple[int, int]], n_stages: int, cost: ChunkCos
     return max(pipeline, host)
 
 
-def makespan(n_tokens: int, chunk: int, n_stages: int, cost: ChunkCost) -> float:
-    return bounds_makespan(chunk_bounds(n_tokens, chunk), n_stages, cost)
-
-
 def schedule(n_tokens: int, chunk: int, kind: str, cost: ChunkCost | None, grain: int = GRAIN,
              floor: int = 0) -> list[tuple[int, int]]:
     """The chunks of a prompt: `fixed` cuts every `chunk` tokens; `balanced` makes as many
@@ -183,13 +187,6 @@ def schedule(n_tokens: int, chunk: int, kind: str, cost: ChunkCost | None, grain
     if kind == "balanced" and cost is not None:
         return balanced_bounds(n_tokens, -(-n_tokens // chunk), cost, grain, floor)
     return chunk_bounds(n_tokens, chunk)
-
-
-def choose_chunk(n_tokens: int, n_stages: int, cost: ChunkCost,
-                 candidates: tuple[int, ...] = GPU_CANDIDATES) -> tuple[int, str]:
-    """The candidate chunk with the smallest modelled makespan (fixed schedule), and why."""
-    chunk, _, reason = choose_schedule(n_tokens, n_stages, cost, candidates, ("fixed",))
-    return chunk, reason
 
 
 @dataclass(frozen=True)
@@ -201,6 +198,7 @@ class Choice:
     modelled_s: float
     reason: str
     interleave: int = 1
+    bounds: tuple[tuple[int, int], ...] = ()  # (start, length) of each chunk: what the run executes
 
 
 def choose(n_tokens: int, n_stages: int, cost: ChunkCost, candidates: tuple[int, ...] = GPU_CANDIDATES,
@@ -210,10 +208,10 @@ def choose(n_tokens: int, n_stages: int, cost: ChunkCost, candidates: tuple[int,
     the session's interleave; `other_interleaves` are modelled too, and the reason says when
     one of them would be faster (they need another layer split, so a new session)."""
     if n_tokens <= 0:
-        return Choice(1, "fixed", 0.0, "empty prompt", interleave)
+        return Choice(1, "fixed", 0.0, "empty prompt", interleave, ())
     floor = efficient_floor(cost)
 
-    def best_for(v: int) -> tuple[float, int, str] | None:
+    def best_for(v: int) -> tuple[float, int, str, tuple[tuple[int, int], ...]] | None:
         options = []
         for c in sorted({min(c, n_tokens) for c in candidates if c > 0}):
             for kind in kinds:
@@ -221,16 +219,17 @@ def choose(n_tokens: int, n_stages: int, cost: ChunkCost, candidates: tuple[int,
                     continue  # one chunk has nothing to balance; one stage has no bubble to shrink
                 bounds = schedule(n_tokens, c, kind, cost, grain, floor)
                 est = bounds_makespan(bounds, n_stages, cost, v, hop_s_per_token)
-                options.append((est, -c, kind == "balanced", c, kind))
+                options.append((est, -c, kind == "balanced", c, kind, tuple(bounds)))
         if not options:
             return None
-        est, _, _, c, kind = min(options)
-        return est, c, kind
+        est, _, _, c, kind, bounds = min(options)
+        return est, c, kind, bounds
 
     got = best_for(interleave)
     if got is None:
-        return Choice(n_tokens, "fixed", 0.0, f"auto: the whole prompt ({n_tokens} tokens) as one chunk", interleave)
-    est, best, kind = got
+        return Choice(n_tokens, "fixed", 0.0, f"auto: the whole prompt ({n_tokens} tokens) as one chunk", interleave,
+                      ((0, n_tokens),))
+    est, best, kind, bounds = got
     n = -(-n_tokens // best)
     what = f"{best} tokens x {n} chunks" if kind == "fixed" else f"{n} balanced chunks (about {best} tokens each)"
     over = f"{n_stages} stage(s)" + (f" x {interleave} layer groups" if interleave > 1 else "")
@@ -241,11 +240,4 @@ def choose(n_tokens: int, n_stages: int, cost: ChunkCost, candidates: tuple[int,
         if alt_s < est * 0.97:
             split = f"interleave:{v}" if v > 1 else "a contiguous split"
             reason += f"; {split} would model {alt_s * 1e3:.1f} ms ({(est / alt_s - 1) * 100:.0f}% faster)"
-    return Choice(best, kind, est, reason, interleave)
-
-
-def choose_schedule(n_tokens: int, n_stages: int, cost: ChunkCost, candidates: tuple[int, ...] = GPU_CANDIDATES,
-                    kinds: tuple[str, ...] = ("fixed", "balanced")) -> tuple[int, str, str]:
-    """(chunk, schedule kind, why) with the smallest modelled makespan over candidates x kinds."""
-    c = choose(n_tokens, n_stages, cost, candidates, kinds)
-    return c.chunk, c.kind, c.reason
+    return Choice(best, kind, est, reason, interleave, bounds)

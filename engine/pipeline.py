@@ -52,6 +52,7 @@ from .experts import (
 )
 from .gpu_timing import DeferredTimer, DeviceClock
 from .kv import LayerKV
+from .layer_ranges import split_layers, stage_ranges
 from .model import Head, Layer, Rope, WeightSource, load_head, load_layer_weights, resolve_dtype
 from .run import Run, _Digest
 from .split import Split
@@ -68,21 +69,6 @@ __all__ = ["Cancelled", "DeviceMemoryError", "NonFiniteError", "PipelineHooks", 
 log = logging.getLogger(__name__)
 
 RunResult = Run  # what `Session.run` returns: report, logits, last_logits (and the run's events, plan…)
-
-
-def split_layers(n_layers: int, n_stages: int, split: str | list[int]) -> list[tuple[int, int]]:
-    """Layer ranges per stage: explicit counts, or balanced (all blocks cost the same; the
-    remainder goes to the earliest stages, the last stage also carries the LM head)."""
-    if isinstance(split, list):
-        counts = split
-    else:
-        base, extra = divmod(n_layers, n_stages)
-        counts = [base + (1 if i < extra else 0) for i in range(n_stages)]
-    ranges, start = [], 0
-    for c in counts:
-        ranges.append((start, start + c))
-        start += c
-    return ranges
 
 
 class Session:
@@ -133,11 +119,9 @@ class Session:
         # interleave:V: V layer groups per device, each group a stage; a chunk visits the
         # devices V times over (group j on device j mod D)
         self.interleave = self.config.interleave
-        groups = len(self.devices) * self.interleave
-        split = "auto" if self.interleave > 1 else self.config.layer_split
-        ranges = split_layers(self.spec.n_layers, groups, split)
-        stage_devices = [self.devices[j % len(self.devices)] for j in range(groups)]
-        self.stages = [Stage(i, d, a, b, self.dtypes[d]) for i, (d, (a, b)) in enumerate(zip(stage_devices, ranges))]
+        counts = self.config.layer_split if isinstance(self.config.layer_split, list) else None
+        self.stages = [Stage(i, d, a, b, self.dtypes[d])
+                       for i, d, a, b in stage_ranges(self.spec.n_layers, self.devices, counts, self.interleave)]
         if self.interleave > 1:  # the Gantt's and the trace's names of layer groups, for NVTX ranges
             for st in self.stages:
                 st.label = nvtx.stage_label(st.index, st.device, st.first, st.end, interleaved=True)

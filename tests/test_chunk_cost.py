@@ -156,8 +156,8 @@ def test_probe_shape_never_passes_the_prompt():
         for dev in (cpu, gpu):
             sizes, prefix, probe, _ = chunk_cost.probe_shape(dev, n)
             assert max(sizes) <= n and prefix + probe <= max(n, 512 if dev is cpu else 10240), (dev, n)
-    assert chunk_cost.one_chunk_only(cpu, 16) and not chunk_cost.one_chunk_only(cpu, 17)
-    assert chunk_cost.one_chunk_only(gpu, 1024) and not chunk_cost.one_chunk_only(gpu, 1025)
+    assert chunking.one_chunk_only(cpu, 16) and not chunking.one_chunk_only(cpu, 17)
+    assert chunking.one_chunk_only(gpu, 1024) and not chunking.one_chunk_only(gpu, 1025)
 
 
 def test_a_prompt_is_never_probed_past_its_length(demo_path, monkeypatch):

@@ -7,16 +7,24 @@ from engine.chunking import (
     ChunkCost,
     balanced_bounds,
     bounds_makespan,
-    choose_chunk,
-    choose_schedule,
+    choose,
     chunk_bounds,
-    makespan,
     schedule,
 )
 
 CANDS = (1024, 2048, 4096, 8192, 16384)
 # per-layer seconds at each size: small chunks use the GPU less well (not a straight line)
 LAYER_S = {1024: 0.0012, 2048: 0.0020, 4096: 0.0037, 8192: 0.0072, 16384: 0.0143}
+
+
+def choose_chunk(n_tokens, n_stages, c, cands):
+    """(chunk, why) of the fixed schedule's best candidate."""
+    got = choose(n_tokens, n_stages, c, cands, ("fixed",))
+    return got.chunk, got.reason
+
+
+def makespan(n_tokens, chunk, n_stages, c):
+    return bounds_makespan(chunk_bounds(n_tokens, chunk), n_stages, c)
 
 
 def cost(host=0.0, attn=0.0, layers=16):
@@ -84,12 +92,13 @@ def test_schedule_choice_follows_the_setting():
     c = cost(attn=ATTN)
     assert schedule(4096, 1024, "fixed", c) == chunk_bounds(4096, 1024)
     assert len(schedule(65536, 2048, "balanced", c)) == 32
-    chunk, kind, why = choose_schedule(65536, 2, c, CANDS)
-    assert kind in ("fixed", "balanced") and str(chunk) in why
-    assert choose_schedule(65536, 2, c, CANDS, ("fixed",))[1] == "fixed"
-    assert choose_schedule(65536, 1, c, CANDS)[1] == "fixed"  # one stage: no bubble to balance
-    assert choose_schedule(65536, 1, c, CANDS, ("balanced",))[1] == "balanced"  # unless asked
-    assert choose_schedule(100, 2, c, CANDS)[0] == 100
+    got = choose(65536, 2, c, CANDS)
+    assert got.kind in ("fixed", "balanced") and str(got.chunk) in got.reason
+    assert got.bounds == tuple(schedule(65536, got.chunk, got.kind, c, floor=chunking.efficient_floor(c)))
+    assert choose(65536, 2, c, CANDS, ("fixed",)).kind == "fixed"
+    assert choose(65536, 1, c, CANDS).kind == "fixed"  # one stage: no bubble to balance
+    assert choose(65536, 1, c, CANDS, ("balanced",)).kind == "balanced"  # unless asked
+    assert choose(100, 2, c, CANDS).chunk == 100
 
 
 def _flow_shop(times: list[float], n_dev: int, v: int) -> float:
