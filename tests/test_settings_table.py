@@ -1,0 +1,88 @@
+"""Issue 31: every setting is one row of engine/settings_table.py, and the README, the config
+dataclass, the CLI and the form's fields are that table."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from engine import settings_table as table
+from engine.config import ENV_ALIASES, ENV_NAMES, NAME_ALIASES, SETTING_NAMES, EngineConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _readme_rows(section: str) -> list[str]:
+    return [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| setting")
+            and not line.startswith("| variable")]
+
+
+def test_the_readme_settings_tables_are_the_table():
+    section = table.readme_section((ROOT / "README.md").read_text())
+    assert section, f"README.md has no section between {table.README_BEGIN!r} and {table.README_END!r}"
+    want = table.readme_tables()
+    got_rows, want_rows = _readme_rows(section), _readme_rows(want)
+    missing = [r for r in want_rows if r not in got_rows]
+    extra = [r for r in got_rows if r not in want_rows]
+    assert not missing and not extra, (
+        f"README.md's settings tables differ from engine/settings_table.py (print them with "
+        f"`python -m engine.settings_table`): missing or changed {missing}, not in the table {extra}")
+    assert section == want
+
+
+def test_the_readme_check_fails_on_a_missing_or_changed_row():
+    good = table.readme_tables()
+    rows = _readme_rows(good)
+    assert len(rows) == len(table.SETTINGS) + len(table.DIAGNOSTICS)
+    dropped = good.replace(rows[3] + "\n", "")
+    changed = good.replace(rows[0], rows[0].replace("cpu |", "cuda |"))
+    for text in (dropped, changed):
+        assert table.readme_section(text) != good
+
+
+def test_the_config_dataclass_holds_the_engine_rows_with_their_defaults():
+    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    assert set(fields) == set(SETTING_NAMES) == set(table.ENGINE_ROWS)
+    default = EngineConfig()
+    for s in table.SETTINGS:
+        value = getattr(default, s.name)
+        assert (list(s.default) if isinstance(value, list) else s.default) == value, s.name
+
+
+def test_env_names_and_aliases_come_from_the_rows():
+    assert ENV_NAMES == {s.name: s.env for s in table.SETTINGS if s.env}
+    assert ENV_ALIASES == {"pipeline_depth": ("STRATA_PF_DEPTH",), "chunk_tokens": ("STRATA_PREFILL",)}
+    assert NAME_ALIASES == {"pf_depth": "pipeline_depth", "prefill": "chunk_tokens"}
+
+
+def test_every_row_is_whole():
+    envs = [s.env for s in table.ROWS.values() if s.env]
+    assert len(envs) == len(set(envs)), "an environment variable on two rows"
+    for s in table.ROWS.values():
+        assert s.kind in table.KINDS and s.doc and s.default_text, s.name
+        assert "|" not in s.doc + s.default_text + s.flag_value, s.name  # would break the README table
+    for s in table.SETTINGS:
+        assert s.flag == "--" + s.name.replace("_", "-") and s.help and s.allowed, s.name
+        assert (s.kind == "choice") == bool(s.choices) or s.kind == "gib", s.name
+        assert not s.label or s.tooltip, s.name
+    for s in table.DIAGNOSTICS:
+        assert s.env.startswith("STRATA_") and not s.flag and not s.label and s.group == "diagnostics"
+
+
+def test_the_cli_flags_are_the_rows():
+    ap = argparse.ArgumentParser()
+    table.add_flags(ap)
+    ns = ap.parse_args(["--pf-depth", "0", "--prefill", "64", "--timing", "--cuda-graphs=0"])
+    assert table.flag_values(ns) == {"pipeline_depth": "0", "chunk_tokens": "64", "timing": "1", "cuda_graphs": "0"}
+    helps = {a.dest: a.help for a in ap._actions if a.dest != "help" and a.help != argparse.SUPPRESS}
+    assert helps == {s.name: s.help for s in table.SETTINGS}
+
+
+@pytest.mark.parametrize("name", [s.name for s in table.DIAGNOSTICS])
+def test_a_diagnostic_is_read_through_its_row(name):
+    var = table.row(name).env
+    assert table.env_text(name, {var: "  Torch \n"}) == "Torch"
+    assert table.env_text(name, {}) == ""
+    assert table.env_is_set(name, {var: ""}) and not table.env_is_set(name, {})
