@@ -86,3 +86,20 @@ def test_a_diagnostic_is_read_through_its_row(name):
     assert table.env_text(name, {var: "  Torch \n"}) == "Torch"
     assert table.env_text(name, {}) == ""
     assert table.env_is_set(name, {var: ""}) and not table.env_is_set(name, {})
+
+
+def test_the_forms_fields_are_the_labelled_rows():
+    from strata_gui.run.settings_model import FIELDS, RunSettings
+
+    labelled = [s.name for s in table.SETTINGS if s.label]
+    assert [f for f in FIELDS if f in table.ENGINE_ROWS] == labelled
+    form = RunSettings()
+    for s in table.form_rows():
+        if s.name in ("devices", "layer_split", "chunk_tokens"):  # the form's own start (two CPU stages, modes)
+            continue
+        assert getattr(form, s.name) == s.default, s.name
+    env = {"STRATA_PIN_LIMIT_GIB": "20", "STRATA_GPU_ORDER": " Configured", "STRATA_PREFILL": "96",
+           "STRATA_PF_DEPTH": "0", "STRATA_CUDA_GRAPHS": "off", "STRATA_EXECUTOR": "nope"}
+    s = RunSettings.from_env(env)
+    assert (s.pin_limit_gib, s.gpu_order, s.chunk_mode, s.chunk_tokens, s.pipeline_depth, s.cuda_graphs,
+            s.executor) == ("20", "configured", "fixed", "96", 0, False, "threads")
