@@ -240,17 +240,16 @@ def form_rows() -> tuple[Setting, ...]:
     return tuple(s for s in SETTINGS if s.label)
 
 
+def env_value(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """A diagnostic's variable as set (read now, not stripped: a key is its exact bytes), None when
+    unset: with `env_text`, the one way the side-channel variables are read."""
+    env = os.environ if env is None else env
+    return env.get(ROWS[name].env)
+
+
 def env_text(name: str, env: Mapping[str, str] | None = None) -> str:
-    """A diagnostic's value from the environment (read now, stripped; "" when unset): the one way
-    the side-channel variables are read."""
-    env = os.environ if env is None else env
-    return env.get(ROWS[name].env, "").strip()
-
-
-def env_is_set(name: str, env: Mapping[str, str] | None = None) -> bool:
-    """Whether the row's variable is in the environment at all (an empty value counts)."""
-    env = os.environ if env is None else env
-    return ROWS[name].env in env
+    """A diagnostic's value, stripped; "" when unset."""
+    return (env_value(name, env) or "").strip()
 
 
 # --------------------------------------------------------------------------------- CLI flags

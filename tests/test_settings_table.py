@@ -85,7 +85,25 @@ def test_a_diagnostic_is_read_through_its_row(name):
     var = table.row(name).env
     assert table.env_text(name, {var: "  Torch \n"}) == "Torch"
     assert table.env_text(name, {}) == ""
-    assert table.env_is_set(name, {var: ""}) and not table.env_is_set(name, {})
+    assert table.env_value(name, {var: " k "}) == " k " and table.env_value(name, {}) is None
+
+
+def test_the_side_channel_variables_are_named_only_in_the_table():
+    """Every STRATA_* diagnostic is read through `env_text`/`env_value`: its name as a string
+    literal appears in no other engine or app module (docstrings and messages aside)."""
+    import ast
+
+    names = {s.env for s in table.DIAGNOSTICS}
+    for path in [*(ROOT / "engine").rglob("*.py"), *(ROOT / "strata_gui").rglob("*.py")]:
+        if path.name == "settings_table.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in names and id(node) not in docs:
+                raise AssertionError(f"{path.relative_to(ROOT)}:{node.lineno} names {node.value} itself")
 
 
 def test_the_forms_fields_are_the_labelled_rows():
