@@ -121,3 +121,18 @@ def test_the_forms_fields_are_the_labelled_rows():
     s = RunSettings.from_env(env)
     assert (s.pin_limit_gib, s.gpu_order, s.chunk_mode, s.chunk_tokens, s.pipeline_depth, s.cuda_graphs,
             s.executor) == ("20", "configured", "fixed", "96", 0, False, "threads")
+
+
+def test_a_recorded_run_goes_back_into_the_forms_fields():
+    from strata_gui.run.settings_model import RunSettings, settings_from_config
+
+    record = {"model": "built-in demo", "devices": "cpu,cpu", "layer_split": "1,3", "chunk_tokens": 64,
+              "pipeline_depth": 0, "pin_limit_gib": 12.0, "expert_cache": "all", "cuda_graphs": False,
+              "gpu_order": "configured", "executor": "processes", "rendezvous": "h:1", "decode_tokens": 3}
+    s, kept = settings_from_config(record, RunSettings())
+    assert (s.split_mode, s.split_counts, s.chunk_mode, s.chunk_tokens, s.pipeline_depth, s.pin_limit_gib,
+            s.expert_cache, s.cuda_graphs, s.gpu_order, s.decode_tokens) == \
+        ("manual", "1,3", "fixed", "64", 0, "12", "all", False, "configured", 3)
+    assert (s.executor, s.rendezvous) == ("threads", "") and kept == []  # where a past run's stages ran: not taken
+    auto, _ = settings_from_config({"layer_split": "auto", "chunk_tokens": "auto"}, s)
+    assert (auto.split_mode, auto.split_counts, auto.chunk_mode, auto.chunk_tokens) == ("auto", "1,3", "auto", "64")

@@ -237,7 +237,7 @@ def settings_from_config(config: Mapping[str, Any], current: RunSettings) -> tup
 def _restore(s: RunSettings, row: Setting, value: Any) -> None:
     """One recorded engine setting into its form field: a split or chunk sets its mode too, a
     check box or combo of numbers takes only its own type, a text field the value as text."""
-    current = getattr(s, row.name)
+    current = getattr(s, row.name, None)  # None: layer_split (its form fields are the mode and counts)
     if row.kind in ("layer_split", "chunk"):
         text = str(value)
         mode, counts = ("split_mode", "split_counts") if row.kind == "layer_split" else ("chunk_mode", "chunk_tokens")
