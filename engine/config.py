@@ -1,7 +1,9 @@
 """Engine settings: one dataclass, parsed from environment and CLI with one set of rules.
 
 Precedence: explicit (GUI/CLI) > environment > default.  Every invalid value raises
-`ConfigError` naming the setting, the value and what is allowed.
+`ConfigError` naming the setting, the value and what is allowed.  The settings themselves (names,
+environment variables, aliases, choices, allowed texts, defaults) are the rows of
+engine/settings_table.py; this module parses and checks a value by its row's kind.
 """
 from __future__ import annotations
 

@@ -187,7 +187,9 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--timing", flag_value="[0/1]", help="per-stage wall/compute/wait (stderr)"),
     Setting(
         "check_nan", "bool", False, "non-finite check", "off", allowed=BOOL_ALLOWED, env="STRATA_DBG_NAN",
-        flag="--check-nan", flag_value="[0/1]", help="check every stage's output for NaN/inf (names the first)"),
+        flag="--check-nan", flag_value="[0/1]",
+        help="check every layer's output for NaN/inf as it runs (names the first stage, chunk and layer; "
+             "off: one check of the logits)"),
 )
 
 DIAGNOSTICS: tuple[Setting, ...] = (
