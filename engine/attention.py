@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import settings_table
+
 log = logging.getLogger(__name__)
 
 SDPA = "sdpa"  # scaled_dot_product_attention (lower-right mask for a chunk after a prefix)
@@ -45,7 +47,7 @@ class AttentionKernel:
 
 _CHOSEN: dict[tuple, AttentionKernel] = {}
 _LOCK = threading.Lock()
-FORCE_ENV = "STRATA_ATTENTION"  # sdpa: never the split (A/B and a way out)
+FORCE_ENV = settings_table.row("attention").env  # sdpa: never the split (A/B and a way out)
 
 
 def kernel_for(device: torch.device, n_heads: int, n_kv_heads: int, head_dim: int,
@@ -65,13 +67,11 @@ def kernel_for(device: torch.device, n_heads: int, n_kv_heads: int, head_dim: in
 
 
 def _choose(device: torch.device, H: int, KV: int, hd: int, dtype: torch.dtype) -> AttentionKernel:
-    import os
-
     if device.type != "cuda":
         return AttentionKernel(SDPA, reason="CPU")
     if dtype not in (torch.bfloat16, torch.float16):
         return AttentionKernel(SDPA, reason=f"cuDNN attention needs bf16/fp16, not {str(dtype).removeprefix('torch.')}")
-    if os.environ.get(FORCE_ENV, "").strip().lower() == "sdpa":
+    if settings_table.env_text("attention").lower() == "sdpa":
         return AttentionKernel(SDPA, reason=f"{FORCE_ENV}=sdpa")
     if not hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention"):
         return AttentionKernel(SDPA, reason="this torch has no cuDNN attention")

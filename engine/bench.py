@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import bench_format, failure
+from . import bench_format, failure, settings_table
 from .atomic_file import atomic_open
 from .config import ConfigError, EngineConfig, parse_setting
 from .events import RunReport, format_timing
@@ -57,14 +57,8 @@ def _engine() -> None:
     from .gguf_model import GGUFError, load
     from .pipeline import Cancelled, Session, StageError
 
-SETTING_FLAGS = {  # CLI flag -> setting
-    "devices": "devices", "layer_split": "layer_split", "chunk_tokens": "chunk_tokens",
-    "pipeline_depth": "pipeline_depth",
-    "prefill_main": "prefill_main", "pin_limit_gib": "pin_limit_gib", "gpu_order": "gpu_order",
-    "expert_cache": "expert_cache", "handoff": "handoff", "dtype": "dtype", "timing": "timing",
-    "check_nan": "check_nan", "cuda_graphs": "cuda_graphs",
-    "chunk_schedule": "chunk_schedule", "executor": "executor", "rendezvous": "rendezvous",
-}
+# the flag (its argparse dest) of each engine setting: one per row of engine/settings_table.py
+SETTING_FLAGS: dict[str, str] = {s.name: s.name for s in settings_table.SETTINGS}
 
 
 SYNTHETIC_FORM = "synthetic:PRESET[:key=value,...]"
@@ -401,7 +395,7 @@ def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflop
 
 
 def _base_settings(ns: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(ns, k) for k in SETTING_FLAGS if getattr(ns, k, None) is not None}
+    return settings_table.flag_values(ns)
 
 
 def _split_for(model, config: EngineConfig, sess, name: str, n_tokens: int, ns):
@@ -447,34 +441,37 @@ def configs_from_args(ns: argparse.Namespace) -> list[tuple[str, EngineConfig]]:
     return configs
 
 
-def cmd_run(ns: argparse.Namespace) -> int:
-    logits_out = trace_out = None  # output paths, checked before anything runs
+@dataclass
+class _Measured:
+    """What the measured runs of `strata-bench run` left: a point per (arm, size), a JSON row per
+    run, the last (session, result), and whether Ctrl-C stopped them."""
+
+    points: list[Point] = field(default_factory=list)
+    run_rows: list[dict[str, Any]] = field(default_factory=list)
+    last: tuple[Any, Any] | None = None
+    interrupted: bool = False
+
+
+def _output_paths(ns: argparse.Namespace) -> tuple[Path | None, Path | None]:
+    """--logits-out (named as np.save names it) and --trace, checked writable before anything runs."""
+    logits_out = trace_out = None
     if ns.logits_out:
-        name = ns.logits_out if str(ns.logits_out).endswith(".npy") else f"{ns.logits_out}.npy"  # as np.save names it
+        name = ns.logits_out if str(ns.logits_out).endswith(".npy") else f"{ns.logits_out}.npy"
         logits_out = check_writable("--logits-out", name)
     if ns.trace:
         trace_out = check_writable("--trace", ns.trace)
-    if ns.prompt_ids is None and ns.prompt is None:
-        prompt_sizes(prompt_tokens_text(ns), ns.decode_tokens)
-    if ns.prompt_ids is not None and not Path(ns.prompt_ids).is_file():
-        raise ConfigError("--prompt-ids", ns.prompt_ids, "a text file of token ids", "no such file")
-    check_model_arg(ns.model)
-    configs = configs_from_args(ns)
-    _engine()
-    first_dev = configs[0][1].devices[0]
-    model = open_model(ns.model, first_dev)
-    log.info("model: %s", model.describe())
-    # prompts
+    return logits_out, trace_out
+
+
+def _prompts(ns: argparse.Namespace, model, configs: list[tuple[str, EngineConfig]],
+             logits_out: Path | None) -> tuple[list[int], list[int] | None]:
+    """(prompt sizes, the fixed prompt's ids or None), each size checked to fit in memory (KV,
+    weights, scratch, logits) before a byte of the run is allocated."""
     from . import memory_check
 
-    sizes: list[int | None]
-    fixed_ids: list[int] | None = None
-    logits_all = bool(ns.logits_out)
-
     def check_fits(tokens: int, flag: str) -> None:
-        """Before a byte of the run is allocated: its KV, weights, scratch and logits fit."""
         for _, cfg in configs:
-            memory_check.check_run(model, cfg, tokens, ns.decode_tokens, logits_all, flag)
+            memory_check.check_run(model, cfg, tokens, ns.decode_tokens, bool(ns.logits_out), flag)
         if logits_out is not None:
             memory_check.check_output("--logits-out", logits_out, tokens * model.spec.vocab * 4 + 128,
                                       f"lower {flag}")
@@ -482,123 +479,139 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.prompt_ids:
         check_fits(prompts.count_ids(ns.prompt_ids), "--prompt-ids")  # counted without holding them
         try:
-            fixed_ids = prompts.read_ids(ns.prompt_ids)
+            ids = prompts.read_ids(ns.prompt_ids)
         except UnicodeDecodeError as exc:
             raise ConfigError("--prompt-ids", ns.prompt_ids, "a text file of token ids", f"not text: {exc.reason}") \
                 from None
-        bad = next((i for i in fixed_ids if not 0 <= i < model.spec.vocab), None)
+        bad = next((i for i in ids if not 0 <= i < model.spec.vocab), None)
         if bad is not None:
             raise ConfigError("--prompt-ids", ns.prompt_ids, f"token ids 0..{model.spec.vocab - 1} (the model's vocabulary)",
                               f"id {bad}")
-        sizes = [len(fixed_ids)]
-    elif ns.prompt is not None:
-        fixed_ids = prompts.tokenize(model, ns.prompt)
-        sizes = [len(fixed_ids)]
-        check_fits(len(fixed_ids), "--prompt")
-    else:
-        sizes = prompt_sizes(prompt_tokens_text(ns), ns.decode_tokens)
-        check_fits(max(max(sizes), 1), "--prompt-tokens")  # 0: decode-only, a one-token prompt
-    weights = roofline.decode_weight_bytes(model) if ns.decode_tokens > 0 else None
+        return [len(ids)], ids
+    if ns.prompt is not None:
+        ids = prompts.tokenize(model, ns.prompt)
+        check_fits(len(ids), "--prompt")
+        return [len(ids)], ids
+    sizes = prompt_sizes(prompt_tokens_text(ns), ns.decode_tokens)
+    check_fits(max(max(sizes), 1), "--prompt-tokens")  # 0: decode-only, a one-token prompt
+    return sizes, None
+
+
+def _run_row(r: RunReport, ns: argparse.Namespace, name: str, n: int, rep: int,
+             weights: DecodeBytes | None) -> dict[str, Any]:
+    """One measured run as a JSON row."""
+    return {
+        "row": "run", "test": bench_format.label(n, ns.decode_tokens), "arm": name, "prompt_tokens": n,
+        "repeat": rep, "chunk": r.plan.chunk,
+        "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
+        "digest": r.digest, "generated": r.generated, "busy_histogram": r.busy_histogram,
+        "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
+        "kernels": r.kernels, "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
+        "handoff_share": r.handoff_share,
+        "device_order": r.device_order, **_run_decode_fields(r, ns, weights)}
+
+
+def _measure(ns: argparse.Namespace, model, configs: list[tuple[str, EngineConfig]], sizes: list[int],
+             fixed_ids: list[int] | None, weights: DecodeBytes | None) -> _Measured:
+    """Every (size, repeat, arm) step (engine/sweep.py: the app's Sweep walks the same), each new
+    size after its unmeasured warm-up runs; Ctrl-C keeps the repeats that finished."""
+    out = _Measured()
     sessions = []
     for name, cfg in configs:
         shown = _load_progress(model, name, ns.quiet)
         sessions.append((name, _session(shown, model, cfg, events=not ns.no_events)))
         shown.finish()
-    points: list[Point] = []
-    run_rows: list[dict[str, Any]] = []
-    last = None
-    interrupted = False
     pts: dict[str, Point] = {}
     shown_runs = RunProgress.for_stream(sys.stderr, quiet=ns.quiet, force=ns.progress,
                                         measured=len(sizes) * ns.repeat * len(sessions),
                                         warmups=len(sizes) * ns.warmup * len(sessions))
     try:
         ids: list[int] | None = None
-        for step in steps(sizes, ns.repeat, len(sessions)):  # engine/sweep.py: the app's Sweep walks the same
+        for step in steps(sizes, ns.repeat, len(sessions)):
             n, rep = step.prompt_tokens, step.repeat
-            name, sess = sessions[step.arm]
             if step.first_of_size:
-                if pts:
-                    points.extend(pts.values())
+                out.points.extend(pts.values())
                 pts = {a: Point(a, n) for a, _ in sessions}
                 sessions = [_split_for(model, configs[i][1], s, a, max(n, 1), ns)
                             for i, (a, s) in enumerate(sessions)]
-                name, sess = sessions[step.arm]
-                # unmeasured runs at this size: the first sight of its chunk shapes plans kernels and
-                # captures CUDA graphs, which a measured run must not pay for (with decode, one decode
-                # step too: its size-1 graphs are captured there, not in the first measured decode)
-                warm = fixed_ids if fixed_ids is not None else (
-                    prompts.bos_ids(model) if n == 0 else prompts.warmup_ids(n, model.spec.vocab))
-                for w in range(ns.warmup):
-                    for a, s in sessions:
-                        shown_runs.start(a, n, warmup=w)
-                        s.run(warm, min(ns.decode_tokens, 2))
+                _warm_up(ns, model, sessions, n, fixed_ids, shown_runs)
+            name, sess = sessions[step.arm]
             if step.arm == 0:  # every arm of this (size, repeat) on the same prompt
-                if fixed_ids is not None:
-                    ids = fixed_ids
-                elif n == 0:  # decode only (llama-bench -p 0): from a single BOS token
-                    ids = prompts.bos_ids(model)
-                else:
-                    ids = prompts.synthetic(n, model.spec.vocab, step.nonce)
+                ids = fixed_ids if fixed_ids is not None else (
+                    prompts.bos_ids(model) if n == 0 else prompts.synthetic(n, model.spec.vocab, step.nonce))
             shown_runs.start(name, n, repeat=rep)
             res = sess.run(ids, ns.decode_tokens, logits_all=bool(ns.logits_out))
             pts[name].reports.append(res.report)
-            last = (sess, res)
+            out.last = (sess, res)
             if sess.config.timing:
                 print(f"# timing: arm {name}, {n} tokens, repeat {rep}\n{format_timing(res.report.per_stage)}",
                       file=sys.stderr)
-            r = res.report
-            run_rows.append({
-                "row": "run", "test": bench_format.label(n, ns.decode_tokens), "arm": name, "prompt_tokens": n,
-                "repeat": rep, "chunk": r.plan.chunk,
-                "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
-                "digest": r.digest, "generated": r.generated, "busy_histogram": r.busy_histogram,
-                "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
-                "kernels": r.kernels, "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
-                "handoff_share": r.handoff_share,
-                "device_order": r.device_order, **_run_decode_fields(r, ns, weights)})
+            out.run_rows.append(_run_row(res.report, ns, name, n, rep, weights))
             if ns.format == "jsonl":  # one line a run as it ends
-                print(json.dumps(run_rows[-1]), flush=True)
+                print(json.dumps(out.run_rows[-1]), flush=True)
     except KeyboardInterrupt:  # Ctrl-C: the repeats that finished are kept and printed
-        interrupted = True
+        out.interrupted = True
     finally:
-        points.extend(p for p in pts.values() if p.reports)
+        out.points.extend(p for p in pts.values() if p.reports)
         shown_runs.close()
         for _, sess in sessions:
             sess.close()
-    if interrupted:
-        done = sum(len(p.reports) for p in points)
-        print(f"strata-bench: interrupted; {done} measured run{'s' if done != 1 else ''} finished"
-              + (" and are shown below" if done else ", nothing to show"), file=sys.stderr)
-        if not points:
-            return 130
+    return out
+
+
+def _warm_up(ns: argparse.Namespace, model, sessions: list, n: int, fixed_ids: list[int] | None,
+             shown_runs: RunProgress) -> None:
+    """Unmeasured runs at a new size: the first sight of its chunk shapes plans kernels and
+    captures CUDA graphs, which a measured run must not pay for (with decode, one decode step too:
+    its size-1 graphs are captured there, not in the first measured decode)."""
+    warm = fixed_ids if fixed_ids is not None else (
+        prompts.bos_ids(model) if n == 0 else prompts.warmup_ids(n, model.spec.vocab))
+    for w in range(ns.warmup):
+        for a, s in sessions:
+            shown_runs.start(a, n, warmup=w)
+            s.run(warm, min(ns.decode_tokens, 2))
+
+
+def _print_tables(ns: argparse.Namespace, model, configs: list[tuple[str, EngineConfig]], m: _Measured,
+                  weights: DecodeBytes | None) -> None:
+    """The summary on stdout in --format, with the md table's notes under it."""
     info = {**bench_format.model_fields(model), **bench_format.build_fields(),
             **bench_format.hardware_fields([d for _, c in configs for d in c.devices])}
     arm_names = [a for a, _ in configs]
+    bandwidth = roofline.bandwidth_of(ns.mem_gbs)
     if ns.format in ("json", "sql"):  # one document: every run, then every (arm, size)
-        rows = run_rows + summary_rows(points, arm_names, model.spec, ns.peak_tflops, info, ns.decode_tokens,
-                                       weights, roofline.bandwidth_of(ns.mem_gbs))
+        rows = m.run_rows + summary_rows(m.points, arm_names, model.spec, ns.peak_tflops, info, ns.decode_tokens,
+                                         weights, bandwidth)
         print(bench_format.to_json(rows) if ns.format == "json" else bench_format.to_sql(rows))
     else:
-        print(render(points, arm_names, ns.format, model.spec, ns.peak_tflops, info, ns.decode_tokens,
-                     weights, roofline.bandwidth_of(ns.mem_gbs)))
+        print(render(m.points, arm_names, ns.format, model.spec, ns.peak_tflops, info, ns.decode_tokens,
+                     weights, bandwidth))
     if ns.format == "md":
-        print(f"\n{TABLE_NOTE}")
-        gpu = f" · GPU: {info['gpu_info']}" if info["gpu_info"] else ""
-        print(f"build: {info['build_commit']} ({info['build_version']}){gpu} · CPU: {info['cpu_info']}")
-        if weights is not None and points and points[-1].reports:
-            last_plan = points[-1].reports[-1].plan
-            roof = roofline.roofline(weights, [(st.device, st.first_layer, st.end_layer) for st in last_plan.stages],
-                                     roofline.bandwidth_of(ns.mem_gbs))
-            print(f"roofline: {weights.total / 2**20:.1f} MiB of weights per decode token as stored "
-                  f"(dense + top-{model.spec.n_experts_used} experts per layer; KV not counted); bandwidth: {roof.how}")
-        if last is not None and last[1].report.attention:
-            print(f"attention: {last[1].report.attention}")
-        if last is not None and last[1].report.kernels:
-            print(f"kernels: {last[1].report.kernels}")
-            for note in last[1].report.notes:
-                if note.startswith("fast kernel missing"):
-                    print(f"warning: {note}")
+        _print_md_notes(ns, model, m, weights, info)
+
+
+def _print_md_notes(ns: argparse.Namespace, model, m: _Measured, weights: DecodeBytes | None,
+                    info: dict[str, Any]) -> None:
+    print(f"\n{TABLE_NOTE}")
+    gpu = f" · GPU: {info['gpu_info']}" if info["gpu_info"] else ""
+    print(f"build: {info['build_commit']} ({info['build_version']}){gpu} · CPU: {info['cpu_info']}")
+    if weights is not None and m.points and m.points[-1].reports:
+        last_plan = m.points[-1].reports[-1].plan
+        roof = roofline.roofline(weights, [(st.device, st.first_layer, st.end_layer) for st in last_plan.stages],
+                                 roofline.bandwidth_of(ns.mem_gbs))
+        print(f"roofline: {weights.total / 2**20:.1f} MiB of weights per decode token as stored "
+              f"(dense + top-{model.spec.n_experts_used} experts per layer; KV not counted); bandwidth: {roof.how}")
+    report = m.last[1].report if m.last is not None else None
+    if report is not None and report.attention:
+        print(f"attention: {report.attention}")
+    if report is not None and report.kernels:
+        print(f"kernels: {report.kernels}")
+        for note in report.notes:
+            if note.startswith("fast kernel missing"):
+                print(f"warning: {note}")
+
+
+def _log_model_error(points: list[Point]) -> None:
     for p in points:
         r = p.reports[-1] if p.reports else None
         if r is not None and r.plan.modelled_s > 0 and not r.cancelled and p.prompt_tokens:
@@ -606,23 +619,55 @@ def cmd_run(ns: argparse.Namespace) -> int:
                      "%.1f ms (%+.1f%%); the chunk size was picked with it, so a large error (a busy machine, "
                      "a first run paying set-up) means the pick may not be the fastest", p.arm, p.prompt_tokens,
                      r.plan.modelled_s * 1e3, r.prefill_s * 1e3, (r.prefill_s / r.plan.modelled_s - 1) * 100)
-    if ns.format == "md" and last is not None and len(points) == 1:
-        r = last[1].report
-        print((f"\ngenerated: {r.generated}" if r.generated else "") + f"\ndigest: {r.digest}")
+
+
+def _write_outputs(m: _Measured, logits_out: Path | None, trace_out: Path | None) -> bool:
+    """The last run's logits and trace; False when one went to the fallback folder or was lost."""
     ok = True
-    if logits_out is not None and last is not None:
-        logits = last[1].logits.float().numpy()
+    if m.last is None:
+        return ok
+    sess, res = m.last
+    if logits_out is not None:
+        logits = res.logits.float().numpy()
         ok &= write_or_fallback("--logits-out", logits_out, lambda p: _save_npy(p, logits))
         log.info("wrote logits %s", tuple(logits.shape))
-    if trace_out is not None and last is not None:
+    if trace_out is not None:
         from . import trace
 
-        sess, res = last
         ok &= write_or_fallback("--trace", trace_out, lambda p: trace.save(
             p, sess.events, {"report": res.report}, telemetry=res.report.telemetry,
             stage_names=res.report.plan.stage_names()))
         log.info("wrote trace %s", trace_out)
-    if interrupted:
+    return ok
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    logits_out, trace_out = _output_paths(ns)
+    if ns.prompt_ids is None and ns.prompt is None:
+        prompt_sizes(prompt_tokens_text(ns), ns.decode_tokens)
+    if ns.prompt_ids is not None and not Path(ns.prompt_ids).is_file():
+        raise ConfigError("--prompt-ids", ns.prompt_ids, "a text file of token ids", "no such file")
+    check_model_arg(ns.model)
+    configs = configs_from_args(ns)
+    _engine()
+    model = open_model(ns.model, configs[0][1].devices[0])
+    log.info("model: %s", model.describe())
+    sizes, fixed_ids = _prompts(ns, model, configs, logits_out)
+    weights = roofline.decode_weight_bytes(model) if ns.decode_tokens > 0 else None
+    m = _measure(ns, model, configs, sizes, fixed_ids, weights)
+    if m.interrupted:
+        done = sum(len(p.reports) for p in m.points)
+        print(f"strata-bench: interrupted; {done} measured run{'s' if done != 1 else ''} finished"
+              + (" and are shown below" if done else ", nothing to show"), file=sys.stderr)
+        if not m.points:
+            return 130
+    _print_tables(ns, model, configs, m, weights)
+    _log_model_error(m.points)
+    if ns.format == "md" and m.last is not None and len(m.points) == 1:
+        r = m.last[1].report
+        print((f"\ngenerated: {r.generated}" if r.generated else "") + f"\ndigest: {r.digest}")
+    ok = _write_outputs(m, logits_out, trace_out)
+    if m.interrupted:
         return 130
     return 0 if ok else 2
 
@@ -756,12 +801,43 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+LOAD_SETTINGS = ("devices", "layer_split", "expert_cache", "pin_limit_gib", "dtype")  # `load` takes these
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="strata-bench", description=__doc__)
     ap.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     ap.add_argument("--version", action=VersionAction, help="print the version, the build's commit and torch's")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    _add_run(sub)
+    lo = sub.add_parser("load", help="load a model onto the devices; print the load rate (GB/s of file)")
+    lo.add_argument("-m", "--model", default="demo", help="GGUF path, 'demo', or synthetic:PRESET[:key=val,...]")
+    lo.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    settings_table.add_flags(lo, LOAD_SETTINGS)
+    lo.set_defaults(func=cmd_load)
+    _add_make_model(sub)
+    g = sub.add_parser("stage", help="serve one pipeline stage for a controller elsewhere (run it under "
+                       "torchrun on each workstation, or once per rank)")
+    g.add_argument("--rendezvous", required=True, help="HOST:PORT of the controller (its --rendezvous)")
+    g.add_argument("--rank", type=int, help="this stage's index (default: $RANK, as torchrun sets it)")
+    g.add_argument("--world", type=int, help="the number of stages (default: $WORLD_SIZE)")
+    g.add_argument("--timeout", type=float, default=60.0, help="seconds to reach the controller")
+    g.add_argument("--key-file", help="a file holding the controller's key "
+                   f"(default: ${settings_table.row('rendezvous_key').env})")
+    g.set_defaults(func=cmd_stage)
 
+    d = sub.add_parser("devices", help="GPU topology: PCIe links, link class, peer access")
+    d.add_argument("--probe", action="store_true", help="measure pinned host<->device GB/s")
+    d.add_argument("--format", choices=("md", "json"), default="md")
+    d.set_defaults(func=cmd_devices)
+
+    from . import plan_cli  # issue 22: the what-if planner's subcommand lives in its own module
+
+    plan_cli.add_parser(sub)
+    return ap
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="prefill (and decode) prompts through the split; print a table",
                        description="Prefill (and decode) prompts through the split and print a table. "
                        "llama-bench's short flags work: -m model, -p prompt sizes, -n tokens to generate, "
@@ -775,31 +851,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", help="text, tokenised with the file's own vocabulary")
     r.add_argument("-n", "--decode-tokens", type=int, default=0,
                    help="tokens to generate greedily after the prompt (0: none; the test is then pp<N>+tg<M>)")
-    r.add_argument("--devices", help="comma-separated stage devices, e.g. cuda:0,cuda:1 or cpu,cpu (default: every GPU)")
-    r.add_argument("--layer-split", dest="layer_split",
-                   help="auto (balanced), counts per device such as 12,12,24, or interleave:V (V groups per device)")
-    r.add_argument("--chunk-tokens", dest="chunk_tokens", help="chunk size in tokens: auto or N")
-    r.add_argument("--prefill", dest="chunk_tokens", help=argparse.SUPPRESS)  # the seeds' name
-    r.add_argument("--pipeline-depth", dest="pipeline_depth", help="1 overlap (default), 0 join")
-    r.add_argument("--pf-depth", dest="pipeline_depth", help=argparse.SUPPRESS)  # the seeds' name
-    r.add_argument("--prefill-main", dest="prefill_main", nargs="?", const="1", metavar="0|1",
-                   help="prefill the whole prompt on the main device, then hand the KV to the stages")
-    r.add_argument("--pin-limit-gib", dest="pin_limit_gib", help="GiB of the expert arena to page-lock: auto or N")
-    r.add_argument("--gpu-order", dest="gpu_order", help="pcie (widest link first, default) or configured")
-    r.add_argument("--expert-cache", dest="expert_cache",
-                   help="GiB of VRAM per stage for experts: auto, all, or N (fewer: streamed from host RAM)")
-    r.add_argument("--handoff", help="auto, peer or host")
-    r.add_argument("--dtype", help="compute dtype: auto (bf16 on CUDA, fp32 on CPU), bfloat16, float16 or float32")
-    r.add_argument("--timing", nargs="?", const="1", metavar="0|1", help="per-stage wall/compute/wait (stderr)")
-    r.add_argument("--check-nan", dest="check_nan", nargs="?", const="1", metavar="0|1")
-    r.add_argument("--chunk-schedule", dest="chunk_schedule",
-                   help="fixed (default) or balanced (as many chunks, each of equal modelled cost)")
-    r.add_argument("--executor", help="threads (default: stages as threads of one process) or processes "
-                   "(a process per stage on torch.distributed)")
-    r.add_argument("--rendezvous", help="executor processes: HOST:PORT where stages started with "
-                   "`strata-bench stage --rendezvous HOST:PORT` attach (default: spawn them here)")
-    r.add_argument("--cuda-graphs", dest="cuda_graphs", nargs="?", const="1", metavar="0|1",
-                   help="replay layers as CUDA graphs (default 1; 0 runs every op eagerly)")
+    settings_table.add_flags(r)  # every engine setting (engine/settings_table.py)
     r.add_argument("--arm", action="append", help='settings of one arm, e.g. "pipeline_depth=0" (repeatable)')
     r.add_argument("-r", "--repeat", type=int, default=1,
                    help="measured runs per arm and prompt size (median and standard deviation)")
@@ -823,16 +875,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-events", action="store_true", help="no timing events (measures their overhead)")
     r.set_defaults(func=cmd_run)
 
-    lo = sub.add_parser("load", help="load a model onto the devices; print the load rate (GB/s of file)")
-    lo.add_argument("-m", "--model", default="demo", help="GGUF path, 'demo', or synthetic:PRESET[:key=val,...]")
-    lo.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    lo.add_argument("--devices")
-    lo.add_argument("--layer-split", dest="layer_split")
-    lo.add_argument("--expert-cache", dest="expert_cache")
-    lo.add_argument("--pin-limit-gib", dest="pin_limit_gib")
-    lo.add_argument("--dtype")
-    lo.set_defaults(func=cmd_load)
 
+def _add_make_model(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("make-model", help="write a GGUF model with random weights")
     m.add_argument("path")
     m.add_argument("--preset", default="demo", choices=PRESET_NAMES)
@@ -853,25 +897,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="llama.cpp's tensor-type mix (q4_k_m, q6_k, q8_0, iq4_xs, iq3_xxs, iq3_s, iq2_xxs, "
                         "iq2_xs, iq1_s, iq1_m; mxfp4: gpt-oss's MXFP4 experts) or plain f16/f32")
     m.set_defaults(func=cmd_make_model)
-
-    g = sub.add_parser("stage", help="serve one pipeline stage for a controller elsewhere (run it under "
-                       "torchrun on each workstation, or once per rank)")
-    g.add_argument("--rendezvous", required=True, help="HOST:PORT of the controller (its --rendezvous)")
-    g.add_argument("--rank", type=int, help="this stage's index (default: $RANK, as torchrun sets it)")
-    g.add_argument("--world", type=int, help="the number of stages (default: $WORLD_SIZE)")
-    g.add_argument("--timeout", type=float, default=60.0, help="seconds to reach the controller")
-    g.add_argument("--key-file", help="a file holding the controller's key (default: $STRATA_RENDEZVOUS_KEY)")
-    g.set_defaults(func=cmd_stage)
-
-    d = sub.add_parser("devices", help="GPU topology: PCIe links, link class, peer access")
-    d.add_argument("--probe", action="store_true", help="measure pinned host<->device GB/s")
-    d.add_argument("--format", choices=("md", "json"), default="md")
-    d.set_defaults(func=cmd_devices)
-
-    from . import plan_cli  # issue 22: the what-if planner's subcommand lives in its own module
-
-    plan_cli.add_parser(sub)
-    return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,9 @@
 """Engine settings: one dataclass, parsed from environment and CLI with one set of rules.
 
 Precedence: explicit (GUI/CLI) > environment > default.  Every invalid value raises
-`ConfigError` naming the setting, the value and what is allowed.
+`ConfigError` naming the setting, the value and what is allowed.  The settings themselves (names,
+environment variables, aliases, choices, allowed texts, defaults) are the rows of
+engine/settings_table.py; this module parses and checks a value by its row's kind.
 """
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ import functools
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .settings_table import BOOL_ALLOWED, ENGINE_ROWS, MAX_PREFILL, SETTINGS, Setting, rows_of_kind
 
 MAX_SHOWN_VALUE = 80  # characters of a value's repr quoted in a message
 
@@ -36,28 +40,13 @@ class ConfigError(ValueError):
         super().__init__(msg)
 
 
-# setting name -> environment variable (the README's settings table)
-ENV_NAMES: dict[str, str] = {
-    "pipeline_depth": "STRATA_PIPELINE_DEPTH",
-    "prefill_main": "STRATA_PREFILL_MAIN",
-    "pin_limit_gib": "STRATA_PIN_LIMIT_GIB",
-    "chunk_tokens": "STRATA_CHUNK_TOKENS",
-    "gpu_order": "STRATA_GPU_ORDER",
-    "timing": "STRATA_PREFILL_TIMING",
-    "check_nan": "STRATA_DBG_NAN",
-    "cuda_graphs": "STRATA_CUDA_GRAPHS",
-    "chunk_schedule": "STRATA_CHUNK_SCHEDULE",
-    "executor": "STRATA_EXECUTOR",
-    "rendezvous": "STRATA_RENDEZVOUS",
-}
-
+# the tables below are views of engine/settings_table.py (one row per setting): every name here
+# stays importable for the code and tests written against them
+ENV_NAMES: dict[str, str] = {s.name: s.env for s in SETTINGS if s.env}  # setting -> environment variable
 # the seeds' names, still accepted: environment variables (read when the new one is unset), and
 # setting names (CLI/arm/record keys; `canonical` maps them) written before issue 16
-ENV_ALIASES: dict[str, tuple[str, ...]] = {
-    "pipeline_depth": ("STRATA_PF_DEPTH",),
-    "chunk_tokens": ("STRATA_PREFILL",),
-}
-NAME_ALIASES: dict[str, str] = {"pf_depth": "pipeline_depth", "prefill": "chunk_tokens"}
+ENV_ALIASES: dict[str, tuple[str, ...]] = {s.name: s.env_aliases for s in SETTINGS if s.env_aliases}
+NAME_ALIASES: dict[str, str] = {a: s.name for s in SETTINGS for a in s.name_aliases}
 
 
 def canonical(name: str) -> str:
@@ -98,20 +87,9 @@ def old_names_accepted(cls: type) -> type:
 
 
 # every setting `parse_setting` knows, in the order of the README's settings table
-SETTING_NAMES: tuple[str, ...] = (
-    "pipeline_depth", "prefill_main", "pin_limit_gib", "chunk_tokens", "gpu_order", "layer_split", "expert_cache",
-    "timing", "check_nan", "devices", "handoff", "dtype", "cuda_graphs", "chunk_schedule",
-    "executor", "rendezvous",
-)
-BOOL_SETTINGS = ("prefill_main", "timing", "check_nan", "cuda_graphs")
-CHOICES: dict[str, tuple[str, ...]] = {
-    "gpu_order": ("pcie", "configured"),
-    "handoff": ("auto", "peer", "host"),
-    "dtype": ("auto", "float32", "bfloat16", "float16"),
-    "chunk_schedule": ("fixed", "balanced", "auto"),
-    "executor": ("threads", "processes"),
-}
-MAX_PREFILL = 1 << 20
+SETTING_NAMES: tuple[str, ...] = tuple(s.name for s in SETTINGS)
+BOOL_SETTINGS: tuple[str, ...] = tuple(s.name for s in rows_of_kind("bool"))
+CHOICES: dict[str, tuple[str, ...]] = {s.name: s.choices for s in rows_of_kind("choice")}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -119,18 +97,9 @@ _INT_RE = re.compile(r"[+-]?0*[0-9]{1,19}")  # ASCII digits only (int() also tak
 _DEVICE_RE = re.compile(r"cpu|cuda(:[0-9]{1,4})?")
 _RENDEZVOUS_RE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9.-]{0,252}))?:([0-9]{1,5})")
 
-ALLOWED = {
-    "devices": "cpu, cuda or cuda:N",
+ALLOWED: dict[str, str] = {s.name: s.allowed for s in SETTINGS if s.kind not in ("bool", "choice")} | {
     "device_list": "a comma-separated device list such as cpu,cpu or cuda:0,cuda:1",
-    "layer_split": "auto, comma-separated layer counts such as 12,12,24, or interleave:V (V layer groups per device)",
-    "chunk_tokens": f"auto or a chunk size in tokens (1..{MAX_PREFILL})",
-    "pipeline_depth": "0 (join) or 1 (overlap)",
-    "bool": "1/0, true/false, on/off",
-    "pin_limit_gib": "auto or a number of GiB >= 0",
-    "expert_cache": "auto, all or a number of GiB >= 0",
-    "rendezvous": "empty (stage processes on this machine) or HOST:PORT (stages started with "
-                  "`strata-bench stage --rendezvous HOST:PORT` attach to this controller), port 1..65534 "
-                  "(the controller's store listens on PORT+1)",
+    "bool": BOOL_ALLOWED,
 }
 _DEPTH_WHY = "a stage owns ONE set of chunk buffers, so two of its chunks may never be in flight"
 
@@ -198,25 +167,10 @@ class EngineConfig:
 
     # --------------------------------------------------------------- validation
     def validate(self) -> None:
-        if not self.devices:
-            raise ConfigError("devices", self.devices, "a non-empty list such as cpu or cuda:0,cuda:1")
-        for d in self.devices:
-            if not (isinstance(d, str) and _DEVICE_RE.fullmatch(d)):
-                raise ConfigError("devices", d, ALLOWED["devices"])
-        if not _is_int(self.pipeline_depth) or self.pipeline_depth not in (0, 1):
-            raise ConfigError("pipeline_depth", self.pipeline_depth, ALLOWED["pipeline_depth"], _DEPTH_WHY)
-        for name in BOOL_SETTINGS:
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(name, getattr(self, name), "True or False")
-        if not (self.layer_split == "auto" or interleave_groups(self.layer_split) is not None
-                or (isinstance(self.layer_split, list) and all(_is_int(n) for n in self.layer_split))):
-            raise ConfigError("layer_split", self.layer_split, ALLOWED["layer_split"])
-        if not (self.chunk_tokens == "auto" or _is_int(self.chunk_tokens)):
-            raise ConfigError("chunk_tokens", self.chunk_tokens, ALLOWED["chunk_tokens"])
-        for name, extra in (("pin_limit_gib", ("auto",)), ("expert_cache", ("auto", "all"))):
-            v = getattr(self, name)
-            if not (v in extra or (_is_real(v) and math.isfinite(v) and v >= 0)):
-                raise ConfigError(name, v, ALLOWED[name])
+        """Every field checked by its row's kind, then the split's counts against the devices."""
+        for kind in _CHECK_ORDER:
+            for s in rows_of_kind(kind):
+                _CHECKS[kind](s, getattr(self, s.name))
         if isinstance(self.layer_split, list):
             if len(self.layer_split) != len(self.devices):
                 raise ConfigError(
@@ -226,13 +180,6 @@ class EngineConfig:
             if any(n <= 0 for n in self.layer_split):
                 raise ConfigError("layer_split", _fmt_split(self.layer_split),
                                   "positive counts (an empty stage has nothing to run)")
-        if isinstance(self.chunk_tokens, int) and not (1 <= self.chunk_tokens <= MAX_PREFILL):
-            raise ConfigError("chunk_tokens", self.chunk_tokens, f"auto or a chunk size from 1 to {MAX_PREFILL} tokens")
-        for name, choices in CHOICES.items():
-            if getattr(self, name) not in choices:
-                raise ConfigError(name, getattr(self, name), _or(choices))
-        if not (isinstance(self.rendezvous, str) and (self.rendezvous == "" or rendezvous_address(self.rendezvous))):
-            raise ConfigError("rendezvous", self.rendezvous, ALLOWED["rendezvous"])
 
     def check_layers(self, n_layers: int) -> None:
         """Checks that depend on the model."""
@@ -280,6 +227,60 @@ class EngineConfig:
     def interleave(self) -> int:
         """Layer groups per device: V of `interleave:V`, 1 for a contiguous split."""
         return interleave_groups(self.layer_split) or 1
+
+
+def _check_devices(s: Setting, value: Any) -> None:
+    if not value:
+        raise ConfigError(s.name, value, "a non-empty list such as cpu or cuda:0,cuda:1")
+    for d in value:
+        if not (isinstance(d, str) and _DEVICE_RE.fullmatch(d)):
+            raise ConfigError(s.name, d, s.allowed)
+
+
+def _check_depth(s: Setting, value: Any) -> None:
+    if not _is_int(value) or value not in (0, 1):
+        raise ConfigError(s.name, value, s.allowed, _DEPTH_WHY)
+
+
+def _check_bool(s: Setting, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(s.name, value, "True or False")
+
+
+def _check_layer_split(s: Setting, value: Any) -> None:
+    if not (value == "auto" or interleave_groups(value) is not None
+            or (isinstance(value, list) and all(_is_int(n) for n in value))):
+        raise ConfigError(s.name, value, s.allowed)
+
+
+def _check_chunk(s: Setting, value: Any) -> None:
+    if not (value == "auto" or _is_int(value)):
+        raise ConfigError(s.name, value, s.allowed)
+    if _is_int(value) and not 1 <= value <= MAX_PREFILL:
+        raise ConfigError(s.name, value, f"auto or a chunk size from 1 to {MAX_PREFILL} tokens")
+
+
+def _check_gib(s: Setting, value: Any) -> None:
+    if not (value in s.choices or (_is_real(value) and math.isfinite(value) and value >= 0)):
+        raise ConfigError(s.name, value, s.allowed)
+
+
+def _check_choice(s: Setting, value: Any) -> None:
+    if value not in s.choices:
+        raise ConfigError(s.name, value, _or(s.choices))
+
+
+def _check_address(s: Setting, value: Any) -> None:
+    if not (isinstance(value, str) and (value == "" or rendezvous_address(value))):
+        raise ConfigError(s.name, value, s.allowed)
+
+
+# a typed value's check, by its row's kind, in the order `validate` runs them
+_CHECKS: dict[str, Callable[[Setting, Any], None]] = {
+    "devices": _check_devices, "depth": _check_depth, "bool": _check_bool, "layer_split": _check_layer_split,
+    "chunk": _check_chunk, "gib": _check_gib, "choice": _check_choice, "address": _check_address,
+}
+_CHECK_ORDER = tuple(_CHECKS)
 
 
 def _fmt_split(split: list[int]) -> str:
@@ -363,94 +364,112 @@ def parse_setting(name: str, raw: Any, source: str | None = None) -> Any:
 def format_setting(name: str, value: Any) -> str:
     """The string form of a parsed setting, as environment and CLI take it:
     `parse_setting(name, format_setting(name, v)) == v` for every valid v."""
-    name = canonical(name)
-    if name == "devices":
+    s = ENGINE_ROWS.get(canonical(name))
+    if s is None:
+        raise unknown_setting(name)
+    if s.kind == "devices":
         return ",".join(value)
-    if name == "layer_split":
+    if s.kind == "layer_split":
         return value if value == "auto" else _fmt_split(value)
-    if name in BOOL_SETTINGS:
+    if s.kind == "bool":
         return "1" if value else "0"
-    if name in ("pin_limit_gib", "expert_cache"):
+    if s.kind == "gib":
         return value if isinstance(value, str) else repr(float(value))
-    if name in ("chunk_tokens", "pipeline_depth"):
-        return str(value)
-    if name in CHOICES or name == "rendezvous":
-        return str(value)
-    raise unknown_setting(name)
+    return str(value)  # chunk, depth, choice, address
 
 
 def _parse(name: str, raw: Any, label: str) -> Any:
-    if name == "devices":
-        if isinstance(raw, (list, tuple)):
-            items = [x.strip() if isinstance(x, str) else x for x in raw]
-        elif isinstance(raw, str):
-            items = [x.strip() for x in raw.split(",")]
-        else:
-            raise ConfigError(label, raw, ALLOWED["device_list"])
-        if not items or any(not x for x in items):
-            raise ConfigError(label, raw, ALLOWED["device_list"])
-        for d in items:
-            if not (isinstance(d, str) and _DEVICE_RE.fullmatch(d)):
-                raise ConfigError(label, raw, ALLOWED["device_list"], f"{_show(d)} is not cpu, cuda or cuda:N")
-        return items
-    if name == "layer_split":
-        if isinstance(raw, (list, tuple)):
-            parts = list(raw)
-        elif isinstance(raw, str):
-            s = raw.strip().lower()
-            if s == "auto":
-                return "auto"
-            if s.startswith("interleave"):
-                v = interleave_groups(s)
-                if v is None:
-                    raise ConfigError(label, raw, "interleave:V with V a whole number from 1 to 64")
-                return f"interleave:{v}"
-            parts = [p.strip() for p in s.split(",")]
-        else:
-            raise ConfigError(label, raw, ALLOWED["layer_split"])
-        counts: list[int] = []
-        for p in parts:
-            if not (_is_int(p) or isinstance(p, str)):  # 2.5 or True would be silently truncated
-                raise ConfigError(label, raw, ALLOWED["layer_split"])
-            try:
-                counts.append(_parse_int(label, p, ALLOWED["layer_split"]))
-            except ConfigError:  # quote the value as given, not the lower-cased piece
-                raise ConfigError(label, raw, ALLOWED["layer_split"]) from None
-        if not counts or any(c <= 0 for c in counts):
-            raise ConfigError(label, raw, "positive layer counts (an empty stage has nothing to run)")
-        return counts
-    if name == "chunk_tokens":
-        if isinstance(raw, str) and raw.strip().lower() == "auto":
+    s = ENGINE_ROWS.get(name)
+    if s is None:
+        raise unknown_setting(name)
+    return _PARSERS[s.kind](s, raw, label)
+
+
+def _parse_devices(s: Setting, raw: Any, label: str) -> list[str]:
+    if isinstance(raw, (list, tuple)):
+        items = [x.strip() if isinstance(x, str) else x for x in raw]
+    elif isinstance(raw, str):
+        items = [x.strip() for x in raw.split(",")]
+    else:
+        raise ConfigError(label, raw, ALLOWED["device_list"])
+    if not items or any(not x for x in items):
+        raise ConfigError(label, raw, ALLOWED["device_list"])
+    for d in items:
+        if not (isinstance(d, str) and _DEVICE_RE.fullmatch(d)):
+            raise ConfigError(label, raw, ALLOWED["device_list"], f"{_show(d)} is not cpu, cuda or cuda:N")
+    return items
+
+
+def _parse_layer_split(s: Setting, raw: Any, label: str) -> str | list[int]:
+    if isinstance(raw, (list, tuple)):
+        parts = list(raw)
+    elif isinstance(raw, str):
+        text = raw.strip().lower()
+        if text == "auto":
             return "auto"
-        v = _parse_int(label, raw, ALLOWED["chunk_tokens"])
-        if not 1 <= v <= MAX_PREFILL:
-            raise ConfigError(label, raw, ALLOWED["chunk_tokens"])
-        return v
-    if name == "pipeline_depth":
-        v = _parse_int(label, raw, ALLOWED["pipeline_depth"])
-        if v not in (0, 1):
-            raise ConfigError(label, raw, ALLOWED["pipeline_depth"], _DEPTH_WHY)
-        return v
-    if name in BOOL_SETTINGS:
-        return _parse_bool(label, raw)
-    if name == "pin_limit_gib":
-        return _parse_auto_number(label, raw, ALLOWED["pin_limit_gib"])
-    if name == "expert_cache":
-        return _parse_auto_number(label, raw, ALLOWED["expert_cache"], extra=("all",))
-    if name == "rendezvous":
-        if not isinstance(raw, str):
-            raise ConfigError(label, raw, ALLOWED["rendezvous"])
-        text = raw.strip()
-        if text and rendezvous_address(text) is None:
-            raise ConfigError(label, raw, ALLOWED["rendezvous"])
-        return text
-    if name in CHOICES:
-        allowed = CHOICES[name]
-        s = raw.strip().lower() if isinstance(raw, str) else None
-        if s not in allowed:
-            raise ConfigError(label, raw, " or ".join(allowed))
-        return s
-    raise unknown_setting(name)
+        if text.startswith("interleave"):
+            v = interleave_groups(text)
+            if v is None:
+                raise ConfigError(label, raw, "interleave:V with V a whole number from 1 to 64")
+            return f"interleave:{v}"
+        parts = [p.strip() for p in text.split(",")]
+    else:
+        raise ConfigError(label, raw, s.allowed)
+    counts: list[int] = []
+    for p in parts:
+        if not (_is_int(p) or isinstance(p, str)):  # 2.5 or True would be silently truncated
+            raise ConfigError(label, raw, s.allowed)
+        try:
+            counts.append(_parse_int(label, p, s.allowed))
+        except ConfigError:  # quote the value as given, not the lower-cased piece
+            raise ConfigError(label, raw, s.allowed) from None
+    if not counts or any(c <= 0 for c in counts):
+        raise ConfigError(label, raw, "positive layer counts (an empty stage has nothing to run)")
+    return counts
+
+
+def _parse_chunk(s: Setting, raw: Any, label: str) -> str | int:
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return "auto"
+    v = _parse_int(label, raw, s.allowed)
+    if not 1 <= v <= MAX_PREFILL:
+        raise ConfigError(label, raw, s.allowed)
+    return v
+
+
+def _parse_depth(s: Setting, raw: Any, label: str) -> int:
+    v = _parse_int(label, raw, s.allowed)
+    if v not in (0, 1):
+        raise ConfigError(label, raw, s.allowed, _DEPTH_WHY)
+    return v
+
+
+def _parse_gib(s: Setting, raw: Any, label: str) -> str | float:
+    return _parse_auto_number(label, raw, s.allowed, extra=tuple(c for c in s.choices if c != "auto"))
+
+
+def _parse_address(s: Setting, raw: Any, label: str) -> str:
+    if not isinstance(raw, str):
+        raise ConfigError(label, raw, s.allowed)
+    text = raw.strip()
+    if text and rendezvous_address(text) is None:
+        raise ConfigError(label, raw, s.allowed)
+    return text
+
+
+def _parse_choice(s: Setting, raw: Any, label: str) -> str:
+    word = raw.strip().lower() if isinstance(raw, str) else None
+    if word not in s.choices:
+        raise ConfigError(label, raw, " or ".join(s.choices))
+    return word
+
+
+# a raw value's parser, by its row's kind
+_PARSERS: dict[str, Callable[[Setting, Any, str], Any]] = {
+    "devices": _parse_devices, "layer_split": _parse_layer_split, "chunk": _parse_chunk, "depth": _parse_depth,
+    "bool": lambda s, raw, label: _parse_bool(label, raw), "gib": _parse_gib, "address": _parse_address,
+    "choice": _parse_choice,
+}
 
 
 def unknown_setting(name: str) -> ConfigError:

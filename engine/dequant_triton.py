@@ -29,12 +29,13 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 
+from . import settings_table
 from .code_books import code_book
 from .triton_import import load
 
 log = logging.getLogger(__name__)
 
-ENV = "STRATA_DEQUANT"  # "torch": never the Triton kernels
+ENV = settings_table.row("dequant").env  # "torch": never the Triton kernels
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NUM_WARPS = 4
 
@@ -492,7 +493,7 @@ TYPES: frozenset[T] = frozenset(_TABLE)
 @functools.cache
 def _kernels() -> dict[T, tuple[Any, int, int]] | None:
     """The kernels by type, or None where the torch path must serve (logged once)."""
-    if os.environ.get(ENV, "").strip().lower() == "torch":
+    if settings_table.env_text("dequant").lower() == "torch":
         log.info("GGUF dequantiser: torch (%s=torch)", ENV)
         return None
     if triton is None:

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from . import wire
+from . import settings_table, wire
 from .chunk_cost import Measured, ProbeShape
 from .config import ConfigError, rendezvous_address
 from .errors import Cancelled, NonFiniteError, StageError
@@ -50,7 +50,7 @@ from .stage_process import LIBUV, RunOrder, SourceRef, StageSpec, hello_fields, 
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_ENV = "STRATA_STAGE_TIMEOUT_S"
+TIMEOUT_ENV = settings_table.row("stage_timeout_s").env
 DEFAULT_TIMEOUT_S = 60.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 POLL_S = 0.2  # how often a wait looks at the stage processes' liveness and its deadline
@@ -75,7 +75,7 @@ class RemoteStageError(RuntimeError):
 
 def stage_timeout(env: dict | None = None) -> float:
     """Seconds without progress after which a stage counts as hung (validated like a setting)."""
-    raw = (os.environ if env is None else env).get(TIMEOUT_ENV, "")
+    raw = settings_table.env_value("stage_timeout_s", env) or ""
     if raw.strip() == "":
         return DEFAULT_TIMEOUT_S
     try:

@@ -17,6 +17,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import settings_table
+
 log = logging.getLogger(__name__)
 
 BAD_INPUT = 2  # exit code: a setting, a file or the machine refused; the message says what to change
@@ -26,7 +28,7 @@ PACKAGE_DIRS = ("engine", "strata_gui")  # frames of ours, for "where"
 
 def log_dir() -> Path:
     """Where error logs go: STRATA_LOG_DIR, else the platform's per-user log folder."""
-    env = os.environ.get("STRATA_LOG_DIR")
+    env = settings_table.env_value("log_dir")
     if env:
         return Path(env)
     import platformdirs

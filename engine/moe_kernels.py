@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
 import torch.nn.functional as F
 
+from . import settings_table
 from .triton_import import load
 
 log = logging.getLogger(__name__)
 
-ENV = "STRATA_MOE_KERNELS"  # "torch": never the Triton kernels
+ENV = settings_table.row("moe_kernels").env  # "torch": never the Triton kernels
 
 
 def _probe() -> None:
@@ -43,7 +43,7 @@ def _load():
 @functools.cache
 def _kernels():
     """The compiled-on-demand Triton kernels, or None where Triton is missing (`status` says why)."""
-    if os.environ.get(ENV, "").strip().lower() == "torch":
+    if settings_table.env_text("moe_kernels").lower() == "torch":
         return None
     triton, tl, _why = _load()
     if triton is None:
@@ -78,7 +78,7 @@ def _kernels():
 def status() -> tuple[str, str]:
     """("Triton <version>", "") where the kernels serve CUDA tensors, else ("torch", why)."""
     if _kernels() is None:
-        return "torch", f"{ENV}=torch" if os.environ.get(ENV, "").strip().lower() == "torch" else _load()[2]
+        return "torch", f"{ENV}=torch" if settings_table.env_text("moe_kernels").lower() == "torch" else _load()[2]
     return f"Triton {_load()[0].__version__}", ""
 
 

@@ -9,17 +9,18 @@ the kernels).  On the CPU, or with STRATA_NVTX=0, `span` is a no-op context.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import torch
 
-ENV = "STRATA_NVTX"  # 0: no ranges even on CUDA
+from . import settings_table
+
+ENV = settings_table.row("nvtx").env  # 0: no ranges even on CUDA
 
 
 def enabled(device: torch.device) -> bool:
     """Ranges for work on this device: CUDA, and not turned off."""
-    return device.type == "cuda" and os.environ.get(ENV, "1").strip() != "0"
+    return device.type == "cuda" and settings_table.env_text("nvtx") != "0"
 
 
 @contextlib.contextmanager

@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import failure, planner
+from . import failure, planner, settings_table
 
-HISTORY_ENV = "STRATA_GUI_DATA_DIR"  # as strata_gui/history.py (engine never imports the app)
+HISTORY_ENV = settings_table.row("gui_data_dir").env  # the app's data folder (engine/settings_table.py)
 
 
 def history_path(given: str | None) -> Path:
     if given:
         return Path(given)
-    folder = os.environ.get(HISTORY_ENV, "")
+    folder = settings_table.env_value("gui_data_dir") or ""
     if not folder:
         from platformdirs import user_data_dir
 
@@ -198,15 +197,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--vram-gib", dest="vram_gib", help="VRAM per device: experts resident when they fit")
     p.add_argument("--speed", help="compute speed per device relative to the profile's device (default 1)")
     p.add_argument("--prompt-tokens", dest="prompt_tokens", type=int)
-    p.add_argument("--chunk-tokens", dest="chunk_tokens", help="chunk size in tokens: auto or N")
-    p.add_argument("--prefill", dest="chunk_tokens", help=argparse.SUPPRESS)  # the seeds' name
-    p.add_argument("--chunk-schedule", dest="chunk_schedule")
-    p.add_argument("--pipeline-depth", dest="pipeline_depth", type=int, choices=(0, 1), help="1 overlap, 0 join")
-    p.add_argument("--pf-depth", dest="pipeline_depth", type=int, choices=(0, 1), help=argparse.SUPPRESS)
-    p.add_argument("--prefill-main", dest="prefill_main", nargs="?", const="1", metavar="0|1")
-    p.add_argument("--pin-limit-gib", dest="pin_limit_gib", type=float)
+    # the engine settings a prediction can change: their rows' flags (engine/settings_table.py), typed
+    # as the planner takes them
+    settings_table.add_flags(p, ("chunk_tokens", "chunk_schedule", "pipeline_depth", "prefill_main", "pin_limit_gib"),
+                             chunk_schedule={"help": "fixed or balanced"},
+                             pipeline_depth={"type": int, "choices": (0, 1), "help": "1 overlap, 0 join"},
+                             pin_limit_gib={"type": float, "help": "GiB of the expert arena to page-lock"})
     p.add_argument("--arena-gib", dest="arena_gib", type=float, help="expert arena size (the pin limit's share)")
-    p.add_argument("--layer-split", dest="layer_split", help="layers per device, e.g. 8,8,16")
+    settings_table.add_flags(p, ("layer_split",), layer_split={"help": "layers per device, e.g. 8,8,16"})
     p.add_argument("--interleave", type=int, help="V layer groups per device (issue 21)")
     p.add_argument("--decode-tokens", dest="decode_tokens", type=int)
     p.add_argument("--sweep", action="store_true", help="rank chunk, schedule, depth, prefill-main, pin limit, order")

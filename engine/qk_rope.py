@@ -14,14 +14,14 @@ only (one bf16 rounding instead of several).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 
+from . import settings_table
 from .triton_import import load
 
-ENV = "STRATA_QK_KERNEL"  # "torch": never the Triton kernel
+ENV = settings_table.row("qk_kernel").env  # "torch": never the Triton kernel
 
 
 def _kernel():
@@ -29,7 +29,7 @@ def _kernel():
     measured a fixed ~25-38 ms slower on H200.  That was two bugs of the run, not the kernel: a
     one-chunk prompt's warm-up did not capture its CUDA graphs, and the logits' finite check ran
     as slow host ops; docs/benchmarks.md, issue 18.)"""
-    if os.environ.get(ENV, "").strip().lower() == "torch":
+    if settings_table.env_text("qk_kernel").lower() == "torch":
         return None
     return _compiled()
 
@@ -77,7 +77,7 @@ def _compiled():
 
 def status() -> tuple[str, str]:
     """("Triton <version>", "") where the kernel serves CUDA tensors, else ("torch", why)."""
-    if os.environ.get(ENV, "").strip().lower() == "torch":
+    if settings_table.env_text("qk_kernel").lower() == "torch":
         return "torch", f"{ENV}=torch"
     if _compiled() is None:
         return "torch", _load()[2]

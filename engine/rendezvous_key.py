@@ -7,16 +7,16 @@ controller over inherited pipes and meet each other through a file store in a pr
 from __future__ import annotations
 
 import ipaddress
-import os
 import secrets
 import socket
 import sys
 import threading
 from pathlib import Path
 
+from . import settings_table
 from .config import ConfigError
 
-KEY_ENV = "STRATA_RENDEZVOUS_KEY"
+KEY_ENV = settings_table.row("rendezvous_key").env
 MIN_KEY_CHARS = 20  # a random key of the generated kind has 32 (192 bits)
 
 _lock = threading.Lock()
@@ -36,9 +36,9 @@ def controller_key(env: dict | None = None) -> bytes:
     """The key of this controller process: $STRATA_RENDEZVOUS_KEY when set (checked), else one
     random key made on first use and kept for the process (the app shows it; the CLI prints it)."""
     global _generated
-    env = os.environ if env is None else env
-    if env.get(KEY_ENV) is not None:
-        return check_key(env[KEY_ENV])
+    key = settings_table.env_value("rendezvous_key", env)
+    if key is not None:
+        return check_key(key)
     with _lock:
         if _generated is None:
             _generated = secrets.token_urlsafe(24)
@@ -47,7 +47,6 @@ def controller_key(env: dict | None = None) -> bytes:
 
 def stage_key(key_file: str | None = None, env: dict | None = None) -> bytes:
     """The key a stage proves to its controller: from --key-file, else $STRATA_RENDEZVOUS_KEY."""
-    env = os.environ if env is None else env
     if key_file:
         try:
             text = Path(key_file).read_text(encoding="utf-8")
@@ -55,10 +54,11 @@ def stage_key(key_file: str | None = None, env: dict | None = None) -> bytes:
             raise ConfigError("--key-file", key_file, "a readable text file holding the controller's key",
                               str(exc)) from None
         return check_key(text, "--key-file")
-    if env.get(KEY_ENV) is None:
+    key = settings_table.env_value("rendezvous_key", env)
+    if key is None:
         raise ConfigError(KEY_ENV, "", "the key the controller shows (set it, or pass --key-file)",
                           "a stage attaches only with its controller's key")
-    return check_key(env[KEY_ENV])
+    return check_key(key)
 
 
 def is_loopback(host: str) -> bool:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sqlite3
 import threading
 import time
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine import settings_table
 from engine.config import NAME_ALIASES
 from engine.events import RunReport, StageEvent
 
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 APP_DIR_NAME = "strata-gui"
 FILE_NAME = "history.sqlite3"
-ENV_DIR = "STRATA_GUI_DATA_DIR"
+ENV_DIR = settings_table.row("gui_data_dir").env
 UNSAVED_DIR = "unsaved-runs"  # beside the history file: runs that could not be written to it
 MOVE_ASIDE = "Nothing was deleted. Move the file aside (rename it) and start Strata GUI again to start a new history"
 
@@ -118,7 +118,7 @@ class HistoryError(Exception):
 
 def default_path() -> Path:
     """`$STRATA_GUI_DATA_DIR/history.sqlite3`, else the platform's user data dir for strata-gui."""
-    folder = os.environ.get(ENV_DIR, "")
+    folder = settings_table.env_value("gui_data_dir") or ""
     if not folder:
         from platformdirs import user_data_dir
 

@@ -13,16 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from engine.config import ENV_NAMES, ConfigError, EngineConfig, env_var, migrate_keys, parse_setting
+from engine.config import ConfigError, EngineConfig, env_var, migrate_keys, parse_setting
+from engine.settings_table import Setting, form_rows
 
 from .messages import config_error_text
 
 log = logging.getLogger(__name__)
 
+# the engine settings the form shows (engine/settings_table.py rows with a form label)
+SETTING_FIELDS: tuple[Setting, ...] = form_rows()
 # field names of the form (one error slot each); "general" takes what no field owns
-FIELDS = ("model", "devices", "gpu_order", "layer_split", "chunk_tokens", "chunk_schedule", "pipeline_depth",
-          "prefill_main", "cuda_graphs", "executor", "rendezvous",
-          "pin_limit_gib", "expert_cache", "prompt", "decode_tokens", "repeats", "general")
+FIELDS = ("model", *(s.name for s in SETTING_FIELDS), "prompt", "decode_tokens", "repeats", "general")
+_ROW = {s.name: s for s in SETTING_FIELDS}
 
 MAX_PROMPT_TOKENS = 1 << 20
 MAX_DECODE_TOKENS = 4096
@@ -41,8 +43,9 @@ MAX_FIELD_CHARS = 4096  # any other text field (paths, device lists, numbers as 
 INT_RANGES = {"prompt_tokens": (1, MAX_PROMPT_TOKENS), "decode_tokens": (0, MAX_DECODE_TOKENS),
               "repeats": (1, MAX_REPEATS), "pipeline_depth": (0, 1)}
 CHOICES = {"split_mode": ("auto", "manual", "interleave"), "chunk_mode": ("auto", "fixed"),
-           "chunk_schedule": ("fixed", "balanced", "auto"), "prompt_mode": ("tokens", "text"),
-           "executor": ("threads", "processes"), "gpu_order": ("pcie", "configured")}
+           "prompt_mode": ("tokens", "text")} | {s.name: s.choices for s in SETTING_FIELDS if s.kind == "choice"}
+# a record's settings the form does not take back (it never did): where a past run's stages ran
+NOT_RESTORED = ("executor", "rendezvous")
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
@@ -91,45 +94,45 @@ def field_problem(name: str, value: Any, default: Any, max_text: int | None = No
 
 @dataclass
 class RunSettings:
+    """The form's fields as typed; an engine setting's field is named as its row and starts at the
+    row's default (the devices at two CPU stages, so the first Run shows a pipeline)."""
+
     model_path: str = ""  # "" : the built-in demo model
     devices: str = "cpu,cpu"
-    gpu_order: str = "pcie"
+    gpu_order: str = _ROW["gpu_order"].default
     split_mode: str = "auto"  # auto | manual | interleave (split_counts then holds V)
     split_counts: str = ""
     chunk_mode: str = "auto"  # auto | fixed
     chunk_tokens: str = "256"
-    chunk_schedule: str = "fixed"  # fixed | balanced
-    pipeline_depth: int = 1
-    prefill_main: bool = False
-    pin_limit_gib: str = "auto"
-    expert_cache: str = "auto"
+    chunk_schedule: str = _ROW["chunk_schedule"].default
+    pipeline_depth: int = _ROW["pipeline_depth"].default
+    prefill_main: bool = _ROW["prefill_main"].default
+    pin_limit_gib: str = _ROW["pin_limit_gib"].default
+    expert_cache: str = _ROW["expert_cache"].default
     prompt_mode: str = "tokens"  # tokens | text
     prompt_tokens: int = 2048
     prompt_text: str = ""
     decode_tokens: int = 16
-    cuda_graphs: bool = True
+    cuda_graphs: bool = _ROW["cuda_graphs"].default
     warmup: bool = True  # an unmeasured pass before the first measured run of each new shape
     repeats: int = 1  # measured runs per press of Run; the summary shows their median and spread
-    executor: str = "threads"  # threads | processes
-    rendezvous: str = ""  # processes: "" spawns the stages here; HOST:PORT waits for stages started elsewhere
+    executor: str = _ROW["executor"].default  # threads | processes
+    rendezvous: str = _ROW["rendezvous"].default  # processes: "" spawns here; HOST:PORT waits for stages
 
     def overrides(self) -> dict[str, Any]:
-        """The engine settings as raw values for `EngineConfig.from_sources` (GUI > env > default)."""
-        return {
-            "devices": self.devices,
-            "gpu_order": self.gpu_order,
-            "layer_split": (self.split_counts if self.split_mode == "manual"
-                            else f"interleave:{self.split_counts.strip()}" if self.split_mode == "interleave"
-                            else "auto"),
-            "chunk_tokens": self.chunk_tokens if self.chunk_mode == "fixed" else "auto",
-            "chunk_schedule": self.chunk_schedule,
-            "cuda_graphs": self.cuda_graphs,
-            "executor": self.executor,
-            "pipeline_depth": self.pipeline_depth,
-            "prefill_main": self.prefill_main,
-            "pin_limit_gib": self.pin_limit_gib,
-            "expert_cache": self.expert_cache,
-        } | ({"rendezvous": self.rendezvous.strip()} if self.rendezvous.strip() else {})
+        """The engine settings as raw values for `EngineConfig.from_sources` (GUI > env > default):
+        each form field as typed, the split and chunk from their mode, an empty rendezvous left out
+        (STRATA_RENDEZVOUS then stands)."""
+        out = {s.name: getattr(self, s.name, None) for s in SETTING_FIELDS}  # layer_split: below
+        out["layer_split"] = (self.split_counts if self.split_mode == "manual"
+                              else f"interleave:{self.split_counts.strip()}" if self.split_mode == "interleave"
+                              else "auto")
+        out["chunk_tokens"] = self.chunk_tokens if self.chunk_mode == "fixed" else "auto"
+        if self.rendezvous.strip():
+            out["rendezvous"] = self.rendezvous.strip()
+        else:
+            del out["rendezvous"]
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -180,37 +183,24 @@ class RunSettings:
         s = cls(devices=devices)
         if demo:
             s.chunk_mode, s.chunk_tokens = "fixed", str(DEMO_CHUNK)
-        for name in ENV_NAMES:
-            var = env_var(name, env)
+        for row in SETTING_FIELDS:
+            if not row.env:
+                continue
+            var = env_var(row.name, env)
             raw = env.get(var, "")
             if raw == "":
                 continue
             try:
-                value = parse_setting(name, raw, source=var)
+                value = parse_setting(row.name, raw, source=var)
             except ConfigError as exc:
                 log.warning("ignoring %s for the form's defaults: %s", var, exc)
                 continue
-            if name == "pipeline_depth":
-                s.pipeline_depth = value
-            elif name == "prefill_main":
-                s.prefill_main = value
-            elif name == "chunk_schedule":
-                s.chunk_schedule = value
-            elif name == "cuda_graphs":
-                s.cuda_graphs = value
-            elif name == "executor":
-                s.executor = value
-            elif name == "rendezvous":
-                s.rendezvous = value
-            elif name == "gpu_order":
-                s.gpu_order = value
-            elif name == "pin_limit_gib":
-                s.pin_limit_gib = raw.strip()
-            elif name == "chunk_tokens":
-                if value == "auto":
-                    s.chunk_mode = "auto"
-                else:
-                    s.chunk_mode, s.chunk_tokens = "fixed", str(value)
+            if row.kind == "chunk":
+                s.chunk_mode = "auto" if value == "auto" else "fixed"
+                s.chunk_tokens = s.chunk_tokens if value == "auto" else str(value)
+            else:  # a text field keeps the text as set (20, not 20.0), other fields the typed value
+                text_field = isinstance(getattr(s, row.name), str) and not isinstance(value, str)
+                setattr(s, row.name, raw.strip() if text_field else value)
         return s
 
 
@@ -228,32 +218,41 @@ def settings_from_config(config: Mapping[str, Any], current: RunSettings) -> tup
         s.model_path = model
     elif model:
         kept.append(f"model ({model} is not a file here)")
-    simple = {"devices": "devices", "gpu_order": "gpu_order", "chunk_schedule": "chunk_schedule",
-              "expert_cache": "expert_cache"}
-    for key, attr in simple.items():
-        if key in config and config[key] is not None:
-            setattr(s, attr, str(config[key]))
-    if "layer_split" in config:
-        split = str(config["layer_split"])
-        s.split_mode, s.split_counts = ("auto", s.split_counts) if split == "auto" else ("manual", split)
-    if "chunk_tokens" in config:
-        chunk = str(config["chunk_tokens"])
-        s.chunk_mode, s.chunk_tokens = ("auto", s.chunk_tokens) if chunk == "auto" else ("fixed", chunk)
-    if "pin_limit_gib" in config:
-        pin = config["pin_limit_gib"]
-        s.pin_limit_gib = f"{pin:g}" if isinstance(pin, float) else str(pin)
-    for key in ("pipeline_depth", "decode_tokens", "repeats"):
+    for row in SETTING_FIELDS:
+        if config.get(row.name) is not None and row.name not in NOT_RESTORED:
+            _restore(s, row, config[row.name])
+    for key in ("decode_tokens", "repeats"):
         if isinstance(config.get(key), int) and not isinstance(config.get(key), bool):
             setattr(s, key, config[key])
-    for key in ("prefill_main", "cuda_graphs", "warmup"):
-        if isinstance(config.get(key), bool):
-            setattr(s, key, config[key])
+    if isinstance(config.get("warmup"), bool):
+        s.warmup = config["warmup"]
     prompt = str(config.get("prompt", ""))
     if prompt.startswith("synthetic") and isinstance(config.get("prompt_tokens"), int):
         s.prompt_mode, s.prompt_tokens = "tokens", config["prompt_tokens"]
     elif prompt:
         kept.append("prompt text (the history keeps only its first characters)")
     return s, kept
+
+
+def _restore(s: RunSettings, row: Setting, value: Any) -> None:
+    """One recorded engine setting into its form field: a split or chunk sets its mode too, a
+    check box or combo of numbers takes only its own type, a text field the value as text."""
+    current = getattr(s, row.name, None)  # None: layer_split (its form fields are the mode and counts)
+    if row.kind in ("layer_split", "chunk"):
+        text = str(value)
+        mode, counts = ("split_mode", "split_counts") if row.kind == "layer_split" else ("chunk_mode", "chunk_tokens")
+        on = "manual" if row.kind == "layer_split" else "fixed"
+        setattr(s, mode, "auto" if text == "auto" else on)
+        if text != "auto":
+            setattr(s, counts, text)
+    elif isinstance(current, bool):
+        if isinstance(value, bool):
+            setattr(s, row.name, value)
+    elif isinstance(current, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            setattr(s, row.name, value)
+    else:
+        setattr(s, row.name, f"{value:g}" if isinstance(value, float) else str(value))
 
 
 @dataclass

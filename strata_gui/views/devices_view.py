@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine import settings_table
 from engine.topology import GpuInfo, Topology, driver_facts, order_devices
 
 from .field_box_view import FieldBox
@@ -38,11 +39,8 @@ log = logging.getLogger(__name__)
 COLUMNS = ("device", "name", "VRAM GiB\ntotal / free", "PCIe\ncur / max", "link class\nGB/s", "measured\nH2D GB/s",
            "driver\nmodel")
 
-TIP_DEVICES = ("The devices of the layer split, one stage per entry in order (cpu,cpu splits the model into two "
-               "CPU stages); more stages only pay off when the prompt has enough chunks to keep them all busy.")
-TIP_ORDER = ("pcie puts the GPU with the widest PCIe link first as the main device, which carries the "
-             "stream-bound prompt path (1384 vs 890 tok/s in the seed); configured keeps your order, "
-             "which you can then drag below.")
+TIP_DEVICES = settings_table.row("devices").tooltip  # engine/settings_table.py: the setting's one row
+TIP_ORDER = settings_table.row("gpu_order").tooltip
 _GIB = float(1 << 30)
 
 

@@ -1,6 +1,7 @@
 """Run settings: model file, layer split, chunk size, depth, prefill-main, pin limit, expert cache,
 prompt and decode tokens.  Each field says in its tooltip what it does and when it helps (the
-seeds' figures), and shows the engine's message under itself when its value is refused."""
+seeds' figures), and shows the engine's message under itself when its value is refused.  An
+engine setting's field, label and tooltip come from its row of engine/settings_table.py."""
 from __future__ import annotations
 
 import logging
@@ -23,49 +24,26 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..run.settings_model import DEMO_CHUNK, MAX_DECODE_TOKENS, MAX_PROMPT_TOKENS, MAX_REPEATS, RunSettings
+from engine.settings_table import Setting
+
+from ..run.settings_model import (
+    DEMO_CHUNK,
+    MAX_DECODE_TOKENS,
+    MAX_PROMPT_TOKENS,
+    MAX_REPEATS,
+    SETTING_FIELDS,
+    RunSettings,
+)
 from .field_box_view import FieldBox
 
 log = logging.getLogger(__name__)
 
-TIPS = {
+# the form's own fields (not engine settings: those take their tooltip from engine/settings_table.py)
+FORM_TIPS = {
     "model": "The GGUF model to run; the built-in demo is a 4-layer Qwen3-MoE with random weights that "
              "prefills in well under a second on a CPU, so you can watch the pipeline without a GPU.",
-    "layer_split": "How many layers each stage owns: auto balances them, manual counts such as 12,12,24 "
-                   "(one per device, summing to the model's layers) let a faster or emptier card carry more. "
-                   "interleave V gives each device V groups of layers (2 GPUs, V=2: layers 0-7 on the first, "
-                   "8-15 on the second, 16-23 on the first again…): a chunk visits every device V times, "
-                   "so the pipeline's fill and drain shrink about V-fold while chunks stay big.",
-    "chunk_tokens": "Tokens per prefill chunk: auto (the engine's default) weighs prompt length and stage count; on "
-               "4 GPUs a fixed 3072 or 4096 beat auto by up to 27% at 6-12K-token prompts, while 1024 was too "
-               f"small everywhere. The demo starts at a fixed {DEMO_CHUNK}: auto makes its 2048-token prompt one "
-               "chunk on a CPU, which shows no pipeline.",
-    "chunk_schedule": "fixed: every chunk the chosen size. balanced: as many chunks, sized so each costs the "
-                      "same (bigger early, smaller late, since a late chunk attends to the whole prompt before "
-                      "it) — the next stage then never waits for a costlier chunk; each new size plans its "
-                      "kernels once, so it pays off on repeated prompt lengths; auto: whichever of the two the "
-                      "measured costs model faster.",
-    "cuda_graphs": "Replay each layer's kernels as CUDA graphs (one launch instead of ~50): decode went from "
-                   "12 to 159 tok/s on an H200; costs some VRAM per chunk size. Off runs every op eagerly.",
-    "executor": "threads: every stage a thread of this process (the default); processes: every stage a "
-                "process of its own on torch.distributed (NCCL between GPUs, gloo on CPU) owning its device, "
-                "layers and KV, so stages stop sharing one interpreter (the GIL) — starting them costs "
-                "seconds, then they stay up between runs of the same settings.",
-    "rendezvous": "With executor processes: empty starts the stage processes on this machine; HOST:PORT makes "
-                  "this app the controller that stages started elsewhere with `strata-bench stage --rendezvous "
-                  "HOST:PORT` attach to (a taken port or a stage that never attaches fails the Run with a message).",
     "attach": "Run this on each host, once per rank 0…N-1: the key is this app's own, made at start "
               "(STRATA_RENDEZVOUS_KEY sets your own, 20+ characters); a stage without it is refused.",
-    "pipeline_depth": "1 (overlap) lets a stage take the next chunk while the stages below still work (2.04x on a "
-                "4-GPU split); 0 (join) restores the old wait for the whole chain below, for an A/B one setting apart.",
-    "prefill_main": "Prefill the whole prompt on the main (first) device, then copy the later layers' KV to "
-                    "their stages; helps when prefill is bound by streaming expert misses over a slow second "
-                    "link (+54% in the seed), decode stays split.",
-    "pin_limit_gib": "GiB of the host expert arena to page-lock for fast DMA (auto: what the machine allows); "
-                     "20 GiB lifted a 2-GPU Windows split whose registration was capped at 8 GiB, and more than "
-                     "can be pinned is refused.",
-    "expert_cache": "VRAM per stage for cached experts in GiB (auto: from free VRAM, all: every expert); "
-                    "misses stream from host RAM, so a larger cache means less streaming during prefill.",
     "prompt": "A synthetic prompt of N tokens (deterministic, with a nonce first so no prefix cache helps) or "
               "your text, tokenised with the model's own vocabulary; the overlap pays off once the prompt "
               "spans several chunks (+10% at 16K, +28% at 64K tokens on 4 GPUs).",
@@ -77,6 +55,15 @@ TIPS = {
     "repeats": "Measured runs of the same prompt per press of Run: the summary shows their median and spread, "
                "every repeat is saved, and Compare uses the spread to tell a change from noise.",
 }
+# the demo's first chunk is the app's idea, said after the engine's text
+_DEMO_NOTE = (f" The demo starts at a fixed {DEMO_CHUNK}: auto makes its 2048-token prompt one chunk on a CPU, "
+              "which shows no pipeline.")
+TIPS = {s.name: s.tooltip + (_DEMO_NOTE if s.name == "chunk_tokens" else "") for s in SETTING_FIELDS} | FORM_TIPS
+DEVICE_PANEL = ("devices", "gpu_order")  # the form's settings the devices panel shows (devices_view.py)
+PANEL_ROWS = tuple(s for s in SETTING_FIELDS if s.name not in DEVICE_PANEL)
+WIDGET_NAMES = {"pin_limit_gib": "pin_limit"}  # a setting's input attribute, where it is not its name
+MODES = {"layer_split": ("split_mode", ("auto", "manual", "interleave"), "split_counts"),
+         "chunk_tokens": ("chunk_mode", ("auto", "fixed"), "chunk_tokens")}  # mode combo, its items, the text
 
 
 class SettingsPanel(QGroupBox):
@@ -86,11 +73,39 @@ class SettingsPanel(QGroupBox):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Run settings", parent)
         self.boxes: dict[str, FieldBox] = {}
+        self.inputs: dict[str, QWidget] = {}  # each engine setting's input (a mode's text for split, chunk)
         self.form = form = QFormLayout()
         form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.DontWrapRows)
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        self._model_row()
+        for row in PANEL_ROWS:  # engine/settings_table.py's order
+            self._setting_row(row)
+            if row.name == "rendezvous":
+                self._attach_row()
+        self._prompt_row()
+        self.decode_tokens = QSpinBox()
+        self.decode_tokens.setRange(0, MAX_DECODE_TOKENS)
+        self._add(form, "Decode tokens", "decode_tokens", FieldBox(self.decode_tokens, tooltip=TIPS["decode_tokens"]))
+        self.warmup = QCheckBox("warm-up pass first")
+        self.repeats = QSpinBox()
+        self.repeats.setRange(1, MAX_REPEATS)
+        self.repeats.setPrefix("repeats ")
+        box = FieldBox(self.repeats, self.warmup, tooltip=TIPS["repeats"])
+        self.warmup.setToolTip(TIPS["warmup"])
+        box.flag_targets = [self.repeats]
+        self._add(form, "Measure", "repeats", box)
 
-        # model
+        self.general = QLabel()
+        self.general.setProperty("role", "error")
+        self.general.setWordWrap(True)
+        self.general.setVisible(False)
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addWidget(self.general)
+        self._connect()
+        self._sync_enabled()
+
+    def _model_row(self) -> None:
         self.model_path = QLineEdit()
         self.model_path.setReadOnly(True)
         self.model_path.setPlaceholderText("built-in demo model")
@@ -115,48 +130,36 @@ class SettingsPanel(QGroupBox):
                                     "(or expert cache), the KV cache and the expansion scratch; on the host the "
                                     "expert arena and how much of it the pin limit page-locks.")
         model_box.column.insertWidget(2, self.memory_plan)
-        self._add(form, "Model", "model", model_box)
+        self._add(self.form, "Model", "model", model_box)
 
-        # layer split
-        self.split_mode = QComboBox()
-        self.split_mode.addItems(["auto", "manual", "interleave"])
-        self.split_counts = QLineEdit()
-        self.split_counts.setPlaceholderText("e.g. 2,2")
-        box = FieldBox(self.split_mode, self.split_counts, tooltip=TIPS["layer_split"])
-        box.flag_targets = [self.split_counts]
-        self._add(form, "Layer split", "layer_split", box)
+    def _setting_row(self, row: Setting) -> None:
+        """One engine setting's field, made from its row: a check box, a combo of its items, a text
+        field, or (layer split, chunk size) a mode combo with the text it enables."""
+        if row.name in MODES:
+            mode_name, modes, text_name = MODES[row.name]
+            mode = QComboBox()
+            mode.addItems(list(modes))
+            setattr(self, mode_name, mode)
+            widget: QWidget = QLineEdit()
+            widget.setPlaceholderText(row.placeholder)
+            box = FieldBox(mode, widget, tooltip=TIPS[row.name])
+            box.flag_targets = [widget]
+        else:
+            if row.kind == "bool":
+                widget = QCheckBox(row.placeholder)
+            elif row.kind in ("choice", "depth"):
+                widget = QComboBox()
+                for text, value in row.items():
+                    widget.addItem(text, value)
+            else:
+                widget = QLineEdit()
+                widget.setPlaceholderText(row.placeholder)
+            box = FieldBox(widget, tooltip=TIPS[row.name])
+        self.inputs[row.name] = widget
+        setattr(self, MODES[row.name][2] if row.name in MODES else WIDGET_NAMES.get(row.name, row.name), widget)
+        self._add(self.form, row.label, row.name, box)
 
-        # chunk size
-        self.chunk_mode = QComboBox()
-        self.chunk_mode.addItems(["auto", "fixed"])
-        self.chunk_tokens = QLineEdit()
-        self.chunk_tokens.setPlaceholderText("tokens, e.g. 256")
-        box = FieldBox(self.chunk_mode, self.chunk_tokens, tooltip=TIPS["chunk_tokens"])
-        box.flag_targets = [self.chunk_tokens]
-        self._add(form, "Chunk size", "chunk_tokens", box)
-        self.chunk_schedule = QComboBox()
-        self.chunk_schedule.addItems(["fixed", "balanced", "auto"])
-        self._add(form, "Chunk schedule", "chunk_schedule",
-                  FieldBox(self.chunk_schedule, tooltip=TIPS["chunk_schedule"]))
-
-        # depth
-        self.pipeline_depth = QComboBox()
-        self.pipeline_depth.addItem("1 · overlap", 1)
-        self.pipeline_depth.addItem("0 · join", 0)
-        self._add(form, "Pipeline depth", "pipeline_depth",
-                  FieldBox(self.pipeline_depth, tooltip=TIPS["pipeline_depth"]))
-
-        self.prefill_main = QCheckBox("prefill the whole prompt on the main device")
-        self._add(form, "Prefill-main", "prefill_main", FieldBox(self.prefill_main, tooltip=TIPS["prefill_main"]))
-        self.cuda_graphs = QCheckBox("replay layers as CUDA graphs")
-        self._add(form, "CUDA graphs", "cuda_graphs", FieldBox(self.cuda_graphs, tooltip=TIPS["cuda_graphs"]))
-        self.executor = QComboBox()
-        self.executor.addItem("threads · one process", "threads")
-        self.executor.addItem("processes · one per stage", "processes")
-        self._add(form, "Executor", "executor", FieldBox(self.executor, tooltip=TIPS["executor"]))
-        self.rendezvous = QLineEdit()
-        self.rendezvous.setPlaceholderText("empty: stages start here; or HOST:PORT")
-        self._add(form, "Rendezvous", "rendezvous", FieldBox(self.rendezvous, tooltip=TIPS["rendezvous"]))
+    def _attach_row(self) -> None:
         # the command that attaches a stage to this app, with this app's key (there is no default key)
         self.attach_command = QLineEdit()
         self.attach_command.setReadOnly(True)
@@ -171,19 +174,10 @@ class SettingsPanel(QGroupBox):
         box = FieldBox(self.attach_command, self.attach_copy, tooltip=TIPS["attach"], stretch_last=False)
         box.row.setStretch(0, 1)
         box.column.addWidget(self.attach_warning)
-        self._add(form, "Attach stages", "attach", box)
+        self._add(self.form, "Attach stages", "attach", box)
         self.set_attach("", None)
 
-        self.pin_limit = QLineEdit()
-        self.pin_limit.setPlaceholderText("auto or GiB")
-        self._add(form, "Pin limit (GiB)", "pin_limit_gib", FieldBox(self.pin_limit, tooltip=TIPS["pin_limit_gib"]))
-
-        self.expert_cache = QLineEdit()
-        self.expert_cache.setPlaceholderText("auto, all or GiB")
-        self._add(form, "Expert cache (GiB)", "expert_cache",
-                  FieldBox(self.expert_cache, tooltip=TIPS["expert_cache"]))
-
-        # prompt
+    def _prompt_row(self) -> None:
         self.prompt_mode = QComboBox()
         self.prompt_mode.addItem("synthetic, tokens:", "tokens")
         self.prompt_mode.addItem("text", "text")
@@ -198,43 +192,26 @@ class SettingsPanel(QGroupBox):
         box = FieldBox(self.prompt_mode, self.prompt_tokens, tooltip=TIPS["prompt"])
         box.column.insertWidget(1, self.prompt_text)
         box.flag_targets = [self.prompt_tokens, self.prompt_text]
-        self._add(form, "Prompt", "prompt", box)
+        self._add(self.form, "Prompt", "prompt", box)
 
-        self.decode_tokens = QSpinBox()
-        self.decode_tokens.setRange(0, MAX_DECODE_TOKENS)
-        self._add(form, "Decode tokens", "decode_tokens", FieldBox(self.decode_tokens, tooltip=TIPS["decode_tokens"]))
-
-        self.warmup = QCheckBox("warm-up pass first")
-        self.repeats = QSpinBox()
-        self.repeats.setRange(1, MAX_REPEATS)
-        self.repeats.setPrefix("repeats ")
-        box = FieldBox(self.repeats, self.warmup, tooltip=TIPS["repeats"])
-        self.warmup.setToolTip(TIPS["warmup"])
-        box.flag_targets = [self.repeats]
-        self._add(form, "Measure", "repeats", box)
-
-        self.general = QLabel()
-        self.general.setProperty("role", "error")
-        self.general.setWordWrap(True)
-        self.general.setVisible(False)
-        lay = QVBoxLayout(self)
-        lay.addLayout(form)
-        lay.addWidget(self.general)
-
-        for w in (self.split_counts, self.chunk_tokens, self.pin_limit, self.expert_cache, self.rendezvous):
-            w.textChanged.connect(self.changed)
-        for w in (self.split_mode, self.chunk_mode, self.chunk_schedule, self.pipeline_depth, self.executor,
-                  self.prompt_mode):
+    def _connect(self) -> None:
+        """Every input's change says `changed`; a combo's also re-enables what depends on it."""
+        combos = [self.split_mode, self.chunk_mode, self.prompt_mode]
+        for w in self.inputs.values():
+            if isinstance(w, QLineEdit):
+                w.textChanged.connect(self.changed)
+            elif isinstance(w, QCheckBox):
+                w.toggled.connect(self.changed)
+            else:
+                combos.append(w)
+        for w in combos:
             w.currentIndexChanged.connect(self._sync_enabled)
             w.currentIndexChanged.connect(self.changed)
-        self.prefill_main.toggled.connect(self.changed)
-        self.cuda_graphs.toggled.connect(self.changed)
         self.warmup.toggled.connect(self.changed)
         self.repeats.valueChanged.connect(self.changed)
         self.prompt_tokens.valueChanged.connect(self.changed)
         self.decode_tokens.valueChanged.connect(self.changed)
         self.prompt_text.textChanged.connect(self.changed)
-        self._sync_enabled()
 
     def set_attach(self, command: str, warning: str | None) -> None:
         """Show how to start each stage elsewhere (empty: the row is hidden) and what a
@@ -293,28 +270,29 @@ class SettingsPanel(QGroupBox):
         self.memory_plan.setVisible(bool(text))
 
     # ------------------------------------------------------------------- values
+    def _all_inputs(self) -> list[QWidget]:
+        return [self.split_mode, self.chunk_mode, *self.inputs.values(), self.prompt_mode, self.prompt_tokens,
+                self.prompt_text, self.decode_tokens, self.warmup, self.repeats]
+
     def load(self, s: RunSettings) -> None:
-        widgets = (self.split_mode, self.split_counts, self.chunk_mode, self.chunk_tokens, self.chunk_schedule,
-                   self.pipeline_depth, self.prefill_main, self.cuda_graphs, self.executor, self.rendezvous, self.pin_limit,
-                   self.expert_cache, self.prompt_mode, self.prompt_tokens, self.prompt_text, self.decode_tokens,
-                   self.warmup, self.repeats)
+        widgets = self._all_inputs()
         for w in widgets:
             w.blockSignals(True)
         try:
             self.model_path.setText(s.model_path)
-            self.split_mode.setCurrentText(s.split_mode if s.split_mode in ("auto", "manual", "interleave") else "auto")
+            self.split_mode.setCurrentText(s.split_mode if s.split_mode in MODES["layer_split"][1] else "auto")
+            self.chunk_mode.setCurrentText(s.chunk_mode if s.chunk_mode in MODES["chunk_tokens"][1] else "auto")
             self.split_counts.setText(s.split_counts)
-            self.chunk_mode.setCurrentText(s.chunk_mode if s.chunk_mode in ("auto", "fixed") else "auto")
-            self.chunk_tokens.setText(s.chunk_tokens)
-            self.pipeline_depth.setCurrentIndex(max(self.pipeline_depth.findData(s.pipeline_depth), 0))
-            self.prefill_main.setChecked(s.prefill_main)
-            schedule = s.chunk_schedule if s.chunk_schedule in ("fixed", "balanced", "auto") else "fixed"
-            self.chunk_schedule.setCurrentText(schedule)
-            self.cuda_graphs.setChecked(s.cuda_graphs)
-            self.executor.setCurrentIndex(max(self.executor.findData(s.executor), 0))
-            self.rendezvous.setText(s.rendezvous)
-            self.pin_limit.setText(s.pin_limit_gib)
-            self.expert_cache.setText(s.expert_cache)
+            for row in PANEL_ROWS:
+                if row.name == "layer_split":
+                    continue
+                w, value = self.inputs[row.name], getattr(s, row.name)
+                if isinstance(w, QCheckBox):
+                    w.setChecked(value)
+                elif isinstance(w, QComboBox):
+                    w.setCurrentIndex(max(w.findData(value), 0))
+                else:
+                    w.setText(value)
             self.prompt_mode.setCurrentIndex(max(self.prompt_mode.findData(s.prompt_mode), 0))
             self.prompt_tokens.setValue(s.prompt_tokens)
             self.prompt_text.setPlainText(s.prompt_text)
@@ -327,20 +305,15 @@ class SettingsPanel(QGroupBox):
         self._sync_enabled()
 
     def values(self) -> dict[str, object]:
-        return {
-            "model_path": self.model_path.text(),
-            "split_mode": self.split_mode.currentText(),
-            "split_counts": self.split_counts.text(),
-            "chunk_mode": self.chunk_mode.currentText(),
-            "chunk_tokens": self.chunk_tokens.text(),
-            "pipeline_depth": int(self.pipeline_depth.currentData()),
-            "prefill_main": self.prefill_main.isChecked(),
-            "chunk_schedule": self.chunk_schedule.currentText(),
-            "cuda_graphs": self.cuda_graphs.isChecked(),
-            "executor": self.executor.currentData(),
-            "rendezvous": self.rendezvous.text(),
-            "pin_limit_gib": self.pin_limit.text(),
-            "expert_cache": self.expert_cache.text(),
+        out: dict[str, object] = {"model_path": self.model_path.text(), "split_mode": self.split_mode.currentText(),
+                                  "split_counts": self.split_counts.text(), "chunk_mode": self.chunk_mode.currentText()}
+        for row in PANEL_ROWS:
+            if row.name == "layer_split":
+                continue
+            w = self.inputs[row.name]
+            out[row.name] = (w.isChecked() if isinstance(w, QCheckBox) else w.currentData() if isinstance(w, QComboBox)
+                             else w.text())
+        return out | {
             "prompt_mode": self.prompt_mode.currentData(),
             "prompt_tokens": self.prompt_tokens.value(),
             "prompt_text": self.prompt_text.toPlainText(),
