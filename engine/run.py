@@ -4,7 +4,7 @@
 belongs to that one prompt — plan, CUDA graph sizes, events (and where they go), notes, hooks,
 cancel, the telemetry sampler, the digest, the logits, the generated tokens and the report — so
 the long-lived `Session` keeps only what lasts (devices, stages, weights, arena, workers, the
-measured chunk cost).  The stages see the run through a `StageContext` (engine/stage.py).
+measured chunk cost).  The stages see the run through a `StageContext` (engine/stage_runtime.py).
 
 The run's order: validate the prompt, plan, size the buffers (reused from run to run by the
 stages), prefill through the session's executor, one non-finite check of the logits, decode,
