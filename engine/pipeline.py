@@ -1,12 +1,14 @@
 """The layer-split prefill pipeline (seeds 000/001/002/004): a loaded model and its runs.
 
-`Session` is what lasts: the devices (ordered by `topology.split_order`), the stages with their
-weights, the streamed-expert arena, the stage workers and the measured chunk cost.
+`Session` is what lasts: the devices (ordered by `topology.split_order`), the stages, the
+executor that runs them (with their weights, the streamed-expert arena, the stage workers or
+processes) and the measured chunk cost.
 `Session.run(prompt_ids, ...)` returns a `Run` (engine/run.py) that owns everything of that one
 prompt: plan, events, notes, digest, logits, telemetry, report.
 
-A `Stage` (engine/stage.py) owns a contiguous layer range on one device, the KV of those layers,
-ONE set of chunk buffers and one worker thread.  `Stage.run(ctx, chunk)` computes its layers,
+A stage's body (its layers, KV, ONE set of chunk buffers, forward, timing, digest, decode step)
+is one class for both executors, `StageRuntime` (engine/stage_runtime.py).  With threads, a
+`Stage` (engine/stage.py) adds one worker thread and its hand-offs.  `Stage.run(ctx, chunk)` computes its layers,
 reaps its previous successor job (one outstanding job per successor), hands the activations over
 and submits `successor.run(ctx, chunk)`.  With depth 1 ("overlap") it returns right away; with
 depth 0 ("join") it returns only after the successor's run for the same chunk returned.  The
@@ -20,13 +22,13 @@ by a helper thread (`gpu_timing`), and a stage keeps at most two chunks queued o
 (`Stage.throttle`), so a cancel or an error still surfaces within a chunk.  Join (depth 0)
 keeps its meaning: the last stage's run returns only once its GPU finished computing the chunk.
 
-`executor=processes` runs the stages as processes behind the same API (engine/executor.py).
+The session holds its executor: `ThreadExecutor` (engine/thread_executor.py, the above) or, with
+`executor=processes`, `ProcessExecutor` (engine/executor.py: a process per stage, each a
+`StageRuntime` with a torch.distributed transport), behind one interface.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -36,39 +38,32 @@ from gguf import GGMLQuantizationType
 
 from . import chunk_cost, chunking, kernel_report, nvtx, run_plan, topology
 from .attention import kernel_for
-from .config import ConfigError, EngineConfig
+from .config import EngineConfig
 from .errors import Cancelled, DeviceMemoryError, NonFiniteError, StageError
 from .events import EventSink, RunPlan, StageEvent
+from .executor import ProcessExecutor
 from .experts import (
-    ExpertCache,
     ExpertLayout,
-    ExpertStats,
     HostArena,
-    arena_bytes,
     expert_qtypes,
     physical_ram,
     plan_experts,
-    resolve_pin_limit,
 )
 from .gpu_timing import DeferredTimer, DeviceClock
-from .kv import LayerKV
 from .layer_ranges import split_layers, stage_ranges
-from .model import Head, Layer, Rope, WeightSource, load_head, load_layer_weights, resolve_dtype
-from .run import Run, _Digest
-from .split import Split
-from .stage import IDLE_MIN_NS, PipelineHooks, Stage, StageContext, _Worker
-from .stage_graphs import MAX_GRAPHED_SIZES
+from .model import WeightSource, resolve_dtype
+from .run import Run
+from .stage import PipelineHooks, Stage, StageContext, _Worker
+from .thread_executor import ThreadExecutor
 
 if TYPE_CHECKING:
     from .topology import TelemetrySampler
 
-__all__ = ["Cancelled", "DeviceMemoryError", "NonFiniteError", "PipelineHooks", "Run", "RunResult", "Session",
-           "Stage", "StageContext", "StageError", "split_layers", "IDLE_MIN_NS", "MAX_GRAPHED_SIZES", "_Digest",
-           "_Worker"]
+__all__ = ["Cancelled", "DeviceMemoryError", "NonFiniteError", "PipelineHooks", "Run", "Session", "Stage",
+           "StageContext", "StageError", "split_layers"]
 
 log = logging.getLogger(__name__)
 
-RunResult = Run  # what `Session.run` returns: report, logits, last_logits (and the run's events, plan…)
 
 
 class Session:
@@ -77,14 +72,6 @@ class Session:
     `sink` and `hooks` given here are the defaults of every run (`run` takes its own); `hooks`
     also reach the weight loading (`before_alloc`) and, with executor=processes, the stage
     processes when they start."""
-
-    def __new__(cls, source: WeightSource, config: EngineConfig | None = None, *args, **kwargs):
-        """executor=processes: the stages run as processes (engine/executor.py), same API."""
-        if cls is Session and config is not None and getattr(config, "executor", "threads") == "processes":
-            from .executor import ProcessSession
-
-            cls = ProcessSession
-        return super().__new__(cls)
 
     def __init__(self, source: WeightSource, config: EngineConfig | None = None,
                  sink: EventSink | None = None, hooks: PipelineHooks | None = None,
@@ -127,7 +114,6 @@ class Session:
                 st.label = nvtx.stage_label(st.index, st.device, st.first, st.end, interleaved=True)
         for a, b in zip(self.stages, self.stages[1:]):
             a.successor = b
-        self.split = Split(self.stages, self.devices)
         self.expert_layouts = [ExpertLayout.of(source, self.spec, i) for i in range(self.spec.n_layers)] \
             if self.spec.is_moe else []
         self.expert_plan = plan_experts(self.config.expert_cache, self.spec, self.stages, self.dtypes,
@@ -137,106 +123,15 @@ class Session:
         self.kernel_parts = kernel_report.kernel_parts((d.type for d in self.devices), is_moe=self.spec.is_moe,
                                                        qtypes=self._weight_qtypes())
         self.setup_notes.extend(kernel_report.warnings(self.kernel_parts))
-        self.arena: HostArena | None = None
-        self._main_extra: list[Layer] | None = None  # prefill-main: later layers on the main device
-        self._main_head: Head | None = None
+        # the executor: where the stages run (threads of this process, or processes of their own)
+        self.executor: ThreadExecutor | ProcessExecutor = (
+            ProcessExecutor(self) if self.config.executor == "processes" else ThreadExecutor(self))
         try:
-            self._load_weights()
+            self.executor.load()
         except BaseException:
             self.close()  # free whatever was loaded: a failed or cancelled load keeps nothing
             raise
-        self._choose_handoffs()
-
-    # ------------------------------------------------------------------- set-up
-    def _build_arena(self) -> None:
-        """Streamed experts: the host arena (pinned up to the limit) and a cache per stage."""
-        cuda = any(d.type == "cuda" for d in self.devices)
-        n_bytes = arena_bytes(self.expert_layouts, self.spec.n_experts)  # the experts as stored
-        limit, note = resolve_pin_limit(self.config.pin_limit_gib, n_bytes, cuda)  # refuses before allocating
-        self._progress("filling the host expert arena", 0.0)
-        self.arena = HostArena(self.source, self.spec, range(self.spec.n_layers),
-                               lambda frac: self._progress("filling the host expert arena", frac))
-        self.arena.pin(limit, note)
-        self.setup_notes.append(f"experts {self.expert_plan.reason}; arena {self.arena.nbytes / 2**30:.2f} GiB, "
-                                f"{self.arena.pinned_bytes / 2**30:.2f} GiB page-locked ({self.arena.pin_note})")
-        for st, n_slots in zip(self.stages, self.expert_plan.slots_per_stage):
-            st.cache = self._alloc(f"an expert cache of {n_slots} slots", st.device,
-                                   n_slots * self.arena.expert_bytes, "lower --expert-cache",
-                                   lambda: ExpertCache(self.arena, st.device, n_slots, ExpertStats(st.index, st.name)))  # noqa: B023  (_alloc calls it now)
-
-    def _new_layer(self, i: int, st: Stage, rope: Rope, hooks: PipelineHooks | None = None) -> Layer:
-        streamed = self.arena is not None
-        nbytes = self.spec.layer_params() * torch.empty((), dtype=st.dtype).element_size()
-        w = self._alloc(f"the weights of layer {i}", st.device, nbytes,
-                        "move layers to another device (--layer-split) or stream experts (--expert-cache GiB)",
-                        lambda: load_layer_weights(self.source, i, st.device, st.dtype, experts=not streamed), hooks)
-        return Layer(self.spec, i, w, rope, cache=st.cache if streamed else None)
-
-    def _load_shares(self) -> tuple[dict[int, int], int, int]:
-        """Bytes of each layer in the file (its experts left out when they stream), of the token
-        embedding and of the output head as expanded (dequantised at load): the load's progress is
-        the share of these done, so a big embedding or head (151,936 x 2,048 in Qwen3, tens of
-        seconds to dequantise on a CPU) is a named step of its size, not a stall after the last
-        layer's percentage."""
-        nbytes = getattr(self.source, "nbytes", None)
-        names = list(self.source.tensor_names()) if hasattr(self.source, "tensor_names") else []
-        if nbytes is None or not names:
-            return {i: 1 for i in range(self.spec.n_layers)}, 0, 0
-        streamed = self.expert_plan.streamed
-        layer = dict.fromkeys(range(self.spec.n_layers), 0)
-        for name in names:
-            head, _, rest = name.partition(".")
-            if head == "blk" and rest.split(".")[0].isdigit() and not (streamed and "_exps" in name):
-                i = int(rest.split(".")[0])
-                if i in layer:
-                    layer[i] += nbytes(name)
-        def expanded(name: str) -> int:  # the heads are dequantised at load: that, not the read, is their cost
-            return max(nbytes(name), 4 * math.prod(self.source.shape(name)))
-
-        embed = expanded("token_embd.weight") if "token_embd.weight" in names else 0
-        out = expanded("output.weight") if "output.weight" in names else embed
-        return layer, embed, out
-
-    def _load_weights(self) -> None:
-        ropes: dict[torch.device, Rope] = {}
-        if self.expert_plan.streamed:
-            self._build_arena()
-        layer_bytes, embed_bytes, out_bytes = self._load_shares()
-        total = max(1, sum(layer_bytes.values()) + embed_bytes + out_bytes)
-        done = 0
-        for st in self.stages:
-            rope = ropes.setdefault(st.device, Rope.for_spec(self.spec, st.device))
-            for i in range(st.first, st.end):
-                if self._load_cancel is not None and self._load_cancel.is_set():
-                    raise Cancelled(f"loading cancelled before layer {i}")
-                self._progress(f"loading layer {i} to {st.name}", done / total)
-                st.layers.append(self._new_layer(i, st, rope))
-                done += layer_bytes.get(i, 0)
-            parts = [p for p, on in (("the token embedding", st.index == 0 and embed_bytes),
-                                     ("the output head", st.successor is None and out_bytes)) if on]
-            if parts:
-                self._progress(f"loading {' and '.join(parts)} to {st.name}", done / total)
-            st.head = load_head(self.source, st.device, st.dtype, embed=st.index == 0,
-                                final=st.successor is None)
-            done += (embed_bytes if st.index == 0 else 0) + (out_bytes if st.successor is None else 0)
-            self._progress(f"loaded the layers of {st.name}", done / total)
-            for a, b in zip(st.layers, st.layers[1:]):
-                a.prefetch_next = b.index
-
-    def _choose_handoffs(self) -> None:
-        want = self.config.handoff
-        for a in self.stages[:-1]:
-            b = a.successor
-            if a.device == b.device:
-                a.handoff = "same-device"
-            elif a.device.type == "cuda" and b.device.type == "cuda":
-                peer = torch.cuda.can_device_access_peer(a.device.index or 0, b.device.index or 0)
-                if want == "peer" and not peer:
-                    raise ConfigError("handoff", "peer", "auto or host",
-                                      f"{a.name} cannot access {b.name} peer-to-peer")
-                a.handoff = "peer" if (peer and want != "host") else "host"
-            else:
-                a.handoff = "host"
+        self.executor.choose_handoffs()
 
     @property
     def handoff_kind(self) -> str:
@@ -299,8 +194,7 @@ class Session:
         return self._chunk_cost
 
     def _measure_layer(self, shape: chunk_cost.ProbeShape) -> chunk_cost.Measured:
-        st = self.stages[0]
-        return chunk_cost.measure_layer(st.layers[0], st.device, st.dtype, self.config.cuda_graphs, shape)
+        return self.executor.measure_layer(shape)
 
     def hop_s_per_token(self) -> float:
         """Seconds per token of a chunk to hand activations from the first device to the
@@ -317,11 +211,6 @@ class Session:
     def choose_chunk(self, n_tokens: int) -> tuple[int, str]:
         c = self.choice(n_tokens)
         return c.chunk, c.reason
-
-    def choose_schedule(self, n_tokens: int) -> tuple[int, str, str]:
-        """(chunk size, fixed|balanced, why) from the prefill and chunk_schedule settings."""
-        c = self.choice(n_tokens)
-        return c.chunk, c.kind, c.reason
 
     def plan(self, n_tokens: int, decode_tokens: int = 0, run_id: str = "") -> RunPlan:
         return run_plan.plan(self, n_tokens, decode_tokens, run_id)
@@ -341,40 +230,17 @@ class Session:
 
     def prepare(self, capacity: int, chunk: int, hooks: PipelineHooks | None = None) -> None:
         """Every stage's KV for `capacity` tokens and buffers for `chunk`-token chunks."""
-        s = self.spec
-
-        def alloc(what: str, device: torch.device | str, nbytes: int, advice: str, make: Callable):
-            return self._alloc(what, device, nbytes, advice, make, hooks)
-
-        for st in self.stages:
-            st.prepare(capacity, chunk, s.n_kv_heads, s.head_dim, s.hidden, alloc)
+        self.executor.prepare(capacity, chunk, hooks)
 
     def free_run_buffers(self) -> None:
         """After a failed run: drop per-run buffers so device memory returns to its level."""
-        for st in self.stages:
-            st.free_buffers()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        self.executor.free_run_buffers()
 
-    def _prepare_main(self, capacity: int, hooks: PipelineHooks) -> tuple[list[Layer], list[LayerKV]]:
-        """Prefill-main: every later layer also on the main device, with main-device KV."""
-        main = self.stages[0]
-        dt = main.dtype
-        if self._main_extra is None:
-            rope = main.layers[0].rope
-            self._main_extra = [self._new_layer(i, main, rope, hooks) for i in range(main.end, self.spec.n_layers)]
-            for a, b in zip(self._main_extra, self._main_extra[1:]):
-                a.prefetch_next = b.index
-            last = self.stages[-1]
-            self._main_head = main.head if last is main else load_head(self.source, main.device, dt, True, True)
-        s = self.spec
-        kv_bytes = 2 * capacity * s.n_kv_heads * s.head_dim * torch.empty((), dtype=dt).element_size()
-        kvs = self._alloc(f"prefill-main KV for layers {main.end}-{s.n_layers - 1}", main.device,
-                          kv_bytes * len(self._main_extra),
-                          "turn prefill-main off or shorten the prompt",
-                          lambda: [LayerKV(capacity, s.n_kv_heads, s.head_dim, main.device, dt)
-                                   for _ in self._main_extra], hooks)
-        return main.layers + self._main_extra, main.kvs + kvs
+    @property
+    def arena(self) -> HostArena | None:
+        """The host expert arena of streamed experts in this process (None: resident, or in
+        the stage processes)."""
+        return getattr(self.executor, "arena", None)
 
     # -------------------------------------------------------------------- running
     def run(self, prompt_ids: Sequence[int] | torch.Tensor, decode_tokens: int = 0, *,
@@ -395,48 +261,36 @@ class Session:
         return run.execute()
 
     def prefill(self, run: Run, ctx: StageContext) -> None:
-        """The threaded executor (engine/split.py): every chunk of the run's plan through the
-        stages, or through the main device with prefill-main; the last stage's output goes to
-        `ctx.finish_chunk`."""
-        bounds = run.plan.chunk_bounds()
-        ctx = dataclasses.replace(ctx, prompt_ids=run.ids.to(self.devices[0]))
-        self.split.reset()
-        if self.config.prefill_main and len(self.stages) > 1:
-            layers, kvs = self._prepare_main(run.n_prompt + 1, run.hooks)
-            self.split.prefill_main(ctx, bounds, run.cancel, layers, kvs, self._main_head)
-        else:
-            self.split.prefill(ctx, bounds, run.cancel)
+        """Every chunk of the run's plan through the executor; the last layer's output goes to
+        `ctx.output`."""
+        self.executor.prefill(run, ctx)
 
     def decode(self, ctx: StageContext, first_token: int, steps: int, pos: int,
                cancel: threading.Event | None) -> list[int]:
         """Greedy decode through the split; generated[0] = first_token."""
-        return self.split.decode(ctx, first_token, steps, pos, cancel)
+        return self.executor.decode(ctx, first_token, steps, pos, cancel)
 
     def finish(self) -> None:
         """Join the whole split (every stage's outstanding job, then every device)."""
-        self.split.finish()
+        self.executor.finish()
 
     def in_flight(self) -> int:
         """Chunks submitted and not yet reaped, or still running (0 whenever prefill returned)."""
-        return self.split.in_flight()
+        return self.executor.in_flight()
 
     def worker_threads(self) -> list[threading.Thread]:
         """The stage workers' threads (alive between runs, stopped by `close`)."""
-        return self.split.worker_threads()
+        return self.executor.worker_threads()
+
+    def stage_pids(self) -> list[int]:
+        """The stage processes' pids (empty with threads, or while none runs)."""
+        return self.executor.stage_pids()
 
     def close(self) -> None:
-        """Stop the stage workers and free device memory held by this session."""
-        self.split.stop()
+        """Stop the stages (threads or processes) and free device memory held by this session."""
+        executor = getattr(self, "executor", None)
+        if executor is not None:
+            executor.close()
         self.timer.stop()
-        for st in self.stages:
-            st.drop_graphs()
-            st.layers, st.kvs, st.head, st.input_buf, st.host_buf = [], [], None, None, None
-        self._main_extra = None
-        self._main_head = None
-        if self.arena is not None:
-            for st in self.stages:
-                st.cache = None
-            self.arena.close()
-            self.arena = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

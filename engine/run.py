@@ -4,7 +4,7 @@
 belongs to that one prompt — plan, CUDA graph sizes, events (and where they go), notes, hooks,
 cancel, the telemetry sampler, the digest, the logits, the generated tokens and the report — so
 the long-lived `Session` keeps only what lasts (devices, stages, weights, arena, workers, the
-measured chunk cost).  The stages see the run through a `StageContext` (engine/stage.py).
+measured chunk cost).  The stages see the run through a `StageContext` (engine/stage_runtime.py).
 
 The run's order: validate the prompt, plan, size the buffers (reused from run to run by the
 stages), prefill through the session's executor, one non-finite check of the logits, decode,
@@ -14,14 +14,12 @@ telemetry) and the report.  A cancel raises `Cancelled` with the report of what 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,8 +38,8 @@ from .events import (
     stage_totals,
 )
 from .experts import ExpertStats
-from .model import Head
-from .stage import PipelineHooks, Stage, StageContext
+from .stage import PipelineHooks, StageContext
+from .stage_output import Digest, StageOutput
 
 if TYPE_CHECKING:
     from .pipeline import Session
@@ -49,64 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
-
-class Hasher(Protocol):
-    """The digest of a run's output (a `_Digest`, or the stage processes' finished hex)."""
-
-    def add(self, x: torch.Tensor) -> None: ...
-    def hexdigest(self) -> str: ...
-    def close(self) -> None: ...
-
-
-class _Digest:
-    """md5 of the final normed hidden state bytes (in the compute dtype), in chunk order.
-
-    On CUDA the bytes leave the GPU on a side stream into pinned memory and are hashed by a
-    helper thread, so hashing never stalls the last stage (it cost 64% of a chunk inline)."""
-
-    def __init__(self, streams: dict[torch.device, torch.cuda.Stream]) -> None:
-        self.md5 = hashlib.md5()
-        self.pool: ThreadPoolExecutor | None = None
-        self.streams = streams  # the session's: one side stream per device for its whole life
-        self.pending: list[Future] = []
-
-    def add(self, x: torch.Tensor) -> None:
-        if x.device.type != "cuda":
-            self.md5.update(x.detach().contiguous().view(torch.uint8).numpy())
-            return
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strata-digest")
-        stream = self.streams.get(x.device)
-        if stream is None:
-            stream = self.streams[x.device] = torch.cuda.Stream(x.device)
-        ready = torch.cuda.Event()
-        with torch.cuda.device(x.device):
-            ready.record()
-        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
-        with torch.cuda.stream(stream):
-            stream.wait_event(ready)
-            host.copy_(x, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(stream)
-        x.record_stream(stream)
-        self.pending.append(self.pool.submit(self._hash, host, done))
-
-    def _hash(self, host: torch.Tensor, done: torch.cuda.Event) -> None:
-        done.synchronize()
-        self.md5.update(host.view(torch.uint8).numpy())
-
-    def hexdigest(self) -> str:
-        self.close()
-        return self.md5.hexdigest()
-
-    def close(self) -> None:
-        for f in self.pending:
-            f.result()
-        self.pending = []
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-            self.pool = None
 
 
 def prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, vocab: int) -> torch.Tensor:
@@ -148,8 +88,7 @@ class Run:
         self.notes: list[str] = []  # this run's own (graph captures); the report leads with the session's
         self.plan: RunPlan | None = None
         self.graph_sizes: frozenset[int] = frozenset()  # chunk sizes this run replays as CUDA graphs
-        self.hasher: Hasher | None = None
-        self.rows: list[torch.Tensor] = []  # the last stage's logits per chunk (logits_all)
+        self.output: StageOutput | None = None  # the last prefill pass's: digest, logits (engine/stage_output.py)
         self.logits: torch.Tensor | None = None
         self.last_logits: torch.Tensor | None = None
         self.digest = ""
@@ -168,21 +107,16 @@ class Run:
         if self.sink is not None:
             self.sink(ev)
 
-    def finish_chunk(self, st: Stage, x: torch.Tensor, chunk: int, pos: int, n: int, head: Head | None) -> None:
-        """Last stage: final norm, digest (md5 of the normed hidden state bytes), logits."""
-        head = head or st.head
-        normed = head.final_norm(x)
-        self.hasher.add(normed)
-        if self.logits_all:
-            self.rows.append(head.logits(normed).cpu())
-        if pos + n == self.n_prompt:
-            self.last_logits = head.logits(normed[-1:]).cpu()[0]
+    @property
+    def hasher(self) -> Digest | None:
+        """The digest of the last prefill pass's output."""
+        return self.output.digest if self.output is not None else None
 
     def context(self, check_nan: bool | None = None) -> StageContext:
         s = self.session
         return StageContext(self.run_id, self.emit, self.notes.append, s.timer, s.clock, s.events_on, self.hooks,
                             s.config.check_nan if check_nan is None else check_nan, s.config.pipeline_depth,
-                            self.graph_sizes, finish_chunk=self.finish_chunk)
+                            self.graph_sizes, output=self.output)
 
     # --------------------------------------------------------------------- running
     def execute(self) -> Run:
@@ -286,18 +220,16 @@ class Run:
     def prefill(self, check_nan: bool | None = None) -> None:
         """Every chunk through the split (the session's executor); `check_nan` overrides the
         setting (the non-finite check's second pass)."""
-        if self.hasher is not None:
-            self.hasher.close()
-        self.hasher = _Digest(self.session.digest_streams)
-        self.rows, self.logits, self.last_logits, self._prefilled = [], None, None, False
+        if self.output is not None:
+            self.output.digest.close()
+        self.output = StageOutput(Digest(self.session.digest_streams), self.n_prompt, self.logits_all)
+        self.logits, self.last_logits, self._prefilled = None, None, False
         try:
             self.session.prefill(self, self.context(check_nan))
         except BaseException:
-            self.hasher.close()
+            self.output.digest.close()
             raise
-        if self.logits_all and self.logits is None:
-            self.logits = torch.cat(self.rows)
-        self.rows = []
+        self.last_logits, self.logits = self.output.last_logits, self.output.logits
         self._prefilled = True
 
     def _report(self, t0: float, t1: float, t2: float, cancelled: bool) -> RunReport:

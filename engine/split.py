@@ -1,4 +1,4 @@
-"""The threaded executor: a session's stages as one chain (see engine/pipeline.py for the order).
+"""The threaded executor's chain: a session's stages (see engine/pipeline.py for the order).
 
 `Split.prefill` is the root prefill loop: stage 0 runs each chunk in the caller's thread and
 the chain hands it on; a guard drains every chunk in flight on every path (the finish guard).
@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Sequence
 
 import torch
 
-from . import nvtx
 from .errors import Cancelled
 from .kv import LayerKV
 from .model import Head, Layer
@@ -61,19 +59,11 @@ class Split:
                 prev = main.done
                 x = main.head.embed_tokens(ctx.prompt_ids[pos:pos + n])
                 x = main.compute(ctx, x, layers, kvs, pos, c, n, note=note)
-                ctx.finish_chunk(main, x, c, pos, n, head)
+                main.finish_chunk(ctx, x, pos, n, head)
                 main.throttle(prev)
             extra = kvs[len(main.layers):]
             for st in self.stages[1:]:
-                t0 = time.perf_counter_ns()
-                nbytes = 0
-                for i, kv in zip(range(st.first, st.end), st.kvs):
-                    nbytes += kv.copy_from(extra[i - main.end])
-                st.sync()
-                if ctx.events_on:
-                    st.event(ctx, -1, "copy", t0, time.perf_counter_ns(), nbytes=nbytes,
-                             note=f"kv layers {st.first}-{st.end - 1} from {main.name}")
-            del extra
+                st.receive_kv(ctx, lambda i, kv: kv.copy_from(extra[i - main.end]), main.name)  # noqa: B023  (called now)
         except BaseException:
             self.guard(ctx)
             raise
@@ -84,26 +74,15 @@ class Split:
         """Greedy decode through the chain; generated[0] = first_token."""
         out = [first_token]
         tok = first_token
-        for st in self.stages:
-            if st.cache is not None:
-                st.cache.chunk = -1  # decode steps stream as chunk -1
         for i in range(1, steps):
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
             x: torch.Tensor | None = None
             for st in self.stages:
-                t0 = time.perf_counter_ns()
-                if st.index == 0:
-                    x = st.head.embed_tokens(torch.tensor([tok]))
-                else:
-                    x = x.to(st.device)
-                with nvtx.span(st.device, f"{st.label} decode {i}"):
-                    x = st.forward_layers(ctx, x, st.layers, st.kvs, pos, -1)  # decode steps run as chunk -1
-                if st.successor is None:
-                    tok = int(st.head.logits(st.head.final_norm(x)).argmax())
-                if ctx.events_on:
-                    st.sync()
-                    st.event(ctx, i, "decode", t0, time.perf_counter_ns(), tokens=1)
+                x = st.head.embed_tokens(torch.tensor([tok])) if st.index == 0 else x.to(st.device)
+                x, last_tok = st.decode_step(ctx, x, pos, i)
+                if last_tok is not None:
+                    tok = last_tok
             out.append(tok)
             pos += 1
         return out

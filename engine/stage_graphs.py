@@ -8,8 +8,8 @@ whether it is graphable); a size that leaves the plan has its graphs freed; a ca
 falls back to eager for that size with a note.
 
 `graph_sizes` is the run's choice of sizes; `StageGraphs` holds one stage's graph sets keyed by
-(first layer, layer count, chunk size) and follows the policy.  Both the threaded Stage
-(engine/stage.py) and the stage process (engine/stage_process.py) use this module.  Without CUDA everything here is a no-op.
+(first layer, layer count, chunk size) and follows the policy.  The stage runtime of both
+executors (engine/stage_runtime.py) uses this module.  Without CUDA everything here is a no-op.
 """
 from __future__ import annotations
 

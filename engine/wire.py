@@ -41,8 +41,9 @@ _LEN = struct.Struct(">I")
 # numpy dtypes a message may carry (logits); never object or structured dtypes
 _DTYPES = {"<f2", "<f4", "<f8", "<i4", "<i8", "|u1", "|i1", "<u2", "<i2", "|b1"}
 
-# The dataclasses a message may hold, by name (filled by register(); engine/stage_process.py
-# registers its StageSpec, SourceRef and RunOrder, engine/synth.py its ModelRecipe)
+# The dataclasses a message may hold, by name (filled by register(); engine/stage_messages.py
+# registers every control message and StageEvent, engine/stage_process.py its StageSpec,
+# SourceRef and RunOrder, and the ModelRecipe of engine/synth.py)
 MESSAGE_TYPES: dict[str, type] = {}
 
 

@@ -20,7 +20,7 @@ from platform_support import posix_signals
 
 from engine import failure, gguf_model
 from engine.config import ConfigError, EngineConfig
-from engine.executor import ProcessSession, StageLost, stage_timeout
+from engine.executor import ProcessExecutor, StageLost, stage_timeout
 from engine.pipeline import Cancelled, PipelineHooks, Session, StageError
 from engine.prompt import synthetic
 
@@ -92,7 +92,7 @@ def test_the_setting_selects_the_executor(demo):
 
 
 def test_two_stage_processes_match_threads_at_both_depths_and_prefill_main(two, ids, threads_digests):
-    assert isinstance(two, ProcessSession) and len(two.stage_pids()) == 2
+    assert isinstance(two.executor, ProcessExecutor) and len(two.stage_pids()) == 2
     assert len(set(two.stage_pids()) | {os.getpid()}) == 3
     want = threads_digests(("cpu", "cpu"))
     assert want == threads_digests(("cpu",))  # the threaded executor's own identity
@@ -187,7 +187,7 @@ def test_hung_stage_process_ends_the_run_within_the_timeout(two, ids, threads_di
     configure(two, pipeline_depth=0)
     old = two.stage_pids()
     victim = old[1]
-    two.timeout_s = 3.0
+    two.executor.timeout_s = 3.0
 
     def sink(ev):
         if ev.kind == "compute" and ev.stage == 1 and ev.chunk == 1:
@@ -198,7 +198,7 @@ def test_hung_stage_process_ends_the_run_within_the_timeout(two, ids, threads_di
         with pytest.raises(StageError) as info:
             two.run(ids, sink=sink)
     finally:
-        two.timeout_s = 60.0
+        two.executor.timeout_s = 60.0
         configure(two, pipeline_depth=1)
     took = time.monotonic() - t0
     msg = str(info.value)
@@ -453,9 +453,9 @@ class _EagerGraphed(_FakeGraphed):
 
 class _Out:
     def __init__(self) -> None:
-        self.msgs: list[tuple] = []
+        self.msgs: list = []
 
-    def send(self, msg: tuple) -> None:
+    def send(self, msg) -> None:
         self.msgs.append(msg)
 
 
@@ -468,6 +468,7 @@ def test_a_stage_process_forward_captures_after_the_first_pass_replays_and_notes
 
     from engine.model import Layer
     from engine.stage_graphs import StageGraphs
+    from engine.stage_messages import Note
     from engine.stage_process import RunOrder, SourceRef, StageProcess, StageSpec
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -486,17 +487,17 @@ def test_a_stage_process_forward_captures_after_the_first_pass_replays_and_notes
         sp.begin(order)
         with torch.inference_mode():
             x = sp.head.embed_tokens(sp.ids[:16])
-            eager = sp.forward(x, sp.layers, sp.kvs, 0, 0).clone()
+            eager = sp.forward_layers(sp.ctx, x, sp.layers, sp.kvs, 0, 0).clone()
             assert not _EagerGraphed.replays
-            notes = [m for m in out.msgs if m[0] == "note"]
-            assert len(notes) == 1 and notes[0][2] == "r1" and "layers 0-3 on cuda:0 at chunk 16" in notes[0][3]
+            notes = [m for m in out.msgs if isinstance(m, Note)]
+            assert len(notes) == 1 and notes[0].run_id == "r1" and "layers 0-3 on cuda:0 at chunk 16" in notes[0].text
             for kv in sp.kvs:
                 kv.reset()
-            replayed = sp.forward(x, sp.layers, sp.kvs, 0, 0)
+            replayed = sp.forward_layers(sp.ctx, x, sp.layers, sp.kvs, 0, 0)
             assert _EagerGraphed.replays == [(i, 16) for i in range(4)]
             assert torch.equal(replayed, eager)
-            sp.forward(sp.head.embed_tokens(sp.ids[16:24]), sp.layers, sp.kvs, 16, 1)  # 8: not a graph size
-            assert len(_EagerGraphed.replays) == 4 and len([m for m in out.msgs if m[0] == "note"]) == 1
+            sp.forward_layers(sp.ctx, sp.head.embed_tokens(sp.ids[16:24]), sp.layers, sp.kvs, 16, 1)  # 8: not a graph size
+            assert len(_EagerGraphed.replays) == 4 and len([m for m in out.msgs if isinstance(m, Note)]) == 1
         graphed = next(iter(sp.graphs.sets.values()))
         sp.begin(dataclasses.replace(order, run_id="r2", graph_sizes=(1, 8)))  # 16 left the plan
         assert graphed.closed and not sp.graphs.sets

@@ -94,7 +94,7 @@ def test_graphs_in_two_stage_processes_on_one_gpu_match_threads(demo_path, strea
             if streamed:
                 stats = runs[1].report.expert_stats
                 assert len(stats) == 2 and all(s["misses"] > 0 and s["bytes_pinned"] > 0 for s in stats), stats
-                pinned = sum(m.arena[1] for m in sess._job.members)
+                pinned = sum(m.arena[1] for m in sess.executor._job.members)
                 assert 0 < pinned <= pin_gib * 2**30
                 assert any(e.kind == "stream" for e in sess.events)
             pids = sess.stage_pids()
@@ -110,7 +110,7 @@ def test_the_chunk_cost_probe_of_a_stage_process_times_graph_replays(demo_path):
     model = gguf_model.load(demo_path)
     sess = Session(model, EngineConfig(devices=["cuda:0", "cuda:0"], executor="processes", cuda_graphs=True))
     try:
-        job = sess._job_or_start()
+        job = sess.executor._job_or_start()
         eager = job.measure((256, 1024), 1024, 256, 2, False)
         graphed = job.measure((256, 1024), 1024, 256, 2, True)
         for layer_s, _attn_s, host_s in (eager, graphed):

@@ -17,7 +17,7 @@ from engine import gguf_model, wire
 from engine.config import ConfigError, EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
-from engine.stage_process import versions
+from engine.stage_messages import Hello, Refused, versions
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_a_version_mismatch_between_hosts_is_refused_with_both_versions(demo, mo
 
     def other_host() -> None:  # a stage of another install, speaking the protocol
         conn = connect(port, key)
-        conn.send(("hello", 1, 2, 4242, "ws-b", theirs))
+        conn.send(Hello(1, 2, 4242, "ws-b", theirs))
         answer.append(conn.recv())
 
     t = threading.Thread(target=other_host, daemon=True)
@@ -106,7 +106,7 @@ def test_a_version_mismatch_between_hosts_is_refused_with_both_versions(demo, mo
     with pytest.raises(ConfigError, match="version mismatch between hosts: stage 1 on host ws-b runs .*torch 0.0.1"):
         Session(demo, EngineConfig(devices=["cpu", "cpu"], executor="processes", rendezvous=f"127.0.0.1:{port}"))
     t.join(10)
-    assert answer and answer[0][0] == "refused" and "version mismatch" in answer[0][1]
+    assert answer and isinstance(answer[0], Refused) and "version mismatch" in answer[0].reason
 
 
 @posix_signals

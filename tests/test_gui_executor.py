@@ -8,7 +8,7 @@ from executor_support import process_gone
 from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, window  # noqa: F401
 from PySide6.QtCore import Qt
 
-from engine.executor import ProcessSession
+from engine.executor import ProcessExecutor
 
 RUN_TIMEOUT_MS = 120_000  # spawning two stage processes takes seconds on 2 cores
 
@@ -27,7 +27,7 @@ def test_stage_processes_draw_one_gantt_and_the_summary_names_the_executor(windo
     assert win.current_settings().executor == "processes"
     _run(qtbot, win)
     session = win.controller.sessions.session
-    assert isinstance(session, ProcessSession)
+    assert isinstance(session.executor, ProcessExecutor)
     pids = session.stage_pids()
     report = win.last_report
     assert report.executor == "processes" and report.handoff == "gloo"
@@ -77,7 +77,7 @@ def test_the_form_attaches_the_app_to_stages_started_elsewhere(window, qtbot):
     try:
         _run(qtbot, win)
         session = win.controller.sessions.session
-        assert isinstance(session, ProcessSession)
+        assert isinstance(session.executor, ProcessExecutor)
         assert sorted(session.stage_pids()) == sorted(p.pid for p in procs)
         ok, what = win.gantt.store.one_compute_per_stage_chunk(2, 4)
         assert ok, what

@@ -23,7 +23,8 @@ from engine import gguf_model, wire
 from engine.config import ConfigError, EngineConfig
 from engine.pipeline import Session
 from engine.prompt import synthetic
-from engine.stage_process import RunOrder, SourceRef, StageSpec, versions
+from engine.stage_messages import Hello, Refused, versions
+from engine.stage_process import RunOrder, SourceRef, StageSpec
 
 OLD_DEFAULT_KEY = b"strata-gui"  # the public default key of before
 
@@ -172,7 +173,7 @@ def test_attacks_on_a_waiting_controller_run_nothing_and_the_real_stages_still_a
                                         cwd=ROOT, env=env(), stderr=subprocess.DEVNULL))
         half.wait(60)
         dup = wire.connect(_dial(port), key.encode(), time.monotonic() + 10, 10)  # a second rank 0, with the key
-        dup.send(("hello", 0, 2, 4242, "intruder", versions()))
+        dup.send(Hello(0, 2, 4242, "intruder", versions()))
         results["dup"] = dup.recv(timeout=10)
         started.append(subprocess.Popen(stage_command(port, "--rank", "1", "--world", "2", "--timeout", "60"),
                                         cwd=ROOT, env=env(), stderr=subprocess.DEVNULL))
@@ -198,7 +199,7 @@ def test_attacks_on_a_waiting_controller_run_nothing_and_the_real_stages_still_a
         reap(started)
     assert not marker.exists(), "an attack ran code in the controller"
     assert results["mp_client"] != "connected"
-    assert results["dup"][0] == "refused" and "taken" in results["dup"][1]
+    assert isinstance(results["dup"], Refused) and "taken" in results["dup"].reason
     for name in ("raw_pickle", "garbage", "huge_prefix", "empty"):
         assert results[name] == "closed", name
 
@@ -338,11 +339,11 @@ def test_the_store_works_the_windows_way_without_libuv(monkeypatch):
 
     import torch.distributed as dist
 
-    from engine import executor
+    from engine import stage_job
 
-    monkeypatch.setattr(executor, "LIBUV", False)
+    monkeypatch.setattr(stage_job, "LIBUV", False)
     port = free_port()
-    store = executor._tcp_store("127.0.0.1", port, 10.0, f"127.0.0.1:{port - 1}")
+    store = stage_job._tcp_store("127.0.0.1", port, 10.0, f"127.0.0.1:{port - 1}")
     client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10), use_libuv=False)
     client.set("rank1", "here")
     assert store.get("rank1") == b"here"
