@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import models
 from .config import EngineConfig
 from .dequant import gpu_temporaries
 from .experts import (
@@ -158,7 +159,7 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
                          for p in layouts[i].parts)
             if floats and not eplan.streamed:  # float experts are expanded once at load, as dense
                 experts, scratch = n_layers * spec.n_experts * expanded_expert, 0
-        kv = 2 * n_layers * spec.n_kv_heads * spec.head_dim * tokens * dsize
+        kv = models.states_bytes(spec, range(st.first, st.end), tokens, dtypes[st.device])
         attention = cpu_attention_bytes(spec, config, tokens) if st.device.type == "cpu" else 0
         out.append(DevicePlan(st.index, str(st.device), st.first, st.end, dense, experts, slots, kv, scratch,
                               attention))

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 from gguf import GGMLQuantizationType
 
-from . import chunk_cost, chunking, kernel_report, nvtx, run_plan, topology
+from . import chunk_cost, chunking, kernel_report, models, nvtx, run_plan, topology
 from .attention import kernel_for
 from .config import ConfigError, EngineConfig
 from .errors import Cancelled, DeviceMemoryError, NonFiniteError, StageError
@@ -384,12 +384,11 @@ class Session:
             last = self.stages[-1]
             self._main_head = main.head if last is main else load_head(self.source, main.device, dt, True, True)
         s = self.spec
-        kv_bytes = 2 * capacity * s.n_kv_heads * s.head_dim * torch.empty((), dtype=dt).element_size()
+        idx = range(main.end, s.n_layers)
         kvs = self._alloc(f"prefill-main KV for layers {main.end}-{s.n_layers - 1}", main.device,
-                          kv_bytes * len(self._main_extra),
+                          models.states_bytes(s, idx, capacity, dt),
                           "turn prefill-main off or shorten the prompt",
-                          lambda: [LayerKV(capacity, s.n_kv_heads, s.head_dim, main.device, dt)
-                                   for _ in self._main_extra], hooks)
+                          lambda: models.new_states(s, idx, capacity, main.device, dt), hooks)
         return main.layers + self._main_extra, main.kvs + kvs
 
     # -------------------------------------------------------------------- running

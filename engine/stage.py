@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import nvtx
+from . import models, nvtx
 from .errors import Cancelled, NonFiniteError, StageError
 from .events import StageEvent
 from .experts import ExpertCache
@@ -248,11 +248,12 @@ class Stage:
         esize = torch.empty((), dtype=dt).element_size()
         if not self.kvs or self.kvs[0].capacity < capacity:
             self.kvs = []  # free before allocating the larger cache
-            kv_bytes = 2 * capacity * n_kv_heads * head_dim * esize * len(self.layers)
+            spec, idx = self.layers[0].spec, [layer.index for layer in self.layers]  # each layer's family state
             self.kvs = alloc(
-                f"KV for layers {self.first}-{self.end - 1} ({capacity} tokens)", self.device, kv_bytes,
+                f"KV for layers {self.first}-{self.end - 1} ({capacity} tokens)", self.device,
+                models.states_bytes(spec, idx, capacity, dt),
                 "shorten the prompt or decode, or move layers to another device (--layer-split)",
-                lambda: [LayerKV(capacity, n_kv_heads, head_dim, self.device, dt) for _ in self.layers])
+                lambda: models.new_states(spec, idx, capacity, self.device, dt))
         for kv in self.kvs:
             kv.reset()
         buf_bytes = chunk * hidden * esize

@@ -444,7 +444,7 @@ class StageProcess:
                 return
 
     def begin(self, order: RunOrder) -> None:
-        from .kv import LayerKV
+        from . import models
 
         s = self.model
         self.order = order
@@ -455,8 +455,8 @@ class StageProcess:
             self.clock.anchor(self.device)
         if not self.kvs or self.kvs[0].capacity < order.capacity:
             self.kvs = []
-            self.kvs = [LayerKV(order.capacity, s.n_kv_heads, s.head_dim, self.device, self.dtype)
-                        for _ in self.layers]
+            self.kvs = models.new_states(s, [layer.index for layer in self.layers], order.capacity, self.device,
+                                         self.dtype)
         for kv in self.kvs:
             kv.reset()
         if not self.first and (self.input_buf is None or self.input_buf.shape[0] < order.chunk):
@@ -642,7 +642,7 @@ class StageProcess:
     # ------------------------------------------------------------- prefill-main
     def run_main(self, c: int, pos: int, n: int) -> None:
         """Prefill-main on stage 0: every layer of the model on the main device."""
-        from .kv import LayerKV
+        from . import models
         from .model import Layer, load_head, load_layer_weights
 
         s = self.model
@@ -661,8 +661,7 @@ class StageProcess:
             self.main_head = load_head(self.src, self.device, self.dtype, True, True)
         if c == 0:
             cap = self.order.capacity
-            self.main_kvs = [LayerKV(cap, s.n_kv_heads, s.head_dim, self.device, self.dtype)
-                             for _ in self.main_extra]
+            self.main_kvs = models.new_states(s, range(self.spec.end, s.n_layers), cap, self.device, self.dtype)
         note = f"prefill-main: layers 0-{s.n_layers - 1}"
         x = self.head.embed_tokens(self.ids[pos:pos + n].to(self.device))
         x = self.compute(x, self.layers + self.main_extra, self.kvs + self.main_kvs, pos, c, n, note=note)

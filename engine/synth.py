@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 
-from . import dequant, quant_recipe
+from . import dequant, models, quant_recipe
 from .atomic_file import atomic_path
 from .gguf_model import ModelSpec, expected_shapes, format_quant_mix, quant_mix
 
@@ -49,17 +49,8 @@ class ModelRecipe:
     tied: bool = False
 
     def spec(self) -> ModelSpec:
-        moe = self.arch == "qwen3moe"
-        return ModelSpec(
-            arch=self.arch, n_layers=self.n_layers, hidden=self.hidden, n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
-            n_experts=self.n_experts if moe else 0, n_experts_used=self.n_experts_used if moe else 0,
-            expert_ffn=self.expert_ffn if moe else 0, ffn=0 if moe else self.ffn,
-            rope_base=self.rope_base, rms_eps=self.rms_eps,
-            vocab=self.vocab or len(byte_vocab()[0]), context_length=self.context_length,
-            qk_norm=self.arch in ("qwen3", "qwen3moe"), qkv_bias=self.arch == "qwen2",
-            rope_style="norm" if self.arch == "llama" else "neox", tied_embeddings=self.tied,
-        )
+        """The spec its family makes of these shapes (engine/models/); vocab 0: the byte vocabulary's."""
+        return models.family(self.arch).spec_from_recipe(replace(self, vocab=self.vocab or len(byte_vocab()[0])))
 
 
 HOLE_TENSOR = "strata.hole"  # write_model(hole_bytes=...): an unused tensor left as a hole
@@ -73,7 +64,6 @@ QWEN3_30B_A3B = ModelRecipe(arch="qwen3moe", n_layers=48, hidden=2048, n_heads=3
                             vocab=151936, context_length=131072, quant="f16")
 
 PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B}
-ARCHS = ("qwen3moe", "qwen3", "qwen2", "llama")
 
 
 class RecipeError(ValueError):
@@ -87,8 +77,8 @@ class RecipeError(ValueError):
 def check_recipe(recipe: ModelRecipe) -> None:
     """Refuse the shapes `gguf_model.load` refuses (spec_from_metadata), before a file is written."""
     r = recipe
-    if r.arch not in ARCHS:
-        raise RecipeError("arch", r.arch, ", ".join(ARCHS))
+    if r.arch not in models.names():
+        raise RecipeError("arch", r.arch, ", ".join(models.names()))
     if r.quant not in QUANTS:
         raise RecipeError("quant", r.quant, ", ".join(QUANTS))
     for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "context_length"):
@@ -99,7 +89,7 @@ def check_recipe(recipe: ModelRecipe) -> None:
         raise RecipeError("head_dim", r.head_dim, "an even integer (RoPE rotates pairs of dimensions)")
     if r.n_heads % r.n_kv_heads:
         raise RecipeError("n_kv_heads", r.n_kv_heads, f"a divisor of n_heads={r.n_heads}")
-    if r.arch == "qwen3moe":
+    if models.family(r.arch).moe:
         if r.n_experts < 1:
             raise RecipeError("n_experts", r.n_experts, "an integer >= 1")
         if not 1 <= r.n_experts_used <= r.n_experts:
