@@ -8,6 +8,7 @@ latent KV) implement the same protocol.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -47,6 +48,28 @@ def copy_state(dst: LayerState, src: LayerState) -> int:
         moved += a.numel() * a.element_size()
     dst.adopt(n)
     return moved
+
+
+def send_state(state: LayerState, send_length: Callable[[int], None],
+               send: Callable[[torch.Tensor], None]) -> int:
+    """The sending side of a hand-off over a transport (a process pipe): the length, then each
+    view.  Returns the bytes sent."""
+    n = state.handoff_length()
+    send_length(n)
+    views = state.handoff_views(n)
+    for t in views:
+        send(t)
+    return sum(t.numel() * t.element_size() for t in views)
+
+
+def receive_state(state: LayerState, length: int, recv: Callable[[torch.Tensor], None]) -> int:
+    """The receiving side, after the length arrived: each view received in place, then adopted.
+    Returns the bytes received."""
+    views = state.handoff_views(length)
+    for t in views:
+        recv(t)
+    state.adopt(length)
+    return sum(t.numel() * t.element_size() for t in views)
 
 
 class LayerKV:

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from . import nvtx, wire
+from .kv import receive_state, send_state
 from .synth import ModelRecipe
 
 wire.register(ModelRecipe)  # a synthetic source's recipe travels in a StageSpec
@@ -675,11 +676,9 @@ class StageProcess:
         for r, (first, end) in enumerate(self.spec.ranges):
             if r == 0:
                 continue
-            for i in range(first, end):
-                kv = self.main_kvs[i - offset]
-                self.dist.send(self.small(kv.length), r, tag=TAG_KV)
-                self.send_t(kv.k[:kv.length], r, TAG_KV)
-                self.send_t(kv.v[:kv.length], r, TAG_KV)
+            for i in range(first, end):  # each layer's state as its family hands it off (engine/kv.py)
+                send_state(self.main_kvs[i - offset], lambda n: self.dist.send(self.small(n), r, tag=TAG_KV),  # noqa: B023
+                           lambda t: self.send_t(t, r, TAG_KV))  # noqa: B023
         self.main_kvs = []
 
     def recv_kv(self) -> None:
@@ -688,11 +687,7 @@ class StageProcess:
         for kv in self.kvs:
             n = self.small()
             self.dist.recv(n, 0, tag=TAG_KV)
-            length = int(n[0])
-            self.recv_t(kv.k[:length], 0, TAG_KV)
-            self.recv_t(kv.v[:length], 0, TAG_KV)
-            kv.length = length
-            nbytes += 2 * length * kv.k[0].numel() * kv.k.element_size()
+            nbytes += receive_state(kv, int(n[0]), lambda t: self.recv_t(t, 0, TAG_KV))
         self._sync()
         self.event(-1, "copy", t0, time.perf_counter_ns(), nbytes=nbytes,
                    note=f"kv layers {self.spec.first}-{self.spec.end - 1} from stage 0 ({self.spec.backend})")
