@@ -218,6 +218,19 @@ def _stored(name: str, qt: GGMLQuantizationType, shape: tuple[int, ...], floats:
     return raw.reshape(_byte_shape(qt, shape))
 
 
+def _put_vocab(w: GGUFWriter, tokens: list[str], types: list[int], merges: list[str]) -> None:
+    """The byte-level BPE vocabulary every generated file carries (eos = bos = padding)."""
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", "qwen2")
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.token_type", types)
+    w.add_array("tokenizer.ggml.merges", merges)
+    eos = tokens.index("<|endoftext|>")
+    w.add_uint32("tokenizer.ggml.eos_token_id", eos)
+    w.add_uint32("tokenizer.ggml.bos_token_id", eos)
+    w.add_uint32("tokenizer.ggml.padding_token_id", eos)
+
+
 def _put(w: GGUFWriter, key: str, value: Any) -> None:
     """One metadata entry, replacing a value the writer already holds for that key."""
     for kv in w.kv_data:
@@ -291,31 +304,9 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
     with atomic_path(path) as tmp:
         w = GGUFWriter(str(tmp), a)
         w.add_name(f"strata-{a}-random-seed{recipe.seed}")
-        w.add_uint32(f"{a}.block_count", spec.n_layers)
-        w.add_uint32(f"{a}.context_length", spec.context_length)
-        w.add_uint32(f"{a}.embedding_length", spec.hidden)
-        w.add_uint32(f"{a}.attention.head_count", spec.n_heads)
-        w.add_uint32(f"{a}.attention.head_count_kv", spec.n_kv_heads)
-        w.add_uint32(f"{a}.attention.key_length", spec.head_dim)
-        w.add_uint32(f"{a}.attention.value_length", spec.head_dim)
-        w.add_float32(f"{a}.rope.freq_base", spec.rope_base)
-        w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", spec.rms_eps)
-        if spec.is_moe:
-            w.add_uint32(f"{a}.feed_forward_length", spec.expert_ffn)
-            w.add_uint32(f"{a}.expert_count", spec.n_experts)
-            w.add_uint32(f"{a}.expert_used_count", spec.n_experts_used)
-            w.add_uint32(f"{a}.expert_feed_forward_length", spec.expert_ffn)
-        else:
-            w.add_uint32(f"{a}.feed_forward_length", spec.ffn)
-        w.add_string("tokenizer.ggml.model", "gpt2")
-        w.add_string("tokenizer.ggml.pre", "qwen2")
-        w.add_array("tokenizer.ggml.tokens", tokens)
-        w.add_array("tokenizer.ggml.token_type", types)
-        w.add_array("tokenizer.ggml.merges", merges)
-        eos = tokens.index("<|endoftext|>")
-        w.add_uint32("tokenizer.ggml.eos_token_id", eos)
-        w.add_uint32("tokenizer.ggml.bos_token_id", eos)
-        w.add_uint32("tokenizer.ggml.padding_token_id", eos)
+        for key, value in models.family_of(spec).file_metadata(spec):
+            _put(w, key, value)
+        _put_vocab(w, tokens, types, merges)
         for key, value in (metadata or {}).items():
             _put(w, key.replace("{a}", a), value)
         rng = np.random.default_rng(recipe.seed)
@@ -351,25 +342,32 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
         else:  # an edit may drop or replace a tensor: every tensor is made before the header
             if hole_bytes:
                 raise ValueError("hole_bytes is for the streamed writer (no edit)")
-            for name, shape in shapes.items():
-                qt = stored_types[name]
-                data = _stored(name, qt, shape, lambda: _floats(rng, name, shape), recipe.seed)  # noqa: B023
-                raw = None if qt in (_F32, _F16) else qt
-                edited = edit(name, data)
-                if edited is None:
-                    continue
-                if edited is not data:
-                    data, raw = edited, None
-                if raw is None:
-                    w.add_tensor(name, data)
-                else:
-                    w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw)
-            w.write_header_to_file()
-            w.write_kv_data_to_file()
-            w.write_tensors_to_file()
+            _write_edited(w, shapes, stored_types, rng, recipe.seed, edit)
         w.close()
     log.info("wrote %s (%s, %.1f MiB)", path, a, path.stat().st_size / 2**20)
     return path
+
+
+def _write_edited(w: GGUFWriter, shapes: dict[str, tuple[int, ...]], stored_types: dict[str, GGMLQuantizationType],
+                  rng: np.random.Generator, seed: int, edit: Callable[[str, np.ndarray], np.ndarray | None]) -> None:
+    """write_model's tensors through `edit`: each made, then kept, replaced or dropped, before
+    the header (which lists only what is kept)."""
+    for name, shape in shapes.items():
+        qt = stored_types[name]
+        data = _stored(name, qt, shape, lambda: _floats(rng, name, shape), seed)  # noqa: B023
+        raw = None if qt in (_F32, _F16) else qt
+        edited = edit(name, data)
+        if edited is None:
+            continue
+        if edited is not data:
+            data, raw = edited, None
+        if raw is None:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
 
 
 def demo_model_path(cache_dir: Path | None = None) -> Path:

@@ -127,6 +127,23 @@ class Family:
             qk_norm=self.qk_norm, qkv_bias=self.qkv_bias, rope_style=self.rope_style, tied_embeddings=r.tied,
         )
 
+    def file_metadata(self, s: ModelSpec) -> list[tuple[str, int | float]]:
+        """The `{arch}.*` keys a file of this spec carries, in the order make-model writes them
+        (an int is written as uint32, a float as float32): what `spec_from_metadata` reads back."""
+        a = self.arch
+        keys: list[tuple[str, int | float]] = [
+            (f"{a}.block_count", s.n_layers), (f"{a}.context_length", s.context_length),
+            (f"{a}.embedding_length", s.hidden), (f"{a}.attention.head_count", s.n_heads),
+            (f"{a}.attention.head_count_kv", s.n_kv_heads), (f"{a}.attention.key_length", s.head_dim),
+            (f"{a}.attention.value_length", s.head_dim), (f"{a}.rope.freq_base", float(s.rope_base)),
+            (f"{a}.attention.layer_norm_rms_epsilon", float(s.rms_eps)),
+        ]
+        if s.is_moe:
+            return keys + [(f"{a}.feed_forward_length", s.expert_ffn), (f"{a}.expert_count", s.n_experts),
+                           (f"{a}.expert_used_count", s.n_experts_used),
+                           (f"{a}.expert_feed_forward_length", s.expert_ffn)]
+        return keys + [(f"{a}.feed_forward_length", s.ffn)]
+
     # ------------------------------------------------------------- the layers
     def layer_kind(self, spec: ModelSpec, i: int) -> LayerKind:
         """What layer i is: its tensors and the state it carries (every layer alike here)."""
