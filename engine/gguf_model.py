@@ -619,10 +619,10 @@ class _FileFacts:
     def n_tensors(self) -> int:
         return len(self.tensors)
 
-    def int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
+    def read_int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
         return _meta_int(self.values, self.path, key, default, minimum)
 
-    def float(self, key: str, default: float, positive: bool = True) -> float:
+    def read_float(self, key: str, default: float, positive: bool = True) -> float:
         return _meta_float(self.values, self.path, key, default, positive)
 
     def has(self, key: str) -> bool:

@@ -31,9 +31,9 @@ class SpecSource(Protocol):
 
     n_tensors: int
 
-    def int(self, key: str, default: int | None = None, minimum: int = 1) -> int: ...
+    def read_int(self, key: str, default: int | None = None, minimum: int = 1) -> int: ...
 
-    def float(self, key: str, default: float, positive: bool = True) -> float: ...
+    def read_float(self, key: str, default: float, positive: bool = True) -> float: ...
 
     def has(self, key: str) -> bool: ...
 
@@ -64,18 +64,18 @@ class Family:
     def spec_from_metadata(self, m: SpecSource) -> ModelSpec:
         """The model's spec from a file (every check of `gguf_model.load` on the metadata)."""
         a = self.arch
-        hidden = m.int(f"{a}.embedding_length")
-        n_heads = m.int(f"{a}.attention.head_count", minimum=0)
-        n_kv = m.int(f"{a}.attention.head_count_kv", n_heads, minimum=0)
+        hidden = m.read_int(f"{a}.embedding_length")
+        n_heads = m.read_int(f"{a}.attention.head_count", minimum=0)
+        n_kv = m.read_int(f"{a}.attention.head_count_kv", n_heads, minimum=0)
         if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv:
             raise m.problem(f"head counts {n_heads}/{n_kv}: query heads must be a positive multiple of KV heads")
         key = f"{a}.attention.key_length"
-        head_dim = m.int(key, hidden // n_heads)
+        head_dim = m.read_int(key, hidden // n_heads)
         if head_dim % 2:
             source = "" if m.has(key) else f" (embedding_length {hidden} / head_count {n_heads})"
             raise m.problem(f"metadata key {key} is {head_dim}{source}: RoPE rotates pairs of "
                             f"dimensions, so the head dimension must be even")
-        n_layers = m.int(f"{a}.block_count", minimum=0)
+        n_layers = m.read_int(f"{a}.block_count", minimum=0)
         if n_layers <= 0:
             raise m.problem(f"{a}.block_count is {n_layers}")
         if n_layers > m.n_tensors:  # checked before anything loops over the layers
@@ -83,19 +83,19 @@ class Family:
                             f"can hold")
         vocab = m.vocab()
         n_exp, n_used = self._experts(m)
-        context_length = m.int(f"{a}.context_length", 4096)
+        context_length = m.read_int(f"{a}.context_length", 4096)
         try:
             scaling = rope_scaling(m.values, a, context_length)
             check_refused(m.values, a, head_dim, scaling)
         except KeyProblem as exc:
             raise m.problem(str(exc)) from None
-        expert_ffn = m.int(f"{a}.expert_feed_forward_length", 0) if self.moe else 0
-        ffn = 0 if self.moe else m.int(f"{a}.feed_forward_length")
+        expert_ffn = m.read_int(f"{a}.expert_feed_forward_length", 0) if self.moe else 0
+        ffn = 0 if self.moe else m.read_int(f"{a}.feed_forward_length")
         return ModelSpec(
             arch=a, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
             n_experts=n_exp, n_experts_used=n_used, expert_ffn=expert_ffn, ffn=ffn,
-            rope_base=m.float(f"{a}.rope.freq_base", 10000.0),
-            rms_eps=m.float(f"{a}.attention.layer_norm_rms_epsilon", 1e-6, positive=False),
+            rope_base=m.read_float(f"{a}.rope.freq_base", 10000.0),
+            rms_eps=m.read_float(f"{a}.attention.layer_norm_rms_epsilon", 1e-6, positive=False),
             vocab=vocab, context_length=context_length, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias,
             rope_style=self.rope_style, tied_embeddings=not m.has_tensor("output.weight"), rope_scaling=scaling,
         )
@@ -105,12 +105,12 @@ class Family:
         a = self.arch
         if not self.moe:
             for key in (f"{a}.expert_count", f"{a}.expert_used_count"):
-                if m.int(key, 0, minimum=0):
+                if m.read_int(key, 0, minimum=0):
                     raise m.problem(f"metadata key {key} is {m.get(key)}: {a} files with experts (e.g. Mixtral "
                                     f"as llama) are not supported; the engine runs {a} as a dense model")
             return 0, 0
-        n_exp = m.int(f"{a}.expert_count", 0, minimum=0)
-        n_used = m.int(f"{a}.expert_used_count", 0, minimum=0)
+        n_exp = m.read_int(f"{a}.expert_count", 0, minimum=0)
+        n_used = m.read_int(f"{a}.expert_used_count", 0, minimum=0)
         if not 0 < n_used <= n_exp:
             raise m.problem(f"expert_used_count {n_used} must be between 1 and expert_count {n_exp}")
         return n_exp, n_used
