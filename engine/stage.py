@@ -248,7 +248,8 @@ class Stage:
         esize = torch.empty((), dtype=dt).element_size()
         if not self.kvs or self.kvs[0].capacity < capacity:
             self.kvs = []  # free before allocating the larger cache
-            spec, idx = self.layers[0].spec, [layer.index for layer in self.layers]  # each layer's family state
+            spec = self.layers[0].spec if self.layers else None  # each layer's state, as its family makes it
+            idx = [layer.index for layer in self.layers]
             self.kvs = alloc(
                 f"KV for layers {self.first}-{self.end - 1} ({capacity} tokens)", self.device,
                 models.states_bytes(spec, idx, capacity, dt),

@@ -61,13 +61,18 @@ def family_of(spec: ModelSpec) -> Family:
 
 def new_states(spec: ModelSpec, layers: Iterable[int], capacity: int, device: torch.device | str,
                dtype: torch.dtype) -> list[LayerState]:
-    """One state per layer in `layers` (the runtime's per-stage `kvs`), for `capacity` tokens."""
+    """One state per layer in `layers` (the runtime's per-stage `kvs`), for `capacity` tokens
+    (none for no layers, whatever `spec` is: a stage may hold no layer)."""
     import torch
 
+    layers = list(layers)
+    if not layers:
+        return []
     fam, dev = family_of(spec), torch.device(device)
     return [fam.new_state(spec, i, capacity, dev, dtype) for i in layers]
 
 
 def states_bytes(spec: ModelSpec, layers: Iterable[int], tokens: int, dtype: torch.dtype) -> int:
     """Bytes of `new_states(spec, layers, tokens, ...)`: the allocator's and the memory plan's figure."""
-    return family_of(spec).state_bytes(spec, layers, tokens, dtype)
+    layers = list(layers)
+    return family_of(spec).state_bytes(spec, layers, tokens, dtype) if layers else 0
