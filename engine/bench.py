@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import bench_format, failure, settings_table
+from . import bench_format, failure, models, settings_table
 from .atomic_file import atomic_open
 from .config import ConfigError, EngineConfig, parse_setting
 from .events import RunReport, format_timing
@@ -880,7 +880,7 @@ def _add_make_model(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("make-model", help="write a GGUF model with random weights")
     m.add_argument("path")
     m.add_argument("--preset", default="demo", choices=PRESET_NAMES)
-    m.add_argument("--arch", choices=("qwen3moe", "qwen3", "qwen2", "llama"))
+    m.add_argument("--arch", choices=models.names())
     m.add_argument("--layers", dest="n_layers", type=int)
     m.add_argument("--hidden", type=int)
     m.add_argument("--heads", dest="n_heads", type=int)

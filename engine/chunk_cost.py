@@ -36,7 +36,7 @@ from typing import Protocol
 
 import torch
 
-from . import chunking
+from . import chunking, models
 from .kv import LayerKV
 from .model import Layer
 
@@ -90,7 +90,8 @@ class ChunkCostProbe:
 
     def measure(self, sizes: Sequence[int], prefix: int, probe: int, seed: int = 0) -> LayerCost:
         spec = self.layer.spec
-        self.kv = LayerKV(max(max(sizes), prefix + probe), spec.n_kv_heads, spec.head_dim, self.device, self.dtype)
+        self.kv = models.family_of(spec).new_state(spec, self.layer.index, max(max(sizes), prefix + probe),
+                                                   self.device, self.dtype)
         gen = torch.Generator().manual_seed(seed)
 
         def tokens(n: int) -> torch.Tensor:

@@ -24,8 +24,6 @@ from typing import Any
 
 import numpy as np
 
-FAMILIES = ("qwen3moe", "qwen3", "qwen2", "llama")
-
 USED = "used"  # read by the engine and applied
 REFUSED = "refused"  # a value other than the default is refused at load, naming the key
 HARMLESS = "harmless"  # does not change the arithmetic (names, informational flags)

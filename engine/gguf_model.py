@@ -27,8 +27,8 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUFValueType
 
-from . import dequant
-from .gguf_keys import KeyProblem, RopeScaling, check_refused, rope_scaling
+from . import dequant, models
+from .models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 # `LoadedModel.raw` views the read-only map on purpose (no copy).  torch warns about such a view
@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     torch.from_numpy(np.frombuffer(b"\0", dtype=np.uint8))
-
-ARCHITECTURES = ("qwen3moe", "qwen3", "qwen2", "llama")
 
 HEADER_BYTES = 24  # magic, version, tensor_count, kv_count
 SUPPORTED_VERSIONS = (2, 3)
@@ -86,59 +84,6 @@ class GGUFError(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable across processes despite the signature
         return (type(self), (self.path, self.problem, self.kind))
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    arch: str
-    n_layers: int
-    hidden: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    n_experts: int  # 0 for a dense model
-    n_experts_used: int
-    expert_ffn: int
-    ffn: int  # dense FFN size (0 for a pure MoE model)
-    rope_base: float
-    rms_eps: float
-    vocab: int
-    context_length: int
-    qk_norm: bool
-    qkv_bias: bool
-    rope_style: str  # "neox" (rotate halves) or "norm" (rotate adjacent pairs, llama GGUF)
-    tied_embeddings: bool = False
-    rope_scaling: RopeScaling | None = None  # linear or YaRN stretching of the RoPE frequencies
-
-    @property
-    def is_moe(self) -> bool:
-        return self.n_experts > 0
-
-    def layer_params(self) -> int:
-        """Parameters of one layer (all experts counted)."""
-        attn = self.hidden * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
-        if self.is_moe:
-            ffn = self.n_experts * 3 * self.hidden * self.expert_ffn + self.n_experts * self.hidden
-        else:
-            ffn = 3 * self.hidden * self.ffn
-        return attn + ffn + 2 * self.hidden
-
-    def active_flops_per_token(self, context: int) -> float:
-        """Forward FLOPs of one token per layer at a given attention context (2 per MAC)."""
-        proj = self.hidden * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
-        if self.is_moe:
-            ffn = self.n_experts_used * 3 * self.hidden * self.expert_ffn + self.n_experts * self.hidden
-        else:
-            ffn = 3 * self.hidden * self.ffn
-        attn = 2 * self.n_heads * self.head_dim * context  # QK^T and PV
-        return 2.0 * (proj + ffn + attn)
-
-    def prefill_flops(self, n_tokens: int) -> float:
-        """FLOPs of a causal prefill of n tokens through every layer (attention at its causal
-        cost: token i attends to i keys), LM head excluded."""
-        per_token = self.active_flops_per_token(0)
-        attn = 2.0 * self.n_heads * self.head_dim * n_tokens * (n_tokens + 1)
-        return self.n_layers * (n_tokens * per_token + attn)
 
 
 def supported_types() -> set[GGMLQuantizationType]:
@@ -661,111 +606,69 @@ def _meta_float(meta: dict[str, Any], path: Path, key: str, default: float, posi
     return x
 
 
+@dataclass
+class _FileFacts:
+    """A scanned file's metadata and tensor table as a model family reads them
+    (`engine.models.SpecSource`): every problem is a GGUFError naming the file."""
+
+    values: dict[str, Any]
+    tensors: dict[str, Any]
+    path: Path
+
+    @property
+    def n_tensors(self) -> int:
+        return len(self.tensors)
+
+    def read_int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
+        return _meta_int(self.values, self.path, key, default, minimum)
+
+    def read_float(self, key: str, default: float, positive: bool = True) -> float:
+        return _meta_float(self.values, self.path, key, default, positive)
+
+    def has(self, key: str) -> bool:
+        return key in self.values
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self.tensors
+
+    def vocab(self) -> int:
+        emb = self.tensors.get("token_embd.weight")
+        if emb is None:
+            raise GGUFError(self.path, "missing tensor token_embd.weight", KIND_TENSOR)
+        return int(emb.shape[1]) if len(emb.shape) == 2 else 0
+
+    def problem(self, text: str) -> GGUFError:
+        return GGUFError(self.path, text, KIND_METADATA)
+
+
 def spec_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: Path) -> ModelSpec:
+    """The spec the file's family reads from its metadata (engine/models/)."""
     arch = meta.get("general.architecture")
     if arch is None:
         raise GGUFError(path, "missing metadata key general.architecture", KIND_METADATA)
     if not isinstance(arch, str):
         raise GGUFError(path, f"metadata key general.architecture is not a string: {_describe(arch)}", KIND_METADATA)
-    if arch not in ARCHITECTURES:
-        raise GGUFError(path, f"unsupported architecture {_short(arch)} (supported: {', '.join(ARCHITECTURES)})",
+    if arch not in models.names():
+        raise GGUFError(path, f"unsupported architecture {_short(arch)} (supported: {', '.join(models.names())})",
                         KIND_METADATA)
-    a = arch
-    hidden = _meta_int(meta, path, f"{a}.embedding_length")
-    n_heads = _meta_int(meta, path, f"{a}.attention.head_count", minimum=0)
-    n_kv = _meta_int(meta, path, f"{a}.attention.head_count_kv", n_heads, minimum=0)
-    if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv:
-        raise GGUFError(path, f"head counts {n_heads}/{n_kv}: query heads must be a positive multiple of KV heads",
-                        KIND_METADATA)
-    head_dim = _meta_int(meta, path, f"{a}.attention.key_length", hidden // n_heads)
-    if head_dim % 2:
-        source = "" if f"{a}.attention.key_length" in meta else f" (embedding_length {hidden} / head_count {n_heads})"
-        raise GGUFError(path, f"metadata key {a}.attention.key_length is {head_dim}{source}: RoPE rotates pairs of "
-                              f"dimensions, so the head dimension must be even", KIND_METADATA)
-    n_layers = _meta_int(meta, path, f"{a}.block_count", minimum=0)
-    if n_layers <= 0:
-        raise GGUFError(path, f"{a}.block_count is {n_layers}", KIND_METADATA)
-    if n_layers > len(tensors):  # checked before anything loops over the layers
-        raise GGUFError(path, f"{a}.block_count {n_layers} is more layers than the file's {len(tensors)} tensors "
-                              f"can hold", KIND_METADATA)
-    emb = tensors.get("token_embd.weight")
-    if emb is None:
-        raise GGUFError(path, "missing tensor token_embd.weight", KIND_TENSOR)
-    vocab = int(emb.shape[1]) if len(emb.shape) == 2 else 0
-    moe = a == "qwen3moe"
-    if not moe:
-        for key in (f"{a}.expert_count", f"{a}.expert_used_count"):
-            if _meta_int(meta, path, key, 0, minimum=0):
-                raise GGUFError(path, f"metadata key {key} is {meta[key]}: {a} files with experts (e.g. Mixtral "
-                                      f"as llama) are not supported; the engine runs {a} as a dense model",
-                                KIND_METADATA)
-    n_exp = _meta_int(meta, path, f"{a}.expert_count", 0, minimum=0) if moe else 0
-    n_used = _meta_int(meta, path, f"{a}.expert_used_count", 0, minimum=0) if moe else 0
-    if moe and not (0 < n_used <= n_exp):
-        raise GGUFError(path, f"expert_used_count {n_used} must be between 1 and expert_count {n_exp}",
-                        KIND_METADATA)
-    context_length = _meta_int(meta, path, f"{a}.context_length", 4096)
-    try:
-        scaling = rope_scaling(meta, a, context_length)
-        check_refused(meta, a, head_dim, scaling)
-    except KeyProblem as exc:
-        raise GGUFError(path, str(exc), KIND_METADATA) from None
-    return ModelSpec(
-        arch=a,
-        n_layers=n_layers,
-        hidden=hidden,
-        n_heads=n_heads,
-        n_kv_heads=n_kv,
-        head_dim=head_dim,
-        n_experts=n_exp,
-        n_experts_used=n_used,
-        expert_ffn=_meta_int(meta, path, f"{a}.expert_feed_forward_length", 0) if moe else 0,
-        ffn=0 if moe else _meta_int(meta, path, f"{a}.feed_forward_length"),
-        rope_base=_meta_float(meta, path, f"{a}.rope.freq_base", 10000.0),
-        rms_eps=_meta_float(meta, path, f"{a}.attention.layer_norm_rms_epsilon", 1e-6, positive=False),
-        vocab=vocab,
-        context_length=context_length,
-        qk_norm=a in ("qwen3", "qwen3moe"),
-        qkv_bias=a == "qwen2",
-        rope_style="norm" if a == "llama" else "neox",
-        tied_embeddings="output.weight" not in tensors,
-        rope_scaling=scaling,
-    )
+    return models.family(arch).spec_from_metadata(_FileFacts(meta, tensors, path))
 
 
 def expected_shapes(s: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """Every tensor the engine needs, in torch order."""
-    q, kv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    """Every tensor the engine needs, in torch order (each layer's as its family declares them)."""
     out: dict[str, tuple[int, ...]] = {
         "token_embd.weight": (s.vocab, s.hidden),
         "output_norm.weight": (s.hidden,),
     }
     if not s.tied_embeddings:
         out["output.weight"] = (s.vocab, s.hidden)
+    fam = models.family_of(s)
     for i in range(s.n_layers):
-        b = f"blk.{i}."
-        out[b + "attn_norm.weight"] = (s.hidden,)
-        out[b + "attn_q.weight"] = (q, s.hidden)
-        out[b + "attn_k.weight"] = (kv, s.hidden)
-        out[b + "attn_v.weight"] = (kv, s.hidden)
-        out[b + "attn_output.weight"] = (s.hidden, q)
-        out[b + "ffn_norm.weight"] = (s.hidden,)
-        if s.qk_norm:
-            out[b + "attn_q_norm.weight"] = (s.head_dim,)
-            out[b + "attn_k_norm.weight"] = (s.head_dim,)
-        if s.qkv_bias:
-            out[b + "attn_q.bias"] = (q,)
-            out[b + "attn_k.bias"] = (kv,)
-            out[b + "attn_v.bias"] = (kv,)
-        if s.is_moe:
-            out[b + "ffn_gate_inp.weight"] = (s.n_experts, s.hidden)
-            out[b + "ffn_gate_exps.weight"] = (s.n_experts, s.expert_ffn, s.hidden)
-            out[b + "ffn_up_exps.weight"] = (s.n_experts, s.expert_ffn, s.hidden)
-            out[b + "ffn_down_exps.weight"] = (s.n_experts, s.hidden, s.expert_ffn)
-        else:
-            out[b + "ffn_gate.weight"] = (s.ffn, s.hidden)
-            out[b + "ffn_up.weight"] = (s.ffn, s.hidden)
-            out[b + "ffn_down.weight"] = (s.hidden, s.ffn)
+        for part in fam.layer_parts(s, i):
+            out[f"blk.{i}.{part.name}"] = part.shape
     return out
 
 

@@ -1,7 +1,75 @@
-"""Per-layer KV cache: preallocated, appended chunk by chunk, copyable to another device."""
+"""The state a layer carries from one chunk to the next, and the KV cache of attention layers.
+
+`LayerState` is what the runtime holds per layer and per sequence (a stage's `kvs`): it is made
+by the layer's family (`engine.models.new_states`), reset before a run, and handed from one
+device to another by prefill-main.  `LayerKV` is the state of full attention: keys and values,
+preallocated, appended chunk by chunk.  Other kinds (a recurrent state, a sliding window, a
+latent KV) implement the same protocol.
+"""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 import torch
+
+
+class LayerState(Protocol):
+    """One layer's state for one sequence.
+
+    The hand-off (prefill-main: the state computed on the main device reaches the stage that
+    owns the layer) is three steps, the same over a thread's copy and a process pipe: the
+    sender's `handoff_length()`, then each of its `handoff_views(length)`, received into the
+    receiver's `handoff_views(length)`, then the receiver's `adopt(length)`."""
+
+    capacity: int  # tokens it can hold
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def handoff_length(self) -> int: ...
+
+    def handoff_views(self, length: int) -> list[torch.Tensor]: ...
+
+    def adopt(self, length: int) -> None: ...
+
+    def copy_from(self, other: LayerState) -> int: ...
+
+
+def copy_state(dst: LayerState, src: LayerState) -> int:
+    """Copy `src` (any device) into `dst` through the hand-off views; returns the bytes moved
+    (counted in `dst`'s dtype, what the receiving device holds)."""
+    n = src.handoff_length()
+    moved = 0
+    for a, b in zip(dst.handoff_views(n), src.handoff_views(n), strict=True):
+        a.copy_(b)
+        moved += a.numel() * a.element_size()
+    dst.adopt(n)
+    return moved
+
+
+def send_state(state: LayerState, send_length: Callable[[int], None],
+               send: Callable[[torch.Tensor], None]) -> int:
+    """The sending side of a hand-off over a transport (a process pipe): the length, then each
+    view.  Returns the bytes sent."""
+    n = state.handoff_length()
+    send_length(n)
+    views = state.handoff_views(n)
+    for t in views:
+        send(t)
+    return sum(t.numel() * t.element_size() for t in views)
+
+
+def receive_state(state: LayerState, length: int, recv: Callable[[torch.Tensor], None]) -> int:
+    """The receiving side, after the length arrived: each view received in place, then adopted.
+    Returns the bytes received."""
+    views = state.handoff_views(length)
+    for t in views:
+        recv(t)
+    state.adopt(length)
+    return sum(t.numel() * t.element_size() for t in views)
 
 
 class LayerKV:
@@ -13,6 +81,11 @@ class LayerKV:
         self.k = torch.empty(capacity, n_kv_heads, head_dim, device=device, dtype=dtype)
         self.v = torch.empty(capacity, n_kv_heads, head_dim, device=device, dtype=dtype)
         self.length = 0
+
+    @staticmethod
+    def bytes_for(tokens: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """Bytes of a cache of `tokens` tokens (what the memory plan and the allocator count)."""
+        return 2 * tokens * n_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
     @property
     def nbytes(self) -> int:
@@ -33,12 +106,20 @@ class LayerKV:
         self.length = pos + n
         return self.k[: pos + n], self.v[: pos + n]
 
-    def copy_from(self, other: LayerKV) -> int:
+    # ------------------------------------------------------------ the hand-off
+    def handoff_length(self) -> int:
+        return self.length
+
+    def handoff_views(self, length: int) -> list[torch.Tensor]:
+        """The keys and values of tokens [0, length): what travels to another device."""
+        if length > self.capacity:
+            raise RuntimeError(f"KV copy of {length} tokens into a cache of capacity {self.capacity}")
+        return [self.k[:length], self.v[:length]]
+
+    def adopt(self, length: int) -> None:
+        """After the hand-off views were filled: the cache holds `length` tokens."""
+        self.length = length
+
+    def copy_from(self, other: LayerState) -> int:
         """Copy another cache's contents (any device) into this one; returns bytes moved."""
-        n = other.length
-        if n > self.capacity:
-            raise RuntimeError(f"KV copy of {n} tokens into a cache of capacity {self.capacity}")
-        self.k[:n].copy_(other.k[:n])
-        self.v[:n].copy_(other.v[:n])
-        self.length = n
-        return 2 * n * self.k[0].numel() * self.k.element_size()
+        return copy_state(self, other)

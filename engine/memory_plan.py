@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import models
 from .config import EngineConfig
 from .dequant import gpu_temporaries
 from .experts import (
@@ -24,7 +25,6 @@ from .experts import (
     plan_experts,
     resolve_pin_limit,
 )
-from .gguf_model import expected_shapes
 from .model import resolve_dtype
 from .pipeline import split_layers
 from .sizes import size_text
@@ -109,6 +109,21 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+def _dense_bytes(spec, st: _StageShape, last: bool, dsize: int) -> int:
+    """What a stage holds of everything but the experts, as loaded: its layers' parts as their
+    family declares them (norms and the router in float32, the rest in the stage dtype), the
+    embedding on the first stage (and the last, when the head is tied), the head on the last."""
+    fam = models.family_of(spec)
+    dense = sum(_numel(p.shape) * (4 if p.fp32 else dsize)
+                for i in range(st.first, st.end) for p in fam.layer_parts(spec, i) if not p.expert)
+    embed = _numel((spec.vocab, spec.hidden)) * dsize
+    if st.index == 0 or (last and spec.tied_embeddings):
+        dense += embed
+    if last:
+        dense += spec.hidden * 4 + (0 if spec.tied_embeddings else embed)
+    return dense
+
+
 def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
     """The memory plan of `source` run with `config` over `tokens` tokens (prompt + decode)."""
     spec = source.spec
@@ -119,24 +134,10 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
     layouts = [ExpertLayout.of(source, spec, i) for i in range(spec.n_layers)] if spec.is_moe else []
     slot_bytes = max((lay.row_bytes for lay in layouts), default=0)
     eplan = plan_experts(config.expert_cache, spec, stages, dtypes, slot_bytes or None, expert_qtypes(layouts))
-    shapes = expected_shapes(spec)
     out = []
     for st in stages:
         dsize = torch.empty((), dtype=dtypes[st.device]).element_size()
-        dense = 0
-        for name, shape in shapes.items():
-            if name.startswith("blk."):
-                layer = int(name.split(".")[1])
-                if not st.first <= layer < st.end or "_exps" in name:
-                    continue
-            else:
-                first, last = st.index == 0, st.index == len(stages) - 1
-                if name == "token_embd.weight" and not (first or (last and spec.tied_embeddings)):
-                    continue
-                if name in ("output.weight", "output_norm.weight") and not last:
-                    continue
-            fp32 = len(shape) == 1 or "ffn_gate_inp" in name
-            dense += _numel(shape) * (4 if fp32 else dsize)
+        dense = _dense_bytes(spec, st, st.index == len(stages) - 1, dsize)
         n_layers = st.end - st.first
         expanded_expert = expert_elems(spec) * dsize
         experts = slots = scratch = 0
@@ -158,7 +159,7 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
                          for p in layouts[i].parts)
             if floats and not eplan.streamed:  # float experts are expanded once at load, as dense
                 experts, scratch = n_layers * spec.n_experts * expanded_expert, 0
-        kv = 2 * n_layers * spec.n_kv_heads * spec.head_dim * tokens * dsize
+        kv = models.states_bytes(spec, range(st.first, st.end), tokens, dtypes[st.device])
         attention = cpu_attention_bytes(spec, config, tokens) if st.device.type == "cpu" else 0
         out.append(DevicePlan(st.index, str(st.device), st.first, st.end, dense, experts, slots, kv, scratch,
                               attention))

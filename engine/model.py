@@ -2,8 +2,9 @@
 
 A layer takes a chunk of hidden states at a position, appends its keys/values to its own
 `LayerKV` and returns the new hidden states, so layers can live on different devices.
-Architectures: qwen3moe (MoE, q/k norm), qwen3 (dense, q/k norm), qwen2 (dense, qkv bias),
-llama (dense, GGUF's permuted q/k handled by rotating adjacent pairs).
+What a family's layers hold (q/k norm, q/k/v biases, experts or a dense FFN, the RoPE pairing)
+comes from its `ModelSpec` and its module in `engine/models/`; this module branches on those
+features, never on the architecture's name.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
-from . import moe_kernels, routed_experts
+from . import models, moe_kernels, routed_experts
 from .attention import chunk_attention, kernel_for
 from .experts import EXPAND_SCRATCH_BYTES
 from .gguf_keys import RopeScaling
@@ -116,11 +117,6 @@ class Rope:
             self._lowp_key = key
         return self._cos_full[pos:pos + n], self._sin_full[pos:pos + n]
 
-    def apply_lowp(self, x: torch.Tensor, pos: int) -> torch.Tensor:
-        """RoPE in x's own dtype (bf16 on GPU), as HF applies it: x*cos + rotate_half(x)*sin."""
-        cos, sin = self.lowp_tables(pos, x.shape[0], x.dtype)
-        return rotate_lowp(x, cos, sin)
-
     def apply(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         """x: [n, heads, head_dim] at positions pos..pos+n-1."""
         n = x.shape[0]
@@ -175,33 +171,23 @@ class LayerWeights:
 
 def load_layer_weights(src: WeightSource, i: int, device: torch.device, dtype: torch.dtype,
                        experts: bool = True) -> LayerWeights:
-    """One block's weights on a device; experts=False leaves the MoE experts to an ExpertCache."""
+    """One block's weights on a device, part by part as its family names them (engine/models/);
+    experts=False leaves the MoE experts to an ExpertCache."""
     s = src.spec
     b = f"blk.{i}."
-
-    def get(name: str, keep_fp32: bool = False) -> torch.Tensor:
-        return dense_weight(src, b + name, device, torch.float32 if keep_fp32 else dtype)
-
-    w = LayerWeights(
-        attn_norm=get("attn_norm.weight", True),
-        wq=get("attn_q.weight"), wk=get("attn_k.weight"), wv=get("attn_v.weight"),
-        wo=get("attn_output.weight"), ffn_norm=get("ffn_norm.weight", True),
-    )
-    if s.qk_norm:
-        w.q_norm, w.k_norm = get("attn_q_norm.weight", True), get("attn_k_norm.weight", True)
-    if s.qkv_bias:
-        w.bq, w.bk, w.bv = get("attn_q.bias"), get("attn_k.bias"), get("attn_v.bias")
-    if s.is_moe:
-        w.router = get("ffn_gate_inp.weight", True)
-        if experts:  # quantized: kept as stored and expanded right before their GEMMs
-            names = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
-            if all(_float_stored(src, b + n) for n in names):  # floats: expanded once, as dense
-                w.gate_exps, w.up_exps, w.down_exps = (get(n) for n in names)
-            else:
-                w.gate_exps, w.up_exps, w.down_exps = (stored(src, b + n, device) for n in names)
-    else:
-        w.gate, w.up, w.down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
-    return w
+    values: dict[str, torch.Tensor | QTensor] = {}
+    expert_parts = []
+    for part in models.family_of(s).layer_parts(s, i):
+        if part.expert:
+            expert_parts.append(part)
+        else:
+            values[part.field] = dense_weight(src, b + part.name, device, torch.float32 if part.fp32 else dtype)
+    if experts and expert_parts:  # quantized: kept as stored and expanded right before their GEMMs
+        if all(_float_stored(src, b + p.name) for p in expert_parts):  # floats: expanded once, as dense
+            values.update((p.field, dense_weight(src, b + p.name, device, dtype)) for p in expert_parts)
+        else:
+            values.update((p.field, stored(src, b + p.name, device)) for p in expert_parts)
+    return LayerWeights(**values)
 
 
 def _grouped_mm_ok(x: torch.Tensor) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from .errors import Cancelled
-from .kv import LayerKV
+from .kv import LayerKV, copy_state
 from .model import Head, Layer
 from .stage import Stage, StageContext, _Worker
 
@@ -63,7 +63,7 @@ class Split:
                 main.throttle(prev)
             extra = kvs[len(main.layers):]
             for st in self.stages[1:]:
-                st.receive_kv(ctx, lambda i, kv: kv.copy_from(extra[i - main.end]), main.name)  # noqa: B023  (called now)
+                st.receive_kv(ctx, lambda i, kv: copy_state(kv, extra[i - main.end]), main.name)  # noqa: B023  (called now)
         except BaseException:
             self.guard(ctx)
             raise

@@ -44,11 +44,11 @@ from typing import Any
 
 import torch
 
-from . import wire
+from . import models, wire
 from .errors import StageError
 from .experts import ExpertStats, HostArena
 from .gpu_timing import DeviceClock
-from .kv import LayerKV
+from .kv import LayerKV, receive_state, send_state
 from .model import Head, Layer, Rope
 from .stage_graphs import StageGraphs
 from .stage_messages import (
@@ -596,8 +596,7 @@ class StageProcess(StageRuntime):
             self.main_head = self.load_head(self.src, True, True)
         if c == 0:
             cap = self.order.capacity
-            self.main_kvs = [LayerKV(cap, s.n_kv_heads, s.head_dim, self.device, self.dtype)
-                             for _ in self.main_extra]
+            self.main_kvs = models.new_states(s, range(self.spec.end, s.n_layers), cap, self.device, self.dtype)
         note = f"prefill-main: layers 0-{s.n_layers - 1}"
         x = self.head.embed_tokens(self.ids[pos:pos + n].to(self.device))
         x = self.compute(self.ctx, x, self.layers + self.main_extra, self.kvs + self.main_kvs, pos, c, n, note=note)
@@ -611,21 +610,15 @@ class StageProcess(StageRuntime):
         for r, (first, end) in enumerate(self.spec.ranges):
             if r == 0:
                 continue
-            for i in range(first, end):
-                kv = self.main_kvs[i - offset]
-                link.send_small(TAG_KV, r, kv.length)
-                link.send_t(kv.k[:kv.length], r, TAG_KV)
-                link.send_t(kv.v[:kv.length], r, TAG_KV)
+            for i in range(first, end):  # each layer's state as its family hands it off (engine/kv.py)
+                send_state(self.main_kvs[i - offset], lambda n: link.send_small(TAG_KV, r, n),  # noqa: B023
+                           lambda t: link.send_t(t, r, TAG_KV))  # noqa: B023
         self.main_kvs = []
 
     def recv_kv(self) -> None:
         link = self.link
 
         def fill(i: int, kv: LayerKV) -> int:
-            length = link.recv_int(0, TAG_KV)
-            link.recv_t(kv.k[:length], 0, TAG_KV)
-            link.recv_t(kv.v[:length], 0, TAG_KV)
-            kv.length = length
-            return 2 * length * kv.k[0].numel() * kv.k.element_size()
+            return receive_state(kv, link.recv_int(0, TAG_KV), lambda t: link.recv_t(t, 0, TAG_KV))
 
         self.receive_kv(self.ctx, fill, f"stage 0 ({self.spec.backend})")

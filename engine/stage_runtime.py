@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import nvtx
+from . import models, nvtx
 from .errors import NonFiniteError, StageError
 from .events import StageEvent
 from .experts import ExpertCache, ExpertStats, HostArena
@@ -136,15 +136,17 @@ class StageRuntime:
 
     # ------------------------------------------------------------------ buffers
     def prepare_kv(self, capacity: int, n_kv_heads: int, head_dim: int, alloc: Allocate) -> None:
-        """KV for `capacity` tokens (reset): grown when too small, kept from run to run otherwise."""
+        """Each layer's state for `capacity` tokens (reset), as its family makes it (KV for
+        attention): grown when too small, kept from run to run otherwise."""
         if not self.kvs or self.kvs[0].capacity < capacity:
             self.kvs = []  # free before allocating the larger cache
-            esize = torch.empty((), dtype=self.dtype).element_size()
-            kv_bytes = 2 * capacity * n_kv_heads * head_dim * esize * len(self.layers)
+            spec = self.layers[0].spec if self.layers else None
+            idx = [layer.index for layer in self.layers]
             self.kvs = alloc(
-                f"KV for layers {self.first}-{self.end - 1} ({capacity} tokens)", self.device, kv_bytes,
+                f"KV for layers {self.first}-{self.end - 1} ({capacity} tokens)", self.device,
+                models.states_bytes(spec, idx, capacity, self.dtype),
                 "shorten the prompt or decode, or move layers to another device (--layer-split)",
-                lambda: [LayerKV(capacity, n_kv_heads, head_dim, self.device, self.dtype) for _ in self.layers])
+                lambda: models.new_states(spec, idx, capacity, self.device, self.dtype))
         for kv in self.kvs:
             kv.reset()
 

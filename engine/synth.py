@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 
-from . import dequant, quant_recipe
+from . import dequant, models, quant_recipe
 from .atomic_file import atomic_path
 from .gguf_model import ModelSpec, expected_shapes, format_quant_mix, quant_mix
 
@@ -49,17 +49,8 @@ class ModelRecipe:
     tied: bool = False
 
     def spec(self) -> ModelSpec:
-        moe = self.arch == "qwen3moe"
-        return ModelSpec(
-            arch=self.arch, n_layers=self.n_layers, hidden=self.hidden, n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
-            n_experts=self.n_experts if moe else 0, n_experts_used=self.n_experts_used if moe else 0,
-            expert_ffn=self.expert_ffn if moe else 0, ffn=0 if moe else self.ffn,
-            rope_base=self.rope_base, rms_eps=self.rms_eps,
-            vocab=self.vocab or len(byte_vocab()[0]), context_length=self.context_length,
-            qk_norm=self.arch in ("qwen3", "qwen3moe"), qkv_bias=self.arch == "qwen2",
-            rope_style="norm" if self.arch == "llama" else "neox", tied_embeddings=self.tied,
-        )
+        """The spec its family makes of these shapes (engine/models/); vocab 0: the byte vocabulary's."""
+        return models.family(self.arch).spec_from_recipe(replace(self, vocab=self.vocab or len(byte_vocab()[0])))
 
 
 HOLE_TENSOR = "strata.hole"  # write_model(hole_bytes=...): an unused tensor left as a hole
@@ -73,7 +64,6 @@ QWEN3_30B_A3B = ModelRecipe(arch="qwen3moe", n_layers=48, hidden=2048, n_heads=3
                             vocab=151936, context_length=131072, quant="f16")
 
 PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B}
-ARCHS = ("qwen3moe", "qwen3", "qwen2", "llama")
 
 
 class RecipeError(ValueError):
@@ -87,8 +77,8 @@ class RecipeError(ValueError):
 def check_recipe(recipe: ModelRecipe) -> None:
     """Refuse the shapes `gguf_model.load` refuses (spec_from_metadata), before a file is written."""
     r = recipe
-    if r.arch not in ARCHS:
-        raise RecipeError("arch", r.arch, ", ".join(ARCHS))
+    if r.arch not in models.names():
+        raise RecipeError("arch", r.arch, ", ".join(models.names()))
     if r.quant not in QUANTS:
         raise RecipeError("quant", r.quant, ", ".join(QUANTS))
     for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "context_length"):
@@ -99,7 +89,7 @@ def check_recipe(recipe: ModelRecipe) -> None:
         raise RecipeError("head_dim", r.head_dim, "an even integer (RoPE rotates pairs of dimensions)")
     if r.n_heads % r.n_kv_heads:
         raise RecipeError("n_kv_heads", r.n_kv_heads, f"a divisor of n_heads={r.n_heads}")
-    if r.arch == "qwen3moe":
+    if models.family(r.arch).moe:
         if r.n_experts < 1:
             raise RecipeError("n_experts", r.n_experts, "an integer >= 1")
         if not 1 <= r.n_experts_used <= r.n_experts:
@@ -228,6 +218,19 @@ def _stored(name: str, qt: GGMLQuantizationType, shape: tuple[int, ...], floats:
     return raw.reshape(_byte_shape(qt, shape))
 
 
+def _put_vocab(w: GGUFWriter, tokens: list[str], types: list[int], merges: list[str]) -> None:
+    """The byte-level BPE vocabulary every generated file carries (eos = bos = padding)."""
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", "qwen2")
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.token_type", types)
+    w.add_array("tokenizer.ggml.merges", merges)
+    eos = tokens.index("<|endoftext|>")
+    w.add_uint32("tokenizer.ggml.eos_token_id", eos)
+    w.add_uint32("tokenizer.ggml.bos_token_id", eos)
+    w.add_uint32("tokenizer.ggml.padding_token_id", eos)
+
+
 def _put(w: GGUFWriter, key: str, value: Any) -> None:
     """One metadata entry, replacing a value the writer already holds for that key."""
     for kv in w.kv_data:
@@ -301,31 +304,9 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
     with atomic_path(path) as tmp:
         w = GGUFWriter(str(tmp), a)
         w.add_name(f"strata-{a}-random-seed{recipe.seed}")
-        w.add_uint32(f"{a}.block_count", spec.n_layers)
-        w.add_uint32(f"{a}.context_length", spec.context_length)
-        w.add_uint32(f"{a}.embedding_length", spec.hidden)
-        w.add_uint32(f"{a}.attention.head_count", spec.n_heads)
-        w.add_uint32(f"{a}.attention.head_count_kv", spec.n_kv_heads)
-        w.add_uint32(f"{a}.attention.key_length", spec.head_dim)
-        w.add_uint32(f"{a}.attention.value_length", spec.head_dim)
-        w.add_float32(f"{a}.rope.freq_base", spec.rope_base)
-        w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", spec.rms_eps)
-        if spec.is_moe:
-            w.add_uint32(f"{a}.feed_forward_length", spec.expert_ffn)
-            w.add_uint32(f"{a}.expert_count", spec.n_experts)
-            w.add_uint32(f"{a}.expert_used_count", spec.n_experts_used)
-            w.add_uint32(f"{a}.expert_feed_forward_length", spec.expert_ffn)
-        else:
-            w.add_uint32(f"{a}.feed_forward_length", spec.ffn)
-        w.add_string("tokenizer.ggml.model", "gpt2")
-        w.add_string("tokenizer.ggml.pre", "qwen2")
-        w.add_array("tokenizer.ggml.tokens", tokens)
-        w.add_array("tokenizer.ggml.token_type", types)
-        w.add_array("tokenizer.ggml.merges", merges)
-        eos = tokens.index("<|endoftext|>")
-        w.add_uint32("tokenizer.ggml.eos_token_id", eos)
-        w.add_uint32("tokenizer.ggml.bos_token_id", eos)
-        w.add_uint32("tokenizer.ggml.padding_token_id", eos)
+        for key, value in models.family_of(spec).file_metadata(spec):
+            _put(w, key, value)
+        _put_vocab(w, tokens, types, merges)
         for key, value in (metadata or {}).items():
             _put(w, key.replace("{a}", a), value)
         rng = np.random.default_rng(recipe.seed)
@@ -361,25 +342,32 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
         else:  # an edit may drop or replace a tensor: every tensor is made before the header
             if hole_bytes:
                 raise ValueError("hole_bytes is for the streamed writer (no edit)")
-            for name, shape in shapes.items():
-                qt = stored_types[name]
-                data = _stored(name, qt, shape, lambda: _floats(rng, name, shape), recipe.seed)  # noqa: B023
-                raw = None if qt in (_F32, _F16) else qt
-                edited = edit(name, data)
-                if edited is None:
-                    continue
-                if edited is not data:
-                    data, raw = edited, None
-                if raw is None:
-                    w.add_tensor(name, data)
-                else:
-                    w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw)
-            w.write_header_to_file()
-            w.write_kv_data_to_file()
-            w.write_tensors_to_file()
+            _write_edited(w, shapes, stored_types, rng, recipe.seed, edit)
         w.close()
     log.info("wrote %s (%s, %.1f MiB)", path, a, path.stat().st_size / 2**20)
     return path
+
+
+def _write_edited(w: GGUFWriter, shapes: dict[str, tuple[int, ...]], stored_types: dict[str, GGMLQuantizationType],
+                  rng: np.random.Generator, seed: int, edit: Callable[[str, np.ndarray], np.ndarray | None]) -> None:
+    """write_model's tensors through `edit`: each made, then kept, replaced or dropped, before
+    the header (which lists only what is kept)."""
+    for name, shape in shapes.items():
+        qt = stored_types[name]
+        data = _stored(name, qt, shape, lambda: _floats(rng, name, shape), seed)  # noqa: B023
+        raw = None if qt in (_F32, _F16) else qt
+        edited = edit(name, data)
+        if edited is None:
+            continue
+        if edited is not data:
+            data, raw = edited, None
+        if raw is None:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
 
 
 def demo_model_path(cache_dir: Path | None = None) -> Path:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import chunk_cost
+from . import chunk_cost, models
 from .config import ConfigError
 from .errors import Cancelled
 from .experts import ExpertStats, HostArena, arena_bytes, resolve_pin_limit
@@ -168,11 +168,10 @@ class ThreadExecutor:
                                                 self.arena is not None, alloc)
             last = s.stages[-1]
             self._main_head = main.head if last is main else main.load_head(s.source, True, True)
-        kv_bytes = 2 * capacity * spec.n_kv_heads * spec.head_dim * torch.empty((), dtype=dt).element_size()
+        idx = range(main.end, spec.n_layers)
         kvs = alloc(f"prefill-main KV for layers {main.end}-{spec.n_layers - 1}", main.device,
-                    kv_bytes * len(self._main_extra), "turn prefill-main off or shorten the prompt",
-                    lambda: [LayerKV(capacity, spec.n_kv_heads, spec.head_dim, main.device, dt)
-                             for _ in self._main_extra])
+                    models.states_bytes(spec, idx, capacity, dt), "turn prefill-main off or shorten the prompt",
+                    lambda: models.new_states(spec, idx, capacity, main.device, dt))
         return main.layers + self._main_extra, main.kvs + kvs
 
     # -------------------------------------------------------------------- running

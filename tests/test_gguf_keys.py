@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import gguf_keys, gguf_model, synth
+from engine import gguf_keys, gguf_model, models, synth
 
 # read for every architecture with attention heads
 LLAMA_CPP_COMMON = [
@@ -34,9 +34,9 @@ YARN_EXTRAS = ["{a}.rope.scaling.yarn_ext_factor", "{a}.rope.scaling.yarn_attn_f
                "{a}.rope.scaling.yarn_log_multiplier", "{a}.rope.dimension_sections"]
 
 
-@pytest.mark.parametrize("family", gguf_keys.FAMILIES)
+@pytest.mark.parametrize("family", models.names())
 def test_every_key_llama_cpp_reads_is_used_refused_or_harmless(family):
-    assert set(LLAMA_CPP_FAMILY) == set(gguf_keys.FAMILIES)
+    assert set(LLAMA_CPP_FAMILY) == set(models.names())
     missing = [k for k in LLAMA_CPP_COMMON + LLAMA_CPP_FAMILY[family] + YARN_EXTRAS if k not in gguf_keys.TABLE]
     assert not missing, f"{family}: llama.cpp reads {missing}, which the engine neither uses nor refuses"
     for key in LLAMA_CPP_COMMON + LLAMA_CPP_FAMILY[family]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import gguf_model
+from engine import gguf_model, models
 from engine.config import EngineConfig
 from engine.memory_plan import plan_memory
 from engine.pipeline import Session
@@ -117,3 +117,18 @@ def test_cpu_attention_scores_are_planned_and_refuse_a_run_that_cannot_hold_them
     assert plan_memory(model, cfg, tokens=n).devices[0].attention > 10**12
     with pytest.raises(ConfigError, match=r"--prompt-tokens.*attention scores"):
         memory_check.check_run(model, cfg, n, 0, False)
+
+
+@pytest.mark.parametrize("arch", models.names())
+def test_the_dense_figure_is_what_each_family_holds_in_bf16(make_arch, arch):
+    """The parts as each family declares them: norms and the router float32, biases in the
+    compute dtype (as loaded), so the figure holds below float32 too."""
+    model = gguf_model.load(make_arch(arch))
+    cfg = EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16, dtype="bfloat16")
+    plan = plan_memory(model, cfg, tokens=40)
+    sess = Session(model, cfg)
+    try:
+        for d, st in zip(plan.devices, sess.stages):
+            assert d.dense == _held(st)[0]
+    finally:
+        sess.close()

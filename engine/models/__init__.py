@@ -1,0 +1,25 @@
+"""The model-family registry: one module per family (`qwen3moe`, `qwen3`, `qwen2`, `llama`),
+each declaring its metadata -> `ModelSpec`, its layers' kinds and tensors, and the state each
+layer carries across chunks.  Shared parts (RoPE, RMSNorm, attention, MoE) stay in the engine's
+modules; families compose them.  "How to add a model family": docs/architecture.md."""
+from . import llama, qwen2, qwen3, qwen3moe
+from .blocks import FULL_ATTENTION, KVState, LayerKind, Part, StateKind
+from .family import Family, SpecSource
+from .registry import (
+    UnknownFamily,
+    family,
+    family_of,
+    names,
+    new_states,
+    register,
+    states_bytes,
+    unregister,
+)
+from .spec import ModelSpec
+
+# one line per family module, in the order errors list them (a new family: its module, then here)
+for _module in (qwen3moe, qwen3, qwen2, llama):
+    register(_module.FAMILY)
+
+__all__ = ["FULL_ATTENTION", "Family", "KVState", "LayerKind", "ModelSpec", "Part", "SpecSource", "StateKind",
+           "UnknownFamily", "family", "family_of", "names", "new_states", "register", "states_bytes", "unregister"]

@@ -1,0 +1,164 @@
+"""What a model family declares: its metadata -> `ModelSpec`, its layers' kinds and parts, the
+state each layer carries across chunks.
+
+A family is one `Family` object (or subclass) registered in `engine.models.registry` by its own
+module.  The base class reads the keys every llama.cpp transformer family writes
+(`{arch}.embedding_length`, `.attention.head_count`, ...); a family that reads other keys, or
+whose layers differ from layer to layer (recurrent and attention layers, leading dense layers,
+sliding-window layers), overrides `spec_from_metadata`, `layer_kind` or `ffn_is_moe`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..gguf_keys import KeyProblem, check_refused, rope_scaling
+from .blocks import FULL_ATTENTION, LayerKind, Part
+from .spec import ModelSpec
+
+if TYPE_CHECKING:  # the registry imports no torch: the CLI lists the families before torch loads
+    import torch
+
+    from ..kv import LayerState
+
+
+class SpecSource(Protocol):
+    """A file's metadata and tensor table as a family reads them (`gguf_model` provides it).
+
+    Every reader raises the loader's own error (naming the file); `problem(text)` makes one for
+    a family's own check."""
+
+    n_tensors: int
+
+    def read_int(self, key: str, default: int | None = None, minimum: int = 1) -> int: ...
+
+    def read_float(self, key: str, default: float, positive: bool = True) -> float: ...
+
+    def has(self, key: str) -> bool: ...
+
+    def get(self, key: str) -> Any: ...
+
+    def has_tensor(self, name: str) -> bool: ...
+
+    def vocab(self) -> int: ...
+
+    def problem(self, text: str) -> Exception: ...
+
+    @property
+    def values(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Family:
+    """A transformer family of llama.cpp's GGUF files.  The flags are what these families differ
+    in today: routed experts, per-head q/k RMSNorm, q/k/v biases and the RoPE pairing."""
+
+    arch: str  # general.architecture, as llama.cpp writes it
+    moe: bool = False  # routed experts in every layer (else a dense SwiGLU FFN)
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    rope_style: str = "neox"  # "neox" (rotate halves) or "norm" (adjacent pairs: llama's permuted q/k)
+
+    # --------------------------------------------------------------- the spec
+    def spec_from_metadata(self, m: SpecSource) -> ModelSpec:
+        """The model's spec from a file (every check of `gguf_model.load` on the metadata)."""
+        a = self.arch
+        hidden = m.read_int(f"{a}.embedding_length")
+        n_heads = m.read_int(f"{a}.attention.head_count", minimum=0)
+        n_kv = m.read_int(f"{a}.attention.head_count_kv", n_heads, minimum=0)
+        if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv:
+            raise m.problem(f"head counts {n_heads}/{n_kv}: query heads must be a positive multiple of KV heads")
+        key = f"{a}.attention.key_length"
+        head_dim = m.read_int(key, hidden // n_heads)
+        if head_dim % 2:
+            source = "" if m.has(key) else f" (embedding_length {hidden} / head_count {n_heads})"
+            raise m.problem(f"metadata key {key} is {head_dim}{source}: RoPE rotates pairs of "
+                            f"dimensions, so the head dimension must be even")
+        n_layers = m.read_int(f"{a}.block_count", minimum=0)
+        if n_layers <= 0:
+            raise m.problem(f"{a}.block_count is {n_layers}")
+        if n_layers > m.n_tensors:  # checked before anything loops over the layers
+            raise m.problem(f"{a}.block_count {n_layers} is more layers than the file's {m.n_tensors} tensors "
+                            f"can hold")
+        vocab = m.vocab()
+        n_exp, n_used = self._experts(m)
+        context_length = m.read_int(f"{a}.context_length", 4096)
+        try:
+            scaling = rope_scaling(m.values, a, context_length)
+            check_refused(m.values, a, head_dim, scaling)
+        except KeyProblem as exc:
+            raise m.problem(str(exc)) from None
+        expert_ffn = m.read_int(f"{a}.expert_feed_forward_length", 0) if self.moe else 0
+        ffn = 0 if self.moe else m.read_int(f"{a}.feed_forward_length")
+        return ModelSpec(
+            arch=a, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
+            n_experts=n_exp, n_experts_used=n_used, expert_ffn=expert_ffn, ffn=ffn,
+            rope_base=m.read_float(f"{a}.rope.freq_base", 10000.0),
+            rms_eps=m.read_float(f"{a}.attention.layer_norm_rms_epsilon", 1e-6, positive=False),
+            vocab=vocab, context_length=context_length, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias,
+            rope_style=self.rope_style, tied_embeddings=not m.has_tensor("output.weight"), rope_scaling=scaling,
+        )
+
+    def _experts(self, m: SpecSource) -> tuple[int, int]:
+        """(experts, experts used) as the file says them; a dense family refuses experts."""
+        a = self.arch
+        if not self.moe:
+            for key in (f"{a}.expert_count", f"{a}.expert_used_count"):
+                if m.read_int(key, 0, minimum=0):
+                    raise m.problem(f"metadata key {key} is {m.get(key)}: {a} files with experts (e.g. Mixtral "
+                                    f"as llama) are not supported; the engine runs {a} as a dense model")
+            return 0, 0
+        n_exp = m.read_int(f"{a}.expert_count", 0, minimum=0)
+        n_used = m.read_int(f"{a}.expert_used_count", 0, minimum=0)
+        if not 0 < n_used <= n_exp:
+            raise m.problem(f"expert_used_count {n_used} must be between 1 and expert_count {n_exp}")
+        return n_exp, n_used
+
+    def spec_from_recipe(self, r: Any) -> ModelSpec:
+        """The spec of a generated model (`synth.ModelRecipe`: its shape fields, vocab resolved)."""
+        moe = self.moe
+        return ModelSpec(
+            arch=self.arch, n_layers=r.n_layers, hidden=r.hidden, n_heads=r.n_heads,
+            n_kv_heads=r.n_kv_heads, head_dim=r.head_dim,
+            n_experts=r.n_experts if moe else 0, n_experts_used=r.n_experts_used if moe else 0,
+            expert_ffn=r.expert_ffn if moe else 0, ffn=0 if moe else r.ffn,
+            rope_base=r.rope_base, rms_eps=r.rms_eps, vocab=r.vocab, context_length=r.context_length,
+            qk_norm=self.qk_norm, qkv_bias=self.qkv_bias, rope_style=self.rope_style, tied_embeddings=r.tied,
+        )
+
+    def file_metadata(self, s: ModelSpec) -> list[tuple[str, int | float]]:
+        """The `{arch}.*` keys a file of this spec carries, in the order make-model writes them
+        (an int is written as uint32, a float as float32): what `spec_from_metadata` reads back."""
+        a = self.arch
+        keys: list[tuple[str, int | float]] = [
+            (f"{a}.block_count", s.n_layers), (f"{a}.context_length", s.context_length),
+            (f"{a}.embedding_length", s.hidden), (f"{a}.attention.head_count", s.n_heads),
+            (f"{a}.attention.head_count_kv", s.n_kv_heads), (f"{a}.attention.key_length", s.head_dim),
+            (f"{a}.attention.value_length", s.head_dim), (f"{a}.rope.freq_base", float(s.rope_base)),
+            (f"{a}.attention.layer_norm_rms_epsilon", float(s.rms_eps)),
+        ]
+        if s.is_moe:
+            return keys + [(f"{a}.feed_forward_length", s.expert_ffn), (f"{a}.expert_count", s.n_experts),
+                           (f"{a}.expert_used_count", s.n_experts_used),
+                           (f"{a}.expert_feed_forward_length", s.expert_ffn)]
+        return keys + [(f"{a}.feed_forward_length", s.ffn)]
+
+    # ------------------------------------------------------------- the layers
+    def layer_kind(self, spec: ModelSpec, i: int) -> LayerKind:
+        """What layer i is: its tensors and the state it carries (every layer alike here)."""
+        return FULL_ATTENTION
+
+    def layer_parts(self, spec: ModelSpec, i: int) -> tuple[Part, ...]:
+        """Layer i's tensors (names after `blk.{i}.`), in the order files store them."""
+        return self.layer_kind(spec, i).parts(spec)
+
+    def new_state(self, spec: ModelSpec, i: int, capacity: int, device: torch.device,
+                  dtype: torch.dtype) -> LayerState:
+        """Layer i's state for one sequence of up to `capacity` tokens, on `device`."""
+        return self.layer_kind(spec, i).state.new(spec, capacity, device, dtype)
+
+    def state_bytes(self, spec: ModelSpec, layers: Iterable[int], tokens: int, dtype: torch.dtype) -> int:
+        """Bytes the states of `layers` take for `tokens` tokens (the memory plan's figure, the
+        allocator's request, and what prefill-main hands over at most)."""
+        return sum(self.layer_kind(spec, i).state.nbytes(spec, tokens, dtype) for i in layers)

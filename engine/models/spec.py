@@ -1,0 +1,62 @@
+"""`ModelSpec`: the shape of a model, as its family reads it from a file's metadata (or a recipe).
+
+Plain data, the same for every family: the loader, the memory plan, the planner and the layers
+read it.  What a family adds beyond these fields lives in its module (`engine/models/`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..gguf_keys import RopeScaling
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    arch: str
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_experts: int  # 0 for a dense model
+    n_experts_used: int
+    expert_ffn: int
+    ffn: int  # dense FFN size (0 for a pure MoE model)
+    rope_base: float
+    rms_eps: float
+    vocab: int
+    context_length: int
+    qk_norm: bool
+    qkv_bias: bool
+    rope_style: str  # "neox" (rotate halves) or "norm" (rotate adjacent pairs, llama GGUF)
+    tied_embeddings: bool = False
+    rope_scaling: RopeScaling | None = None  # linear or YaRN stretching of the RoPE frequencies
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    def layer_params(self) -> int:
+        """Parameters of one layer (all experts counted)."""
+        attn = self.hidden * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        if self.is_moe:
+            ffn = self.n_experts * 3 * self.hidden * self.expert_ffn + self.n_experts * self.hidden
+        else:
+            ffn = 3 * self.hidden * self.ffn
+        return attn + ffn + 2 * self.hidden
+
+    def active_flops_per_token(self, context: int) -> float:
+        """Forward FLOPs of one token per layer at a given attention context (2 per MAC)."""
+        proj = self.hidden * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        if self.is_moe:
+            ffn = self.n_experts_used * 3 * self.hidden * self.expert_ffn + self.n_experts * self.hidden
+        else:
+            ffn = 3 * self.hidden * self.ffn
+        attn = 2 * self.n_heads * self.head_dim * context  # QK^T and PV
+        return 2.0 * (proj + ffn + attn)
+
+    def prefill_flops(self, n_tokens: int) -> float:
+        """FLOPs of a causal prefill of n tokens through every layer (attention at its causal
+        cost: token i attends to i keys), LM head excluded."""
+        per_token = self.active_flops_per_token(0)
+        attn = 2.0 * self.n_heads * self.head_dim * n_tokens * (n_tokens + 1)
+        return self.n_layers * (n_tokens * per_token + attn)
