@@ -1,0 +1,170 @@
+"""Tiny model files made the way users' files are made (issues 34, 35): a small random model of
+the family's own transformers class, `save_pretrained`, then llama.cpp's own
+`convert_hf_to_gguf.py` (vendor/llama.cpp of the llama-cpp-python source package, pure Python).
+
+    python scripts/family_files.py mixtral qwen3vlmoe qwen3next [--out tests/data/families] [--source DIR]
+
+Writes DIR/<family>/ (the transformers model: config, safetensors, tokenizer) and
+DIR/<family>.gguf (F32), both committed so the oracle tests need neither the network nor the
+source package.  --source (or LLAMA_CPP_SOURCE) names the vendor/llama.cpp folder; without it the
+sdist is downloaded from PyPI (pip download).  The tokenizer is a byte-level BPE trained here on a
+few sentences; the converter knows BPE pre-tokenizers by the hash of their output, so the script
+tells it "default" for this one (no pre-tokenizer of a published model applies to it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger("family_files")
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA_CPP_PYTHON = "0.3.36"
+VOCAB = 320
+CORPUS = ["the quick brown fox jumps over the lazy dog", "layers split over GPUs, chunk by chunk",
+          "experts in host RAM, prefill on the main GPU", "0123456789 +-*/=()[]{} <>!?.,;:"] * 8
+
+
+def tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 2, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+def mixtral(seed: int):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                        num_experts_per_tok=2, max_position_embeddings=4096, rope_theta=1e6,
+                        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    return MixtralForCausalLM(cfg)
+
+
+def qwen3vlmoe(seed: int):
+    """Qwen3-VL-MoE: the text model is qwen3moe's with MRoPE sections; a one-block vision tower
+    (the converter writes it to a separate mmproj file, the engine reads the text file)."""
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                num_experts=4, num_experts_per_tok=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 2, 2],
+                                 "mrope_interleaved": True},
+                tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
+                  num_position_embeddings=16, deepstack_visual_indexes=[0], spatial_merge_size=2,
+                  temporal_patch_size=2)
+    cfg = Qwen3VLMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    return Qwen3VLMoeForConditionalGeneration(cfg)
+
+
+def qwen3next(seed: int):
+    """Qwen3-Next: three gated-DeltaNet layers then one gated-attention layer, partial RoPE,
+    routed plus shared experts (issue 34)."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    cfg = Qwen3NextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4,
+                          linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+                          linear_num_value_heads=4, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                          num_experts=4, num_experts_per_tok=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25},
+                          tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    return Qwen3NextForCausalLM(cfg)
+
+
+FAMILIES: dict[str, Callable] = {"mixtral": mixtral, "qwen3vlmoe": qwen3vlmoe, "qwen3next": qwen3next}
+# the converter's flags a family's file needs: Qwen3-Next's MTP block is a draft model, left out
+CONVERT_ARGS: dict[str, tuple[str, ...]] = {"qwen3next": ("--no-mtp",)}
+
+
+def _scaled(model, seed: int) -> None:
+    """Weights of std 0.02 (transformers' init) leave every layer near the identity; a larger,
+    seeded spread makes the logits depend on every weight (norms stay near 1)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * (1.0 / max(p.shape[-1], 1)) ** 0.5)
+
+
+def source(given: str | None, scratch: Path) -> Path:
+    if given:
+        return Path(given)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(scratch)], check=True)
+    with tarfile.open(scratch / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz") as t:
+        t.extractall(scratch, filter="data")
+    return scratch / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+
+
+SHIM = """
+import runpy, sys
+src = sys.argv.pop(1)
+sys.path[:0] = [src, src + "/gguf-py"]
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "default"
+sys.argv[0] = src + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def convert(src: Path, hf_dir: Path, out: Path, *extra: str) -> None:
+    env = dict(os.environ, NO_LOCAL_GGUF="")
+    env.pop("NO_LOCAL_GGUF")
+    subprocess.run([sys.executable, "-c", SHIM, str(src), str(hf_dir), "--outtype", "f32", "--outfile", str(out), *extra],
+                   check=True, env=env)
+
+
+def make(family: str, out_dir: Path, src: Path, seed: int = 0) -> Path:
+    import torch
+
+    torch.manual_seed(seed)
+    model = FAMILIES[family](seed)
+    _scaled(model, seed)
+    hf_dir = out_dir / family
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    tokenizer().save_pretrained(hf_dir)
+    gguf_path = out_dir / f"{family}.gguf"
+    convert(src, hf_dir, gguf_path, *CONVERT_ARGS.get(family, ()))
+    (hf_dir / "made_by.json").write_text(json.dumps({"script": "scripts/family_files.py", "family": family,
+                                                     "seed": seed, "llama_cpp_python": LLAMA_CPP_PYTHON}) + "\n")
+    return gguf_path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("families", nargs="+", choices=sorted(FAMILIES))
+    ap.add_argument("--out", type=Path, default=ROOT / "tests" / "data" / "families")
+    ap.add_argument("--source", default=os.environ.get("LLAMA_CPP_SOURCE"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        src = source(args.source, Path(scratch))
+        for family in args.families:
+            log.info("%s -> %s", family, make(family, args.out, src))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
