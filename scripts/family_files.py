@@ -60,7 +60,7 @@ def qwen3vlmoe(seed: int):
     (the converter writes it to a separate mmproj file, the engine reads the text file)."""
     from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
 
-    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=24,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                 num_experts=4, num_experts_per_tok=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 2, 2],
@@ -91,6 +91,38 @@ def qwen3next(seed: int):
 FAMILIES: dict[str, Callable] = {"mixtral": mixtral, "qwen3vlmoe": qwen3vlmoe, "qwen3next": qwen3next}
 # the converter's flags a family's file needs: Qwen3-Next's MTP block is a draft model, left out
 CONVERT_ARGS: dict[str, tuple[str, ...]] = {"qwen3next": ("--no-mtp",)}
+
+
+def _published_layout(hf_dir: Path, names: tuple[str, ...]) -> None:
+    """Store the fused expert tensors as the published checkpoints do ([experts, in, out]: what
+    llama.cpp's converter reads); transformers 5 saves them [experts, out, in] and transposes a
+    published file on load (its conversion mapping), so the folder stays the oracle."""
+    from safetensors.torch import load_file, save_file
+
+    path = hf_dir / "model.safetensors"
+    tensors = load_file(path)
+    for k in list(tensors):
+        if k.endswith(names):
+            tensors[k] = tensors[k].transpose(1, 2).contiguous()
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+# what a family's published checkpoint stores otherwise than transformers saves it
+LAYOUTS: dict[str, Callable[[Path], None]] = {
+    "qwen3vlmoe": lambda d: _published_layout(d, ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
+}
+
+
+def _check_oracle(model, hf_dir: Path) -> None:
+    """The folder, read back by transformers, is the model made here (same logits)."""
+    import torch
+
+    ids = torch.tensor([list(range(2, 40))])
+    back = type(model).from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        diff = (model.eval()(input_ids=ids).logits - back(input_ids=ids).logits).abs().max().item()
+    if diff > 1e-5:  # (the same weights: fp32 reassociation differs between calls of some kernels)
+        raise SystemExit(f"{hf_dir}: transformers reads back another model (logits differ by {diff:.3g})")
 
 
 def _scaled(model, seed: int) -> None:
@@ -143,6 +175,9 @@ def make(family: str, out_dir: Path, src: Path, seed: int = 0) -> Path:
     _scaled(model, seed)
     hf_dir = out_dir / family
     model.save_pretrained(hf_dir, safe_serialization=True)
+    if family in LAYOUTS:
+        LAYOUTS[family](hf_dir)
+    _check_oracle(model, hf_dir)
     tokenizer().save_pretrained(hf_dir)
     gguf_path = out_dir / f"{family}.gguf"
     convert(src, hf_dir, gguf_path, *CONVERT_ARGS.get(family, ()))
