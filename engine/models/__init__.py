@@ -1,8 +1,9 @@
-"""The model-family registry: one module per family (`qwen3moe`, `qwen3`, `qwen2`, `llama`),
+"""The model-family registry: one module per family (`qwen3moe`, `qwen3`, `qwen2`, `llama` (with
+Mixtral's experts), `qwen3vlmoe`),
 each declaring its metadata -> `ModelSpec`, its layers' kinds and tensors, and the state each
 layer carries across chunks.  Shared parts (RoPE, RMSNorm, attention, MoE) stay in the engine's
 modules; families compose them.  "How to add a model family": docs/architecture.md."""
-from . import llama, qwen2, qwen3, qwen3moe
+from . import llama, qwen2, qwen3, qwen3moe, qwen3vlmoe
 from .blocks import FULL_ATTENTION, KVState, LayerKind, Part, StateKind
 from .family import Family, SpecSource
 from .registry import (
@@ -18,7 +19,7 @@ from .registry import (
 from .spec import ModelSpec
 
 # one line per family module, in the order errors list them (a new family: its module, then here)
-for _module in (qwen3moe, qwen3, qwen2, llama):
+for _module in (qwen3moe, qwen3, qwen2, llama, qwen3vlmoe):
     register(_module.FAMILY)
 
 __all__ = ["FULL_ATTENTION", "Family", "KVState", "LayerKind", "ModelSpec", "Part", "SpecSource", "StateKind",

@@ -1,0 +1,77 @@
+"""Qwen3-VL-MoE, text only (llama.cpp `qwen3vlmoe`): qwen3moe's layers (routed experts, q/k
+RMSNorm, neox RoPE) with multi-section RoPE (MRoPE).
+
+MRoPE gives each rotary frequency the position of one section (time, height, width); a text
+token has the same position in all three, so every frequency turns by that one position, which
+is plain RoPE: the sections are checked, then need no code.  The vision tower is another file
+(llama.cpp's converter writes it as an mmproj GGUF) and its deepstack features enter only with
+an image; this file's `n_deepstack_layers` is noted and left.
+Oracle: tests/test_family_files.py (transformers' Qwen3VLMoeForConditionalGeneration, text path,
+on the weights the file was converted from)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from .family import Family, SpecSource
+from .spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+class _Without:
+    """A file's facts with some keys taken out (the ones this family has handled itself)."""
+
+    def __init__(self, m: SpecSource, keys: set[str]) -> None:
+        self._m, self._keys = m, keys
+        self.n_tensors = m.n_tensors
+
+    def int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
+        return self._m.int(key, default, minimum)
+
+    def float(self, key: str, default: float, positive: bool = True) -> float:
+        return self._m.float(key, default, positive)
+
+    def has(self, key: str) -> bool:
+        return key not in self._keys and self._m.has(key)
+
+    def get(self, key: str) -> Any:
+        return None if key in self._keys else self._m.get(key)
+
+    def has_tensor(self, name: str) -> bool:
+        return self._m.has_tensor(name)
+
+    def vocab(self) -> int:
+        return self._m.vocab()
+
+    def problem(self, text: str) -> Exception:
+        return self._m.problem(text)
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return {k: v for k, v in self._m.values.items() if k not in self._keys}
+
+
+@dataclass(frozen=True)
+class Qwen3VLMoe(Family):
+    def spec_from_metadata(self, m: SpecSource) -> ModelSpec:
+        a = self.arch
+        skey, dkey = f"{a}.rope.dimension_sections", f"{a}.n_deepstack_layers"
+        spec = super().spec_from_metadata(_Without(m, {skey, dkey}))
+        sections = m.get(skey)
+        if sections is not None:
+            try:  # an array is left undecoded in the mapped file until asked
+                values = [int(x) for x in (sections.decode() if hasattr(sections, "decode") else sections)]
+            except (TypeError, ValueError, OverflowError):
+                raise m.problem(f"metadata key {skey} is not a list of whole numbers") from None
+            if any(v < 0 for v in values) or sum(values) * 2 > spec.head_dim:
+                raise m.problem(f"metadata key {skey} is {values}: the sections must be >= 0 and cover at most "
+                                f"half the head dimension {spec.head_dim} (one entry per rotated pair)")
+        if m.get(dkey):
+            log.info("%s: text only; the file's %s (%s) takes image features, which come with the vision "
+                     "tower's own file: not used", a, dkey, m.get(dkey))
+        return spec
+
+
+FAMILY = Qwen3VLMoe("qwen3vlmoe", moe=True, qk_norm=True)
