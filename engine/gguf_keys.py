@@ -36,7 +36,7 @@ TABLE: dict[str, str] = {
     "{a}.context_length": USED,
     "{a}.embedding_length": USED,
     "{a}.block_count": USED,
-    "{a}.expert_count": USED,  # qwen3moe; a dense family with experts (Mixtral as llama) is refused
+    "{a}.expert_count": USED,  # MoE families and llama (Mixtral); other dense families refuse experts
     "{a}.expert_used_count": USED,
     "{a}.expert_feed_forward_length": USED,
     "{a}.feed_forward_length": USED,  # dense FFN; qwen3moe's experts use expert_feed_forward_length

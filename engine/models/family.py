@@ -106,8 +106,8 @@ class Family:
         if not self.moe:
             for key in (f"{a}.expert_count", f"{a}.expert_used_count"):
                 if m.read_int(key, 0, minimum=0):
-                    raise m.problem(f"metadata key {key} is {m.get(key)}: {a} files with experts (e.g. Mixtral "
-                                    f"as llama) are not supported; the engine runs {a} as a dense model")
+                    raise m.problem(f"metadata key {key} is {m.get(key)}: {a} files with experts are not "
+                                    f"supported; the engine runs {a} as a dense model")
             return 0, 0
         n_exp = m.read_int(f"{a}.expert_count", 0, minimum=0)
         n_used = m.read_int(f"{a}.expert_used_count", 0, minimum=0)

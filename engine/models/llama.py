@@ -19,11 +19,11 @@ from .spec import ModelSpec
 class Llama(Family):
     def spec_from_metadata(self, m: SpecSource) -> ModelSpec:
         a = self.arch
-        if not m.int(f"{a}.expert_count", 0, minimum=0):
+        if not m.read_int(f"{a}.expert_count", 0, minimum=0):
             return super().spec_from_metadata(m)
         spec = Family.spec_from_metadata(replace(self, moe=True), m)  # Mixtral: experts in every layer
         if not spec.expert_ffn:
-            spec = replace(spec, expert_ffn=m.int(f"{a}.feed_forward_length"))
+            spec = replace(spec, expert_ffn=m.read_int(f"{a}.feed_forward_length"))
         return spec
 
 

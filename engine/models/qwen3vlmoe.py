@@ -27,11 +27,11 @@ class _Without:
         self._m, self._keys = m, keys
         self.n_tensors = m.n_tensors
 
-    def int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
-        return self._m.int(key, default, minimum)
+    def read_int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
+        return self._m.read_int(key, default, minimum)
 
-    def float(self, key: str, default: float, positive: bool = True) -> float:
-        return self._m.float(key, default, positive)
+    def read_float(self, key: str, default: float, positive: bool = True) -> float:
+        return self._m.read_float(key, default, positive)
 
     def has(self, key: str) -> bool:
         return key not in self._keys and self._m.has(key)
