@@ -133,14 +133,6 @@ class Rope:
         return out.to(x.dtype)
 
 
-def rotate_lowp(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox RoPE of x [n, heads, head_dim] with cos/sin tables [n, 1, head_dim]: five kernels,
-    no position argument, so a CUDA graph can hold it with the tables as its inputs."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
-
-
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor

@@ -84,10 +84,16 @@ def status() -> tuple[str, str]:
     return f"Triton {_load()[0].__version__}", ""
 
 
+def rotate_lowp(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox RoPE of x [n, heads, head_dim] with cos/sin tables [n, 1, head_dim]: five kernels,
+    no position argument, so a CUDA graph can hold it with the tables as its inputs."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
 def _torch(qk: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
            eps: float, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from .model import rotate_lowp
-
     hd = qk.shape[-1]
     if weight is not None:
         qk = F.rms_norm(qk, (hd,), None, eps) * weight
