@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
 from engine.config import ConfigError
 
 from ..run import run_files
+from ..sweep.sweep_job import SweepProgress
 from ..sweep.sweep_model import (
     MAX_REPEATS,
     SweepArm,
@@ -48,7 +49,6 @@ from ..sweep.sweep_model import (
     parse_sizes,
     ratio_noise,
 )
-from ..sweep.sweep_worker import SweepProgress
 from .theme import ERROR_COLOR, GPU_COLORS, MUTED_COLOR
 
 log = logging.getLogger(__name__)
