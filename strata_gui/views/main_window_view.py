@@ -58,6 +58,12 @@ def default_devices(cuda_count: int) -> str:
     return ",".join(f"cuda:{i}" for i in range(cuda_count)) if cuda_count else "cpu,cpu"
 
 
+def _state_field(name: str) -> property:
+    """The window's attribute `name`, read and written on the run controller's RunState."""
+    return property(lambda self: getattr(self.controller.state, name),
+                    lambda self, value: setattr(self.controller.state, name, value))
+
+
 class MainWindow(QMainWindow):
     def __init__(self, settings: QSettings, demo_model: Path, controller: RunController | None = None,
                  discover: Callable[[bool], Topology] = topology.discover,
@@ -233,14 +239,14 @@ class MainWindow(QMainWindow):
         w.failed.connect(self._on_sweep_failed)
         w.busy_changed.connect(self._on_busy)
 
-    # ----------------------------------------------------- a press of Run, as the tests read it
-    last_report = property(lambda self: self.controller.state.last_report)
-    last_outcome = property(lambda self: self.controller.state.last_outcome)
-    last_saved = property(lambda self: self.controller.state.last_saved)
-    saved_this_run = property(lambda self: self.controller.state.saved_this_run)
-    in_warmup = property(lambda self: self.controller.state.in_warmup)
-    progress_model = property(lambda self: self.controller.state.progress_model)
-    repeats = property(lambda self: self.controller.state.repeats)
+    # ------------------------------------- a press of Run (the run controller's state), by its old names
+    last_report = _state_field("last_report")
+    last_outcome = _state_field("last_outcome")
+    last_saved = _state_field("last_saved")
+    saved_this_run = _state_field("saved_this_run")
+    in_warmup = _state_field("in_warmup")
+    progress_model = _state_field("progress_model")
+    repeats = _state_field("repeats")
     measure_text = staticmethod(measure_text)
 
     def kept_text(self) -> str:
