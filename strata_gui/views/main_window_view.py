@@ -13,11 +13,10 @@ from pathlib import Path
 
 import torch
 from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
-from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtGui import QCloseEvent, QGuiApplication
+from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QTabWidget, QWidget
 
 from engine import topology
-from engine.config import ConfigError
 from engine.topology import Topology
 
 from ..history.history_model import RunHistory, UnsavedRuns, open_history
@@ -27,17 +26,17 @@ from ..run.model_cache import ModelCache
 from ..run.monitor_controller import MonitorController
 from ..run.record_model import RunRecord
 from ..run.run_controller import RunController
-from ..run.run_job import SaveResult
-from ..run.run_state import measure_text, run_request
+from ..run.run_presenter import RunPresenter
 from ..run.settings_model import RunSettings, Validation, settings_from_config
 from ..run.settings_store import SettingsStore
-from ..sweep.sweep_book import SweepBook, arm_configs
+from ..sweep.sweep_book import SweepBook
 from ..sweep.sweep_controller import SweepController
-from ..sweep.sweep_job import SweepRequest
-from ..sweep.sweep_model import estimate_text
+from ..sweep.sweep_presenter import SweepPresenter
 from . import wheel_guard, window_fit
+from .compare_tab_view import CompareTab
 from .compare_view import CompareView
 from .history_view import HistoryPanel
+from .menu_view import build_menus
 from .plan_view import PlanTab
 from .run_tab_view import RUN_TIP, RunTab
 from .sweep_view import SweepView
@@ -159,10 +158,10 @@ class MainWindow(QMainWindow):
         self.gpu_monitor = MonitorController(self.telemetry, self._busy, lambda: self.controller.topology, self)
         self.monitor = self.gpu_monitor.monitor
         self.history_panel = HistoryPanel(self.history, self.jobs, self.history_error)
-        self._compare_view: CompareView | None = None  # built when first shown (three plots: not free)
-        self.compare_tab = QWidget()
-        QVBoxLayout(self.compare_tab).setContentsMargins(0, 0, 0, 0)
+        self.compare_tab = CompareTab(self.history)
         self.sweep_view = SweepView()
+        self.sweep_presenter = SweepPresenter(self, self.sweep_view, self.sweeps)
+        self.run_presenter = RunPresenter(self, self.run_tab, self.controller)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         self.plan_tab = PlanTab(self)  # issue 22: the what-if planner (strata_gui/views/plan_view.py)
@@ -171,33 +170,12 @@ class MainWindow(QMainWindow):
             self.tabs.addTab(w, name)
         for i, tip in TAB_TIPS.items():
             self.tabs.setTabToolTip(i, tip)
-        self.tabs.currentChanged.connect(self._on_tab_changed)
         self.setCentralWidget(self.tabs)
-        self._refresh_past_sweeps()
+        self.sweep_presenter.refresh_past()
         self.status_label = QLabel("ready")
         self.statusBar().addWidget(self.status_label, 1)
-        self._build_menu()
-
-    def _action(self, menu, text: str, key: str, slot: Callable) -> QAction:
-        act = QAction(text, self)
-        act.setShortcut(QKeySequence(key))
-        act.triggered.connect(slot)
-        menu.addAction(act)
-        return act
-
-    def _build_menu(self) -> None:
-        """File and Run menus with the shortcuts a desktop app has (Ctrl+R run, Ctrl+Q quit)."""
-        bar = self.menuBar()
-        # Ctrl+Q: StandardKey.Quit is empty on Windows
-        self.quit_action = self._action(bar.addMenu("&File"), "&Quit", "Ctrl+Q", self.close)
-        run_menu = bar.addMenu("&Run")
-        self.run_action = self._action(run_menu, "&Run", "Ctrl+R", self._run_from_menu)
-        self.run_action.setToolTip("Prefill the prompt through the split with the Run tab's settings.")
-        self.stop_action = self._action(run_menu, "&Stop", "Ctrl+.", self.stop_run)
-        view_menu = bar.addMenu("&View")
-        for i in range(4):
-            self._action(view_menu, f"{self.tabs.tabText(i)} tab", f"Ctrl+{i + 1}",
-                         lambda _=False, i=i: self.tabs.setCurrentIndex(i))
+        self.quit_action, self.run_action, self.stop_action = build_menus(self, self.tabs, self._run_from_menu,
+                                                                          self.stop_run)
         self.run_button.setToolTip(self.run_button.toolTip() + " (Ctrl+R)")
 
     def _run_from_menu(self) -> None:
@@ -208,36 +186,13 @@ class MainWindow(QMainWindow):
         self.settings_panel.changed.connect(self.revalidate)
         self.devices_panel.changed.connect(self.revalidate)
         self.devices_panel.probe_requested.connect(lambda: self.refresh_topology(probe=True))
-        self.run_button.clicked.connect(self.start_run)
-        self.stop_button.clicked.connect(self.stop_run)
-        c, t = self.controller, self.run_tab
-        c.run_started.connect(lambda info: (t.on_started(info), self.set_status(c.state.started_status(info))))
-        c.events.connect(t.on_events)
-        c.telemetry.connect(self.telemetry.add_samples)
-        c.status.connect(self.set_status)
-        c.finished.connect(lambda report: self.set_status(t.on_finished(report)))
-        c.measured.connect(t.on_measured)
-        c.warmup.connect(t.on_warmup)
-        c.cancelled.connect(lambda msg: (t.on_cancelled(msg), self.set_status(f"stopped: {msg}")))
-        c.failed.connect(self._on_failed)
-        c.busy_changed.connect(self._on_busy)
-        c.saved.connect(self._on_saved)
+        self.controller.busy_changed.connect(self._on_busy)
         h = self.history_panel
         h.compare_requested.connect(self.compare_runs)
         h.show_requested.connect(self.show_history_run)
-        h.changed.connect(self._on_history_changed)
+        h.changed.connect(self.history_changed)
         h.error.connect(lambda title, msg: self.show_error(title, msg))
-        v, w = self.sweep_view, self.sweeps
-        v.start_requested.connect(self.start_sweep)
-        v.stop_requested.connect(self.stop_sweep)
-        v.open_requested.connect(self.open_sweep)
-        v.plan_changed.connect(self.update_sweep_estimate)
-        w.progress.connect(v.on_progress)
-        w.point_done.connect(v.add_sample)
-        w.status.connect(self.set_status)
-        w.finished.connect(self._on_sweep_finished)
-        w.failed.connect(self._on_sweep_failed)
-        w.busy_changed.connect(self._on_busy)
+        self.sweeps.busy_changed.connect(self._on_busy)
 
     # ------------------------------------- a press of Run (the run controller's state), by its old names
     last_report = _state_field("last_report")
@@ -247,10 +202,6 @@ class MainWindow(QMainWindow):
     in_warmup = _state_field("in_warmup")
     progress_model = _state_field("progress_model")
     repeats = _state_field("repeats")
-    measure_text = staticmethod(measure_text)
-
-    def kept_text(self) -> str:
-        return self.controller.state.kept_text()
 
     # ---------------------------------------------------------------- devices
     def refresh_topology(self, probe: bool) -> None:
@@ -282,12 +233,6 @@ class MainWindow(QMainWindow):
     def current_settings(self) -> RunSettings:
         return RunSettings.from_dict({**self.settings_panel.values(), **self.devices_panel.values()})
 
-    def model_path(self, s: RunSettings | None = None) -> Path:
-        return self.form.model_path(s or self.current_settings())
-
-    def model_label(self, s: RunSettings | None = None) -> str:
-        return self.form.model_label(s or self.current_settings())
-
     @property
     def model_pending(self) -> bool:
         """A model file is being parsed: Run waits for its facts."""
@@ -305,23 +250,9 @@ class MainWindow(QMainWindow):
         self.devices_panel.set_errors(self.validation.errors)
         p.set_attach(*f.attach_text(self.validation))
         self.sweep_view.set_base(f.sweep_base_text(s))
-        self.update_sweep_estimate()
+        self.sweep_presenter.update_estimate()
         self._update_buttons()
         return self.validation
-
-    def update_sweep_estimate(self) -> None:
-        """The Sweep tab's time estimate: its plan scaled from the latest finished run of this model
-        on these devices in the history (none there: it says how to get one)."""
-        s = self.current_settings()
-        try:
-            plan = self.sweep_view.plan(self.model_label(s), s.overrides())
-        except ConfigError:
-            self.sweep_view.set_estimate("")
-            return
-        spec = self.form.model_spec(s)
-        devices = ",".join(d.strip() for d in s.devices.split(","))
-        reference = self.sweeps.book.reference(self.model_label(s), devices) if spec is not None else None
-        self.sweep_view.set_estimate(estimate_text(plan, spec.prefill_flops if spec else None, reference))
 
     def _busy(self) -> bool:
         return self.controller.is_running or self.sweeps.is_running
@@ -347,35 +278,12 @@ class MainWindow(QMainWindow):
         self.devices_panel.set_editable(not self._busy())
         self._update_buttons()
 
-    # -------------------------------------------------------------------- runs
+    # -------------------------------------------------------------------- runs (run/run_presenter.py)
     def start_run(self) -> bool:
-        if self._busy():
-            return False
-        v = self.revalidate()
-        if self.model_pending:
-            self.set_status("cannot run yet: the model file is still being read")
-            return False
-        if not v.ok or v.config is None:
-            names = ", ".join(k.replace("_", " ") for k in v.errors) or "the model"
-            self.set_status(f"cannot run: fix the {len(v.errors) or 1} setting(s) marked in red ({names})")
-            return False
-        s = self.current_settings()
-        self.store.save_run_settings(s)
-        self.run_tab.begin_run()
-        return self.controller.start(run_request(s, v.config, self.model_path(s), self.model_label(s)))
-
-    def set_monitor(self, on: bool) -> None:
-        self.gpu_monitor.set_on(on)
+        return self.run_presenter.start()
 
     def stop_run(self) -> None:
-        if self.controller.is_running:
-            self.set_status("stopping at the next chunk boundary …")
-            self.controller.stop()
-
-    def _on_failed(self, title: str, message: str, details: str) -> None:
-        self.run_tab.on_failed(message)
-        self.set_status(f"{title}: {message}")
-        self.show_error(title, message, details)
+        self.run_presenter.stop()
 
     def show_error(self, title: str, message: str, details: str = "",
                    informative: str = "The app stays usable: fix the cause and try again.") -> None:
@@ -395,32 +303,16 @@ class MainWindow(QMainWindow):
         self.status_label.setText(text)
 
     # ----------------------------------------------------------------- history
-    def _on_saved(self, result: SaveResult) -> None:
-        if result.error:
-            self.set_status(f"the run was not saved to the history: {result.error}")
-            self.history_panel.set_message(f"the last run was not saved: {result.error}", error=True)
-            return
-        self.history_panel.set_message(f"run #{result.run} saved ({result.status})")
-        self._on_history_changed()
-
-    def _on_history_changed(self) -> None:
+    def history_changed(self) -> None:
         self.history_panel.refresh()
-        self.update_sweep_estimate()  # a new measured run may be the estimate's reference
-        if self._compare_view is not None:
-            self._compare_view.refresh_choices()
-        self._refresh_past_sweeps()
+        self.sweep_presenter.update_estimate()  # a new measured run may be the estimate's reference
+        self.compare_tab.refresh()
+        self.sweep_presenter.refresh_past()
 
     @property
     def compare_view(self) -> CompareView:
         """The Compare tab's view, built on first use."""
-        if self._compare_view is None:
-            self._compare_view = CompareView(self.history)
-            self.compare_tab.layout().addWidget(self._compare_view)
-        return self._compare_view
-
-    def _on_tab_changed(self, index: int) -> None:
-        if self.tabs.widget(index) is self.compare_tab:
-            self.compare_view  # noqa: B018 - builds it
+        return self.compare_tab.view
 
     def compare_runs(self, before: int, after: int) -> bool:
         ok = self.compare_view.set_pair(before, after)
@@ -445,71 +337,12 @@ class MainWindow(QMainWindow):
         self.set_status(f"showing run #{run} from the history; the settings are that run's{note}")
         return True
 
-    # ------------------------------------------------------------------- sweeps
+    # ------------------------------------------------------------------- sweeps (sweep/sweep_presenter.py)
     def start_sweep(self) -> bool:
-        """Start the Sweep tab's plan over the Run tab's settings (each arm's settings on top)."""
-        if self._busy():
-            return False
-        s, v = self.current_settings(), self.revalidate()
-        errors = [msg for field, msg in v.errors.items() if field not in ("prompt", "decode_tokens")]
-        if errors:
-            self.sweep_view.set_errors(["The Run tab's settings are the sweep's base; fix them first:", *errors])
-            return False
-        base, label = s.overrides(), self.model_label(s)
-        try:
-            plan = self.sweep_view.plan(label, base)
-        except ConfigError as exc:
-            self.sweep_view.set_errors([str(exc)])
-            return False
-        n_layers = self.form.facts(self.model_path(s))[0]
-        configs, errors = arm_configs(plan, base, self._env, self.cuda_count, n_layers)
-        if errors:
-            self.sweep_view.set_errors(errors)
-            return False
-        self.sweep_view.set_errors([])
-        sweep_id, note = self.sweeps.prepare(plan)
-        if note:
-            self.set_status(note)
-        self.sweep_view.begin(plan, sweep_id)
-        self.set_status(f"sweep: {plan.total} runs ({len(plan.arms)} arms × {len(plan.sizes)} sizes × "
-                        f"{plan.repeats} repeats)")
-        return self.sweeps.start(SweepRequest(self.model_path(s), label, plan, tuple(configs), sweep_id))
-
-    def stop_sweep(self) -> None:
-        if self.sweeps.is_running:
-            self.set_status("stopping the sweep at the next chunk boundary; finished points are kept …")
-            self.sweeps.stop()
-
-    def _on_sweep_finished(self, stopped: bool, message: str) -> None:
-        self.sweep_view.on_finished(stopped, message)
-        self._on_history_changed()
-        self.set_status(f"sweep {message}")
-
-    def _on_sweep_failed(self, title: str, message: str, details: str) -> None:
-        self.sweep_view.on_finished(True, f"failed: {message}; the finished points are kept")
-        self._on_history_changed()
-        self.set_status(f"{title}: {message}")
-        self.show_error(title, message, details)
-
-    def _refresh_past_sweeps(self) -> None:
-        past = self.sweeps.book.past()
-        if past is not None:
-            self.sweep_view.set_past(past)
+        return self.sweep_presenter.start()
 
     def open_sweep(self, sweep: int) -> bool:
-        """A past sweep's chart and table, from the runs the history kept."""
-        if self.history is None or self.sweeps.is_running:
-            return False
-        try:
-            results = self.sweeps.book.results(sweep)
-        except Exception as exc:
-            log.exception("opening sweep %s failed", sweep)
-            self.sweep_view.set_message(f"cannot open sweep #{sweep}: {exc}", error=True)
-            return False
-        self.sweep_view.show_results(results, sweep)
-        self.sweep_view.progress_label.setText(f"sweep #{sweep} from the history: {len(results.samples)} of "
-                                               f"{results.plan.total} runs")
-        return True
+        return self.sweep_presenter.open(sweep)
 
     # ------------------------------------------------------------------- close
     def closeEvent(self, event: QCloseEvent) -> None:
