@@ -1,4 +1,4 @@
-"""One engine run for the app, without Qt: the body of the run worker's thread.
+"""One engine run for the app, without Qt: the body of the run's background thread.
 
 `RunJob.execute` builds (or reuses) the Session, starts the GPU telemetry sampler, and calls
 `Session.run` with a `threading.Event` as `cancel`.  The engine's events go through an

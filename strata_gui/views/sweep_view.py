@@ -1,6 +1,6 @@
 """The Sweep tab: a plan (prompt sizes, arms, repeats) on the left; prefill tok/s against prompt
 tokens per arm, and the table beside it (median, spread, ratio to the first arm), filled in as
-each run finishes.  Start and Stop go to the main window, which owns the sweep thread; the table
+each run finishes.  Start and Stop go to the sweep presenter (sweep/sweep_presenter.py); the table
 exports as CSV and markdown (`sweep.SweepResults`)."""
 from __future__ import annotations
 
