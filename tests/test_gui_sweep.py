@@ -54,11 +54,25 @@ def test_plan_runs_every_arm_on_the_same_prompt_in_the_bench_order():
                    "--repeat 3 --warmup 1")
 
 
-def test_a_real_sweep_worker_run_matches_the_bench_table(demo_path):
-    """The worker, run in this thread on real demo runs: the table's median and spread are
-    strata-bench's (engine.bench.Point) over the same reports; digests agree across arms."""
+class _Outlet:
+    """A SweepJob outlet keeping every call's arguments, by name (no Qt)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[tuple]] = {}
+
+    def __getattr__(self, name: str):
+        return lambda *args: self.calls.setdefault(name, []).append(args)
+
+    def args(self, name: str) -> list:
+        """The single argument of each call of `name`."""
+        return [a[0] for a in self.calls.get(name, [])]
+
+
+def test_a_real_sweep_job_run_matches_the_bench_table(demo_path):
+    """The job, run in this thread on real demo runs without Qt: the table's median and spread
+    are strata-bench's (engine.bench.Point) over the same reports; digests agree across arms."""
+    from strata_gui.sweep.sweep_job import SweepJob, SweepRequest
     from strata_gui.sweep.sweep_model import SweepSample
-    from strata_gui.sweep.sweep_worker import SweepRequest, SweepWorker
 
     plan = SweepPlan((64, 128), ARMS, repeats=2, warmup=0, model="demo", base=BASE)
     configs = tuple(arm_config(BASE, a, env={}) for a in ARMS)
@@ -70,12 +84,10 @@ def test_a_real_sweep_worker_run_matches_the_bench_table(demo_path):
         assert record.source == "sweep" and record.events and record.config["prompt"].startswith("synthetic, nonce")
         return len(samples) + 1
 
-    worker = SweepWorker(SweepRequest(demo_path, "demo", plan, configs, sweep_id=7), threading.Event(), recorder)
-    outcome = []
-    worker.point_done.connect(samples.append)
-    worker.finished.connect(lambda stopped, msg: outcome.append((stopped, msg)))
-    worker.run()
-    assert outcome == [(False, "finished all 8 runs")]
+    out = _Outlet()
+    SweepJob(SweepRequest(demo_path, "demo", plan, configs, sweep_id=7), threading.Event(), out, recorder).execute()
+    samples.extend(out.args("point_done"))
+    assert out.calls["finished"] == [(False, "finished all 8 runs")] and out.calls["done"] == [()]
     res = SweepResults(plan, samples)
     rows = res.rows()
     assert [(r.arm_name, r.prompt_tokens, r.n) for r in rows] == \
@@ -110,12 +122,12 @@ def _start_sweep(qtbot, win, sizes: str, repeats: int) -> None:
 
 
 def test_a_2_size_2_arm_sweep_charts_4_points_and_exports(window, qtbot, tmp_path, monkeypatch):
-    from strata_gui.sweep import sweep_worker
+    from strata_gui.sweep import sweep_job
     win = window
     view = win.sweep_view
     parses, own = win.models.parses, []  # the form parsed the demo model already
-    real_load = sweep_worker.load
-    monkeypatch.setattr(sweep_worker, "load", lambda path: own.append(path) or real_load(path))
+    real_load = sweep_job.load
+    monkeypatch.setattr(sweep_job, "load", lambda path: own.append(path) or real_load(path))
     _start_sweep(qtbot, win, "64, 128", 1)
     qtbot.waitUntil(lambda: not win.sweeps.is_running, timeout=SWEEP_TIMEOUT_MS)
     assert wait_no_engine_threads() == []
@@ -180,10 +192,10 @@ def test_bad_plans_are_refused_then_a_stopped_sweep_keeps_its_finished_points(wi
     assert win.run_button.isEnabled() and view.start_button.isEnabled()
 
 
-def test_sweep_worker_warms_up_every_size_like_the_bench(demo_path, monkeypatch):
+def test_sweep_job_warms_up_every_size_like_the_bench(demo_path, monkeypatch):
     """Each prompt size gets its unmeasured warm-up runs (one per arm) before its first point."""
     from engine.pipeline import Session
-    from strata_gui.sweep.sweep_worker import SweepRequest, SweepWorker
+    from strata_gui.sweep.sweep_job import SweepJob, SweepRequest
 
     sizes: list[int] = []
     real_run = Session.run
@@ -195,11 +207,9 @@ def test_sweep_worker_warms_up_every_size_like_the_bench(demo_path, monkeypatch)
     monkeypatch.setattr(Session, "run", run)
     plan = SweepPlan((64, 96), ARMS, repeats=1, warmup=1, model="demo", base=BASE)
     configs = tuple(arm_config(BASE, a, env={}) for a in ARMS)
-    worker = SweepWorker(SweepRequest(demo_path, "demo", plan, configs, sweep_id=8), threading.Event())
-    statuses, samples = [], []
-    worker.status.connect(statuses.append)
-    worker.point_done.connect(samples.append)
-    worker.run()
+    out = _Outlet()
+    SweepJob(SweepRequest(demo_path, "demo", plan, configs, sweep_id=8), threading.Event(), out).execute()
+    statuses, samples = out.args("status"), out.args("point_done")
     assert sizes == [64, 64, 64, 64, 96, 96, 96, 96]  # warm-up x 2 arms, then the 2 measured runs
     assert len(samples) == 4
     assert any("warming up arm join at 96 tokens" in s for s in statuses)

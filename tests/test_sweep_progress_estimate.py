@@ -18,7 +18,7 @@ def _ev(run: str, stage: int, chunk: int) -> StageEvent:
 
 
 def test_the_chunk_counter_counts_one_measured_run_and_no_warm_up():
-    from strata_gui.sweep.sweep_worker import _ChunkCounter
+    from strata_gui.sweep.sweep_job import _ChunkCounter
 
     got: list[int] = []
     c = _ChunkCounter(got.append, interval_s=0.0)
@@ -38,14 +38,23 @@ def test_the_chunk_counter_counts_one_measured_run_and_no_warm_up():
 
 
 def test_a_sweep_with_warm_ups_never_reports_more_chunks_than_the_run_has(demo_path):
-    from strata_gui.sweep.sweep_worker import SweepRequest, SweepWorker
+    from strata_gui.sweep.sweep_job import SweepJob, SweepRequest
+
+    class Outlet:  # keeps the progress calls; every other call of the job is dropped
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def progress(self, p) -> None:
+            self.seen.append(p)
+
+        def __getattr__(self, name: str):
+            return lambda *args: None
 
     plan = SweepPlan((64, 256), ARMS, repeats=1, warmup=1, model="demo", base=BASE)
     configs = tuple(arm_config(BASE, a, env={}) for a in ARMS)
-    worker = SweepWorker(SweepRequest(demo_path, "demo", plan, configs), threading.Event())
-    progress = []
-    worker.progress.connect(progress.append)
-    worker.run()
+    out = Outlet()
+    SweepJob(SweepRequest(demo_path, "demo", plan, configs), threading.Event(), out).execute()
+    progress = out.seen
     with_chunks = [p for p in progress if p.n_chunks]
     assert with_chunks and all(p.chunks_done <= p.n_chunks for p in progress), \
         [(p.chunks_done, p.n_chunks) for p in progress]

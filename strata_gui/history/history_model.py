@@ -247,6 +247,33 @@ def unknown_filter_keys(text: str) -> list[str]:
     return out
 
 
+def set_journal(conn: sqlite3.Connection, path: Path) -> tuple[str, str]:
+    """Set the journal mode: WAL, except on a network file system (WAL's shared-memory index
+    does not work there: SQLite's documentation); (the mode SQLite reports, what to tell the
+    user or "")."""
+    remote = network_location(path)
+    if remote:
+        try:
+            mode = str(conn.execute("PRAGMA journal_mode = DELETE").fetchone()[0]).lower()
+        except sqlite3.OperationalError as exc:  # a WAL file another program has open
+            raise HistoryError(f"The run history {path} is on {remote} and in WAL mode, which needs shared "
+                               f"memory a network file system does not give; it could not be switched to a "
+                               f"rollback journal ({exc}). Close other programs using it, or move it to a local "
+                               f"disk (STRATA_GUI_DATA_DIR names another folder).") from None
+        return mode, (f"The run history {path} is on {remote}: SQLite's WAL mode does not work on network "
+                      f"file systems, so it uses journal mode {mode} (slower writes; keep one Strata GUI writing to "
+                      f"it at a time). A local folder (STRATA_GUI_DATA_DIR) is faster.")
+    mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+    if mode != "wal":
+        return mode, (f"The run history {path} cannot use WAL mode here (SQLite reports journal mode {mode}): "
+                      f"runs are still saved, each in one transaction, but slower.")
+    return mode, ""
+
+
+def _has_tables(conn: sqlite3.Connection) -> bool:
+    return conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0] > 0
+
+
 class RunHistory:
     def __init__(self, path: Path | str, before_commit: Callable[[], None] | None = None) -> None:
         """Open (creating or upgrading) the history at `path`.  Raises HistoryError, leaving the
@@ -275,7 +302,7 @@ class RunHistory:
                     f"The run history {self.path} was written by a newer Strata GUI (schema version {version}; "
                     f"this version reads up to {SCHEMA_VERSION}). It was left untouched and no run of this "
                     f"session is saved to it. Update Strata GUI, or move the file away to start a new history.")
-            if version == 0 and self._has_tables(conn):
+            if version == 0 and _has_tables(conn):
                 raise HistoryError(f"{self.path} holds tables but no Strata history schema version; it was left "
                                    "untouched. Move it away to start a new history.")
             conn.execute("PRAGMA busy_timeout = 10000")
@@ -283,7 +310,7 @@ class RunHistory:
                 problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
                 if problems != ["ok"]:
                     raise HistoryError(self._damaged("; ".join(problems)))
-            self.journal_mode, self.notice = self._journal(conn)
+            self.journal_mode, self.notice = set_journal(conn, self.path)
             if self.notice:
                 log.warning("%s", self.notice)
             conn.execute("PRAGMA synchronous = FULL")
@@ -300,35 +327,9 @@ class RunHistory:
                                "untouched. Move it away to start a new history.") from None
         return conn
 
-    def _journal(self, conn: sqlite3.Connection) -> tuple[str, str]:
-        """Set the journal mode: WAL, except on a network file system (WAL's shared-memory index
-        does not work there: SQLite's documentation); (the mode SQLite reports, what to tell the
-        user or "")."""
-        remote = network_location(self.path)
-        if remote:
-            try:
-                mode = str(conn.execute("PRAGMA journal_mode = DELETE").fetchone()[0]).lower()
-            except sqlite3.OperationalError as exc:  # a WAL file another program has open
-                raise HistoryError(f"The run history {self.path} is on {remote} and in WAL mode, which needs shared "
-                                   f"memory a network file system does not give; it could not be switched to a "
-                                   f"rollback journal ({exc}). Close other programs using it, or move it to a local "
-                                   f"disk (STRATA_GUI_DATA_DIR names another folder).") from None
-            return mode, (f"The run history {self.path} is on {remote}: SQLite's WAL mode does not work on network "
-                          f"file systems, so it uses journal mode {mode} (slower writes; keep one Strata GUI writing to "
-                          f"it at a time). A local folder (STRATA_GUI_DATA_DIR) is faster.")
-        mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
-        if mode != "wal":
-            return mode, (f"The run history {self.path} cannot use WAL mode here (SQLite reports journal mode {mode}): "
-                          f"runs are still saved, each in one transaction, but slower.")
-        return mode, ""
-
     def _damaged(self, problem: str) -> str:
         return (f"The run history {self.path} is damaged (SQLite: {problem[:300]}). {MOVE_ASIDE}. Runs of "
                 f"this session are kept as trace files in {self.path.parent / UNSAVED_DIR}.")
-
-    @staticmethod
-    def _has_tables(conn: sqlite3.Connection) -> bool:
-        return conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0] > 0
 
     def _migrate(self, conn: sqlite3.Connection, version: int) -> None:
         for target in range(version + 1, SCHEMA_VERSION + 1):

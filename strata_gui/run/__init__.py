@@ -1,1 +1,1 @@
-"""One run of the engine from the app: settings, the job and its worker, records, live stores (no widgets)."""
+"""One run of the engine from the app: settings, the job and its controller, records, live stores (no widgets)."""

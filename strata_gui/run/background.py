@@ -1,7 +1,10 @@
-"""Short background jobs off the GUI thread (device discovery, bandwidth probe), worker-object style.
+"""The app's one way to run work off the GUI thread: a plain callable in its own QThread.
 
-Each job runs a plain callable in its own QThread and hands (result, error) back to a callback in
-the GUI thread.  `wait_all()` joins whatever is still running (the window is closing).
+Short jobs (device discovery, the bandwidth probe, parsing a model file, an export) hand
+(result, error) back to a callback in the GUI thread.  Long jobs (a run, a sweep: see
+job_runner.py) pass no callback and learn through `on_ended` that their thread has really
+finished, after every signal the job emitted.  `wait_all()` joins whatever is still running
+(the window is closing).
 """
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ from typing import Any
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 log = logging.getLogger(__name__)
+
+Callback = Callable[[Any, str | None], None]
 
 
 class _Job(QObject):
@@ -35,15 +40,15 @@ class _Job(QObject):
 class _Delivery(QObject):
     """Lives in the GUI thread: receives the job's result and calls the callback there."""
 
-    def __init__(self, callback: Callable[[Any, str | None], None],
-                 on_thread_finished: Callable[[], None]) -> None:
+    def __init__(self, callback: Callback | None, on_thread_finished: Callable[[], None]) -> None:
         super().__init__()
         self.callback = callback
         self.on_thread_finished = on_thread_finished
 
     @Slot(object, object)
     def deliver(self, result: object, error: object) -> None:
-        self.callback(result, error if error is None else str(error))
+        if self.callback is not None:
+            self.callback(result, error if error is None else str(error))
 
     @Slot()
     def thread_finished(self) -> None:
@@ -53,9 +58,13 @@ class _Delivery(QObject):
 class BackgroundJobs(QObject):
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._running: dict[QThread, tuple[_Job, _Delivery]] = {}
+        self._running: dict[QThread, tuple[_Job, _Delivery, Callable[[], None] | None]] = {}
 
-    def submit(self, name: str, fn: Callable[[], Any], callback: Callable[[Any, str | None], None]) -> None:
+    def submit(self, name: str, fn: Callable[[], Any], callback: Callback | None = None,
+               on_ended: Callable[[], None] | None = None) -> QThread:
+        """Run `fn` in a new thread named strata-`name`.  `callback(result, error)` comes in the
+        GUI thread when `fn` returned; `on_ended()` once the thread has finished (or was waited
+        out by `wait_all`), exactly once."""
         thread = QThread()
         job, delivery = _Job(fn), _Delivery(callback, lambda: self._finished(thread))
         thread.setObjectName(f"strata-{name}")
@@ -64,20 +73,28 @@ class BackgroundJobs(QObject):
         job.done.connect(delivery.deliver)
         job.done.connect(thread.quit, Qt.ConnectionType.DirectConnection)  # GUI may be blocked in wait()
         thread.finished.connect(delivery.thread_finished)
-        self._running[thread] = (job, delivery)
+        self._running[thread] = (job, delivery, on_ended)
         thread.start()
+        return thread
 
     @property
     def busy(self) -> bool:
         return bool(self._running)
 
     def _finished(self, thread: QThread) -> None:
-        pair = self._running.pop(thread, None)
-        if pair is None:
+        entry = self._running.pop(thread, None)
+        if entry is None:
             return
-        pair[0].deleteLater()
-        pair[1].deleteLater()
+        job, delivery, on_ended = entry
+        job.deleteLater()
+        delivery.deleteLater()
         thread.deleteLater()
+        if on_ended is not None:
+            on_ended()
+
+    def wait(self, timeout_ms: int = -1) -> bool:
+        """Block until every job's thread has ended (or `timeout_ms` passed); True when they have."""
+        return all(t.wait() if timeout_ms < 0 else t.wait(timeout_ms) for t in list(self._running))
 
     def wait_all(self) -> None:
         for thread in list(self._running):

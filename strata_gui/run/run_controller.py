@@ -1,41 +1,35 @@
-"""Owns the run thread: starts a RunWorker in a QThread, stops it, waits for it (GUI thread).
+"""Runs the Run tab's runs (GUI thread): one RunJob at a time in the background, its outlet
+relayed as this controller's signals (RUN_SIGNALS, through job_runner), and what this press of
+Run has done so far in `state` (run_state.RunState), updated before the window's slots see a
+signal.
 
-One run at a time.  `stop()` sets the cancel event the engine checks at each chunk boundary;
-the engine then drains the split and raises Cancelled.  `shutdown()` (window closing) cancels,
-waits for the thread and closes the cached Session.  `busy_changed(False)` is emitted only once
-the thread has really finished, after the run's last signal.
+`stop()` sets the cancel event the engine checks at each chunk boundary; the engine then drains
+the split and raises Cancelled.  `shutdown()` (window closing) cancels, waits for the thread and
+closes the cached Session.  `busy_changed(False)` is emitted only once the thread has really
+finished, after the run's last signal.
 """
 from __future__ import annotations
 
 import logging
-import threading
 
-from PySide6.QtCore import QObject, QThread, Signal
+from PySide6.QtCore import QObject
 
 from engine.pipeline import PipelineHooks
 from engine.topology import Topology
 
 from .event_batcher import DEFAULT_INTERVAL_S
-from .job_thread import JobThreadOwner
-from .run_job import RunRecorder, RunRequest
-from .run_worker import RunWorker
+from .job_runner import JobRunner, signals_class
+from .run_job import RUN_SIGNALS, RunJob, RunRecorder, RunRequest
+from .run_state import RunState
 from .session_cache import SessionCache
 
 log = logging.getLogger(__name__)
 
+RunSignals = signals_class("RunSignals", RUN_SIGNALS)
 
-class RunController(JobThreadOwner, QObject):
-    run_started = Signal(object)
-    events = Signal(object)
-    telemetry = Signal(object)
-    status = Signal(str)
-    finished = Signal(object)
-    measured = Signal(object)  # RepeatDone after each measured repeat
-    warmup = Signal(int, int)  # chunks of the warm-up pass done, of total
-    cancelled = Signal(str)
-    failed = Signal(str, str, str)
-    saved = Signal(object)  # SaveResult: the run went into the history (or why not)
-    busy_changed = Signal(bool)
+
+class RunController(JobRunner, RunSignals):
+    signals = RunSignals
 
     def __init__(self, hooks: PipelineHooks | None = None, batch_interval_s: float = DEFAULT_INTERVAL_S,
                  parent: QObject | None = None) -> None:
@@ -45,22 +39,27 @@ class RunController(JobThreadOwner, QObject):
         self.sessions = SessionCache()
         self.topology: Topology | None = None
         self.recorder: RunRecorder | None = None  # the history's add(), when there is a history
-        self._thread: QThread | None = None
-        self._worker: RunWorker | None = None
-        self._cancel: threading.Event | None = None
         self.runs_started = 0
+        self.state = RunState()
+        st = self.state  # connected first: the state is current when the window's slot runs
+        self.run_started.connect(st.started)
+        self.warmup.connect(st.warmup)
+        self.events.connect(st.events)
+        self.measured.connect(st.measured)
+        self.saved.connect(st.saved)
+        self.finished.connect(st.finished)
+        self.cancelled.connect(lambda _m: st.ended("cancelled"))
+        self.failed.connect(lambda *_a: st.ended("failed"))
 
     def start(self, request: RunRequest) -> bool:
-        if self._thread is not None:
+        if self.is_running:
             log.warning("a run is already in flight; start ignored")
             return False
-        self._cancel = threading.Event()
-        worker = RunWorker(request, self.sessions, self._cancel, self.hooks, self.topology, self.batch_interval_s,
-                           self.recorder)
+        self.state.begin(request.repeats)
         self.runs_started += 1
-        self._launch(worker, "strata-run", ("run_started", "events", "telemetry", "status", "finished",
-                                            "measured", "warmup", "cancelled", "failed", "saved"))
-        return True
+        return self.launch("run", lambda cancel, outlet: RunJob(
+            request, self.sessions, cancel, outlet, self.hooks, self.topology, self.batch_interval_s,
+            self.recorder).execute)
 
     def shutdown(self) -> None:
         """Cancel, wait for the thread, free the Session: the window is closing."""

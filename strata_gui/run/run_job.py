@@ -1,4 +1,4 @@
-"""One engine run for the app, without Qt: the body of the run worker's thread.
+"""One engine run for the app, without Qt: the body of the run's background thread.
 
 `RunJob.execute` builds (or reuses) the Session, starts the GPU telemetry sampler, and calls
 `Session.run` with a `threading.Event` as `cancel`.  The engine's events go through an
@@ -18,8 +18,9 @@ same prompt follow; each is saved to the history as its own run (with `repeat`, 
 shared `repeat_group` in its settings) and announced by `measured`.  A run without warm-up on a
 shape the session had not run is recorded as `cold`.
 
-What leaves the job goes through a `RunOutlet` — the Qt worker (run_worker.py) turns each call
-into a signal; benchmarks/gpu_check.sh drives the same job on a GPU machine without Qt.
+What leaves the job goes through an outlet, one call per name of `RUN_SIGNALS` — in the app
+`job_runner.SignalOutlet` turns each call into the signal of that name; benchmarks/gpu_check.sh
+drives the same job on a GPU machine without Qt.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
 from engine import failure, memory_check, split_choice
 from engine import prompt as prompts
@@ -158,20 +159,25 @@ class WarmupCount:
         self.report(done, self._total)
 
 
-class RunOutlet(Protocol):
-    """Where a run's outcome goes (each called on the job's thread)."""
+# What leaves a run, in order: each name is a method of the job's outlet, called on the job's
+# thread with arguments of these types (the app's controller has one Qt signal per name:
+# job_runner.signals_class).  Every outcome ends in one of finished / cancelled / failed, then done.
+RUN_SIGNALS: dict[str, tuple[type, ...]] = {
+    "run_started": (object,),  # RunStarted, before the first chunk of each measured pass
+    "events": (object,),  # list[StageEvent], one batch per ~50 ms
+    "telemetry": (object,),  # list[TelemetrySample]
+    "status": (str,),
+    "finished": (object,),  # RunReport of the last repeat
+    "measured": (object,),  # RepeatDone, after each measured repeat (before finished)
+    "warmup": (int, int),  # chunks of the warm-up pass done, of total
+    "cancelled": (str,),
+    "failed": (str, str, str),  # title, message, details
+    "saved": (object,),  # SaveResult: the run went into the history (or why not)
+    "done": (),
+}
 
-    def run_started(self, started: RunStarted) -> None: ...
-    def events(self, batch: list) -> None: ...
-    def telemetry(self, samples: list) -> None: ...
-    def status(self, text: str) -> None: ...
-    def finished(self, report: RunReport) -> None: ...
-    def measured(self, done: RepeatDone) -> None: ...
-    def warmup(self, done: int, total: int) -> None: ...  # chunks of the warm-up pass done of total
-    def cancelled(self, message: str) -> None: ...
-    def failed(self, title: str, message: str, details: str) -> None: ...
-    def saved(self, result: SaveResult) -> None: ...
-    def done(self) -> None: ...
+# any object with one method per name of RUN_SIGNALS (job_runner.SignalOutlet in the app)
+RunOutlet = Any
 
 
 class RunJob:

@@ -1,1 +1,1 @@
-"""Sweeps from the app: the model (no Qt), its worker and controller."""
+"""Sweeps from the app: the model and the job (no Qt), its history records, controller and presenter."""

@@ -36,6 +36,104 @@ SWEEP_REPEATS = 5
 VIEWS = ("main", "compare", "sweep", "plan", "history")
 
 
+class _Shots:
+    """The window in a temporary history, and the runs and shots each view needs."""
+
+    def __init__(self, app, win, out: Path, during_at: float) -> None:
+        from .selftest import wait_until
+
+        self.app, self.win, self.out, self.during_at = app, win, out, during_at
+        self.wait_until = wait_until
+        self.written: list[Path] = []
+
+    def pump(self, until: Callable[[], bool], timeout_s: float) -> bool:
+        return self.wait_until(self.app, until, timeout_s)
+
+    def run(self, settings: RunSettings, during: Path | None = None) -> int | None:
+        """One run from the Run tab; its id in the history."""
+        win = self.win
+        win.tabs.setCurrentWidget(win.run_tab)
+        win.apply_settings(settings)
+        saved_before = win.history.count()
+        if not win.start_run():
+            sys.stderr.write(f"cannot start: {win.validation.errors}\n")
+            return None
+        if during is not None:
+            def far_enough() -> bool:
+                snap = win.progress_model.snapshot() if win.progress_model else None
+                return snap is not None and snap.chunks_done >= self.during_at * snap.n_chunks
+
+            if not self.pump(far_enough, 120):
+                sys.stderr.write("the run did not get far enough for the first screenshot\n")
+                return None
+            win.grab().save(str(during))
+            self.written.append(during)
+        if not self.pump(lambda: not win.controller.is_running, 300) or win.last_outcome != "finished":
+            sys.stderr.write(f"the run did not finish: {win.status_label.text()}\n")
+            return None
+        self.pump(lambda: win.history.count() > saved_before, 10)
+        return win.history.list_runs(limit=1)[0].id
+
+    def shot(self, name: str) -> bool:
+        self.app.processEvents()
+        path = self.out / name
+        self.win.grab().save(str(path))
+        self.written.append(path)
+        return True
+
+    # ------------------------------------------------------------ one per view; False: it failed
+    def main(self) -> bool:
+        if self.run(SETTINGS, self.out / "main-during-run.png") is None:
+            return False
+        # Rendering the whole window holds the GIL for ~0.1 s, which shows as a gap in a CPU run's
+        # timeline; the "after" shot is of a second, unobserved run (the loaded model is reused).
+        return self.run(SETTINGS) is not None and self.shot("main-after-run.png")
+
+    def compare(self) -> bool:
+        join = self.run(COMPARE_SETTINGS)
+        overlap = self.run(RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "pipeline_depth": 1}))
+        if join is None or overlap is None:
+            return False
+        self.win.compare_runs(join, overlap)
+        return self.shot("compare.png")
+
+    def sweep(self) -> bool:
+        win = self.win
+        view = win.sweep_view
+        win.tabs.setCurrentWidget(win.run_tab)
+        win.apply_settings(RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "decode_tokens": 0}))
+        win.tabs.setCurrentWidget(view)
+        view.sizes.setText(SWEEP_SIZES)
+        view.repeats.setValue(SWEEP_REPEATS)
+        view.warmup.setValue(1)
+        view.set_arms(SWEEP_ARMS)
+        if not win.start_sweep():
+            sys.stderr.write(f"cannot start the sweep: {view.errors.text()}\n")
+            return False
+        if not self.pump(lambda: not win.sweeps.is_running, 600) or not view.results.complete:
+            sys.stderr.write(f"the sweep did not finish: {view.progress_label.text()}\n")
+            return False
+        return self.shot("sweep.png")
+
+    def plan(self) -> bool:
+        settings = RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "pipeline_depth": 1})
+        if self.run(settings) is None:  # warm-up: the planner's start run should not be a cold one
+            return False
+        source = self.run(settings)
+        if source is None:
+            return False
+        self.win.tabs.setCurrentWidget(self.win.plan_tab)
+        if not self.win.plan_tab.plan_from(source):
+            sys.stderr.write(f"cannot plan from run #{source}: {self.win.plan_tab.view.headline.text()}\n")
+            return False
+        return self.shot("plan.png")
+
+    def history(self) -> bool:
+        self.win.tabs.setCurrentWidget(self.win.history_panel)
+        self.win.history_panel.refresh()
+        return self.shot("history.png")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m strata_gui.tools.screenshots", description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="folder for the PNG files")
@@ -52,103 +150,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ..app import make_app
     from ..views.main_window_view import MainWindow
-    from .selftest import wait_until
 
     app = make_app()
     ns.out.mkdir(parents=True, exist_ok=True)
-
-    def pump(until: Callable[[], bool], timeout_s: float) -> bool:
-        return wait_until(app, until, timeout_s)
-
-    written: list[Path] = []
     with tempfile.TemporaryDirectory() as tmp:
         win = MainWindow(QSettings(str(Path(tmp) / "s.ini"), QSettings.Format.IniFormat), demo_model_path(),
                          history_path=Path(tmp) / "history.sqlite3")
         win.resize(ns.width, ns.height)
         win.show()
-        pump(lambda: not win.jobs.busy, 30)
-
-        def run(settings: RunSettings, during: Path | None = None) -> int | None:
-            """One run from the Run tab; its id in the history."""
-            win.tabs.setCurrentWidget(win.run_tab)
-            win.apply_settings(settings)
-            saved_before = win.history.count()
-            if not win.start_run():
-                sys.stderr.write(f"cannot start: {win.validation.errors}\n")
-                return None
-            if during is not None:
-                def far_enough() -> bool:
-                    snap = win.progress_model.snapshot() if win.progress_model else None
-                    return snap is not None and snap.chunks_done >= ns.during_at * snap.n_chunks
-
-                if not pump(far_enough, 120):
-                    sys.stderr.write("the run did not get far enough for the first screenshot\n")
-                    return None
-                win.grab().save(str(during))
-                written.append(during)
-            if not pump(lambda: not win.controller.is_running, 300) or win.last_outcome != "finished":
-                sys.stderr.write(f"the run did not finish: {win.status_label.text()}\n")
-                return None
-            pump(lambda: win.history.count() > saved_before, 10)
-            return win.history.list_runs(limit=1)[0].id
-
-        def shot(name: str) -> None:
-            app.processEvents()
-            path = ns.out / name
-            win.grab().save(str(path))
-            written.append(path)
-
+        shots = _Shots(app, win, ns.out, ns.during_at)
+        shots.pump(lambda: not win.jobs.busy, 30)
         try:
-            if "main" in views:
-                if run(SETTINGS, ns.out / "main-during-run.png") is None:
+            for view in VIEWS:  # in this order: compare's runs are the history's, and so on
+                if view in views and not getattr(shots, view)():
                     return 1
-                # Rendering the whole window holds the GIL for ~0.1 s, which shows as a gap in a CPU run's
-                # timeline; the "after" shot is of a second, unobserved run (the loaded model is reused).
-                if run(SETTINGS) is None:
-                    return 1
-                shot("main-after-run.png")
-            if "compare" in views:
-                join = run(COMPARE_SETTINGS)
-                overlap = run(RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "pipeline_depth": 1}))
-                if join is None or overlap is None:
-                    return 1
-                win.compare_runs(join, overlap)
-                shot("compare.png")
-            if "sweep" in views:
-                view = win.sweep_view
-                win.tabs.setCurrentWidget(win.run_tab)
-                win.apply_settings(RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "decode_tokens": 0}))
-                win.tabs.setCurrentWidget(view)
-                view.sizes.setText(SWEEP_SIZES)
-                view.repeats.setValue(SWEEP_REPEATS)
-                view.warmup.setValue(1)
-                view.set_arms(SWEEP_ARMS)
-                if not win.start_sweep():
-                    sys.stderr.write(f"cannot start the sweep: {view.errors.text()}\n")
-                    return 1
-                if not pump(lambda: not win.sweeps.is_running, 600) or not view.results.complete:
-                    sys.stderr.write(f"the sweep did not finish: {view.progress_label.text()}\n")
-                    return 1
-                shot("sweep.png")
-            if "plan" in views:
-                settings = RunSettings.from_dict({**COMPARE_SETTINGS.to_dict(), "pipeline_depth": 1})
-                if run(settings) is None:  # warm-up: the planner's start run should not be a cold one
-                    return 1
-                source = run(settings)
-                if source is None:
-                    return 1
-                win.tabs.setCurrentWidget(win.plan_tab)
-                if not win.plan_tab.plan_from(source):
-                    sys.stderr.write(f"cannot plan from run #{source}: {win.plan_tab.view.headline.text()}\n")
-                    return 1
-                shot("plan.png")
-            if "history" in views:
-                win.tabs.setCurrentWidget(win.history_panel)
-                win.history_panel.refresh()
-                shot("history.png")
         finally:
             win.close()
-    sys.stdout.write("wrote " + ", ".join(str(p) for p in written) + "\n")
+    sys.stdout.write("wrote " + ", ".join(str(p) for p in shots.written) + "\n")
     return 0
 
 

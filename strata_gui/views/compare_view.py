@@ -104,51 +104,7 @@ class CompareView(QWidget):
             g.fit_button.setToolTip("Show both runs whole, on the shared time axis.")
         self.gantt_before.plot.getPlotItem().setLabel("bottom", "")
 
-        self.metrics = QTableWidget(0, 5)
-        self.metrics.setHorizontalHeaderLabels(["figure", "before", "after", "after / before", "noise"])
-        self._table_setup(self.metrics)
-        # the noise column takes the width left and wraps its few words there: never cut, no sideways scroll
-        self.metrics.horizontalHeader().setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
-        self.metrics.setWordWrap(True)
-        # at least its figures' columns and a readable noise column: the splitter never squeezes them
-        self.metrics.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.metrics.horizontalHeader().sectionResized.connect(lambda *_: self._fit_metrics_width())
-        self.metrics.setToolTip("Ratios are after / before; green where the after run is better, red where worse, "
-                                "only beyond the noise: the spread of the runs' repeats, or of the history's runs "
-                                "with the same settings. Within the noise, or with no spread known, a ratio is "
-                                "neutral; a figure no changed setting can affect is flagged.")
-
-        self.hist, hp = busy_plot("share of prefill wall time", "% of prefill wall time")  # under "Busy histograms"
-        self.hist.setMinimumWidth(280)  # its bars and labels readable beside the wide figures table
-        self.hist_legend = hp.addLegend(offset=(10, 5), labelTextSize="9pt")
-        self.bars_before = pg.BarGraphItem(x=np.zeros(0), height=np.zeros(0), width=0.36,
-                                           brush=pg.mkBrush(BEFORE_COLOR), pen=pg.mkPen(None), name="before")
-        self.bars_after = pg.BarGraphItem(x=np.zeros(0), height=np.zeros(0), width=0.36,
-                                          brush=pg.mkBrush(AFTER_COLOR), pen=pg.mkPen(None), name="after")
-        hp.addItem(self.bars_before)
-        hp.addItem(self.bars_after)
-        self.bar_labels: list[pg.TextItem] = []
-
-        self.diff = QTableWidget(0, 3)
-        self.diff.setHorizontalHeaderLabels(["setting", "before", "after"])
-        self._table_setup(self.diff)
-        self.diff.setToolTip("Exactly the settings that differ between the two runs, then what the engine "
-                             "resolved differently (chunk size, layer ranges, hand-off).")
-
-        bottom = QSplitter(Qt.Orientation.Horizontal)
-        bottom.addWidget(self._titled("Figures side by side", self.metrics))
-        bottom.addWidget(self._titled("Busy histograms", self.hist))
-        self.same = QLabel()
-        self.same.setWordWrap(True)
-        self.same.setProperty("role", "hint")
-        changed = QWidget()
-        changed_lay = QVBoxLayout(changed)
-        changed_lay.setContentsMargins(0, 0, 0, 0)
-        changed_lay.addWidget(self.diff, 1)
-        changed_lay.addWidget(self.same)
-        bottom.addWidget(self._titled("What changed", changed))
-        bottom.setSizes([560, 420, 520])
-
+        bottom = _bottom(self)
         body = QSplitter(Qt.Orientation.Vertical)
         body.addWidget(gantts)
         body.addWidget(bottom)
@@ -404,3 +360,53 @@ class CompareView(QWidget):
     def bar_heights(self) -> tuple[list[float], list[float]]:
         """(before, after) heights in % as drawn (tests)."""
         return (list(self.bars_before.opts["height"]), list(self.bars_after.opts["height"]))
+
+
+def _bottom(self: CompareView) -> QSplitter:
+    """The figures table, the busy histograms and what changed, set on the view (as Qt Designer's
+    setupUi does); their splitter."""
+    self.metrics = QTableWidget(0, 5)
+    self.metrics.setHorizontalHeaderLabels(["figure", "before", "after", "after / before", "noise"])
+    self._table_setup(self.metrics)
+    # the noise column takes the width left and wraps its few words there: never cut, no sideways scroll
+    self.metrics.horizontalHeader().setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+    self.metrics.setWordWrap(True)
+    # at least its figures' columns and a readable noise column: the splitter never squeezes them
+    self.metrics.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    self.metrics.horizontalHeader().sectionResized.connect(lambda *_: self._fit_metrics_width())
+    self.metrics.setToolTip("Ratios are after / before; green where the after run is better, red where worse, "
+                            "only beyond the noise: the spread of the runs' repeats, or of the history's runs "
+                            "with the same settings. Within the noise, or with no spread known, a ratio is "
+                            "neutral; a figure no changed setting can affect is flagged.")
+
+    self.hist, hp = busy_plot("share of prefill wall time", "% of prefill wall time")  # under "Busy histograms"
+    self.hist.setMinimumWidth(280)  # its bars and labels readable beside the wide figures table
+    self.hist_legend = hp.addLegend(offset=(10, 5), labelTextSize="9pt")
+    self.bars_before = pg.BarGraphItem(x=np.zeros(0), height=np.zeros(0), width=0.36,
+                                       brush=pg.mkBrush(BEFORE_COLOR), pen=pg.mkPen(None), name="before")
+    self.bars_after = pg.BarGraphItem(x=np.zeros(0), height=np.zeros(0), width=0.36,
+                                      brush=pg.mkBrush(AFTER_COLOR), pen=pg.mkPen(None), name="after")
+    hp.addItem(self.bars_before)
+    hp.addItem(self.bars_after)
+    self.bar_labels: list[pg.TextItem] = []
+
+    self.diff = QTableWidget(0, 3)
+    self.diff.setHorizontalHeaderLabels(["setting", "before", "after"])
+    self._table_setup(self.diff)
+    self.diff.setToolTip("Exactly the settings that differ between the two runs, then what the engine "
+                         "resolved differently (chunk size, layer ranges, hand-off).")
+
+    bottom = QSplitter(Qt.Orientation.Horizontal)
+    bottom.addWidget(self._titled("Figures side by side", self.metrics))
+    bottom.addWidget(self._titled("Busy histograms", self.hist))
+    self.same = QLabel()
+    self.same.setWordWrap(True)
+    self.same.setProperty("role", "hint")
+    changed = QWidget()
+    changed_lay = QVBoxLayout(changed)
+    changed_lay.setContentsMargins(0, 0, 0, 0)
+    changed_lay.addWidget(self.diff, 1)
+    changed_lay.addWidget(self.same)
+    bottom.addWidget(self._titled("What changed", changed))
+    bottom.setSizes([560, 420, 520])
+    return bottom

@@ -460,47 +460,7 @@ class GanttView(QWidget):
         return None if block is None else self.describe(block)
 
     def describe(self, b: Block) -> str:
-        t0 = (b.start_ns - self.store.origin_ns) / 1e6
-        t1 = (b.end_ns - self.store.origin_ns) / 1e6
-        dur_ms = b.dur_ns / 1e6
-        layers = self.store.stage_layers.get(b.stage)
-        who = f"group g{b.stage}" if self.store.interleave > 1 else f"stage {b.stage}"
-        where = f"{who} ({b.device or '?'})" + (f", layers {layers[0]}–{layers[1] - 1}" if layers else "")
-        times = f"{t0:,.3f} → {t1:,.3f} ms  ({dur_ms:,.3f} ms)"
-        if b.kind == "compute":
-            lines = [f"C{b.chunk} · compute · {where}", times]
-            if b.tokens:
-                rate = b.tokens / (b.dur_ns / 1e9) if b.dur_ns > 0 else 0.0
-                lines.append(f"{b.tokens:,} tokens · {rate:,.0f} tok/s")
-            if b.note:
-                lines.append(b.note)
-        elif b.kind == "decode":
-            lines = [f"T{b.chunk} · decode step · {where}", times, f"{b.tokens} token"]
-        elif b.kind == "wait":
-            what = WAIT_MEANING.get(b.note, b.note or "waiting")
-            chunk = f"C{b.chunk} · " if b.chunk >= 0 else ""
-            lines = [f"{chunk}wait · {where}", what, times]
-        elif b.kind == "copy":
-            head = f"C{b.chunk} hand-off" if b.chunk >= 0 else "KV copy"
-            lines = [f"{head} · {where}" + (f" → stage {b.stage + 1}" if b.chunk >= 0 else ""), times]
-            detail = []
-            if b.tokens:
-                detail.append(f"{b.tokens:,} tokens")
-            if b.nbytes:
-                detail.append(_bytes(b.nbytes))
-                if b.dur_ns > 0:
-                    detail.append(f"{b.nbytes / b.dur_ns:,.2f} GB/s")
-            if detail:
-                lines.append(" · ".join(detail))
-            if b.note:
-                lines.append(f"via {b.note}" if b.chunk >= 0 else b.note)
-        else:  # stream
-            lines = [f"expert stream · {where}", times]
-            if b.nbytes:
-                lines.append(_bytes(b.nbytes) + (f" · {b.nbytes / b.dur_ns:,.2f} GB/s" if b.dur_ns > 0 else ""))
-            if b.note:
-                lines.append(b.note)
-        return "\n".join(lines)
+        return describe_block(b, self.store)
 
 
 def _bytes(n: int) -> str:
@@ -523,3 +483,48 @@ def stacked_pair(top_title: str, bottom_title: str, fit: Callable[[], None]) -> 
     split.addWidget(top)
     split.addWidget(bottom)
     return top, bottom, split
+
+
+def describe_block(b: Block, store: EventStore) -> str:
+    """A block's tooltip: what it is, where, when, and its figures."""
+    t0 = (b.start_ns - store.origin_ns) / 1e6
+    t1 = (b.end_ns - store.origin_ns) / 1e6
+    dur_ms = b.dur_ns / 1e6
+    layers = store.stage_layers.get(b.stage)
+    who = f"group g{b.stage}" if store.interleave > 1 else f"stage {b.stage}"
+    where = f"{who} ({b.device or '?'})" + (f", layers {layers[0]}–{layers[1] - 1}" if layers else "")
+    times = f"{t0:,.3f} → {t1:,.3f} ms  ({dur_ms:,.3f} ms)"
+    if b.kind == "compute":
+        lines = [f"C{b.chunk} · compute · {where}", times]
+        if b.tokens:
+            rate = b.tokens / (b.dur_ns / 1e9) if b.dur_ns > 0 else 0.0
+            lines.append(f"{b.tokens:,} tokens · {rate:,.0f} tok/s")
+        if b.note:
+            lines.append(b.note)
+    elif b.kind == "decode":
+        lines = [f"T{b.chunk} · decode step · {where}", times, f"{b.tokens} token"]
+    elif b.kind == "wait":
+        what = WAIT_MEANING.get(b.note, b.note or "waiting")
+        chunk = f"C{b.chunk} · " if b.chunk >= 0 else ""
+        lines = [f"{chunk}wait · {where}", what, times]
+    elif b.kind == "copy":
+        head = f"C{b.chunk} hand-off" if b.chunk >= 0 else "KV copy"
+        lines = [f"{head} · {where}" + (f" → stage {b.stage + 1}" if b.chunk >= 0 else ""), times]
+        detail = []
+        if b.tokens:
+            detail.append(f"{b.tokens:,} tokens")
+        if b.nbytes:
+            detail.append(_bytes(b.nbytes))
+            if b.dur_ns > 0:
+                detail.append(f"{b.nbytes / b.dur_ns:,.2f} GB/s")
+        if detail:
+            lines.append(" · ".join(detail))
+        if b.note:
+            lines.append(f"via {b.note}" if b.chunk >= 0 else b.note)
+    else:  # stream
+        lines = [f"expert stream · {where}", times]
+        if b.nbytes:
+            lines.append(_bytes(b.nbytes) + (f" · {b.nbytes / b.dur_ns:,.2f} GB/s" if b.dur_ns > 0 else ""))
+        if b.note:
+            lines.append(b.note)
+    return "\n".join(lines)

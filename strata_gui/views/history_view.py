@@ -91,67 +91,9 @@ class HistoryPanel(QWidget):
                             f"telemetry: <code>{html.escape(str(where))}</code>" if where else "")
         self.where.setProperty("role", "hint")
         self.where.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.filter = QLineEdit()
-        self.filter.setPlaceholderText("filter: setting=value (depth=0, devices=cuda:0,cuda:1), #id, or words in "
-                                       "the label, model, devices, digest")
-        self.filter.setClearButtonEnabled(True)
-        self.filter.textChanged.connect(self.refresh)
-        self.source = QComboBox()
-        for text, value in SOURCES:
-            self.source.addItem(text, value)
-        self.source.currentIndexChanged.connect(self.refresh)
-        self.count = QLabel()
-        self.count.setProperty("role", "hint")
-        top = QHBoxLayout()
-        top.addWidget(QLabel("Show"))
-        top.addWidget(self.source)
-        top.addWidget(self.filter, 1)
-        top.addWidget(self.count)
-
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.verticalHeader().setVisible(False)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
-                                   | QAbstractItemView.EditTrigger.EditKeyPressed)
-        self.table.setAlternatingRowColors(True)
-        self.table.setSortingEnabled(True)
-        self.table.sortByColumn(0, Qt.SortOrder.DescendingOrder)
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(LABEL_COL, QHeaderView.ResizeMode.Stretch)
-        self.table.setToolTip("Select two runs and press Compare (the older one is 'before'); double-click a "
-                              "label to edit it.")
-        self.table.itemSelectionChanged.connect(self._update_buttons)
-        self.table.itemChanged.connect(self._on_item_changed)
-        self.table.doubleClicked.connect(self._on_double_click)
-
-        self.compare_button = QPushButton("Compare before → after")
-        self.compare_button.setToolTip("Compare the two selected runs: the older is 'before', the newer 'after'.")
-        self.compare_button.clicked.connect(self._compare_selected)
-        self.show_button = QPushButton("Show in Run tab")
-        self.show_button.setToolTip("Show the selected run's timeline and summary in the Run tab.")
-        self.show_button.clicked.connect(lambda: self._one_selected(self.show_requested.emit))
-        self.export_buttons: dict[str, QPushButton] = {}
-        for kind, (what, _, _) in EXPORT_KINDS.items():
-            b = QPushButton(f"Export {what.split(' (')[0]}…")
-            b.setToolTip(f"Write the selected run's {what} (written atomically: never a half-written file).")
-            b.clicked.connect(lambda _=False, k=kind: self._ask_export(k))
-            self.export_buttons[kind] = b
-        self.import_button = QPushButton("Import trace…")
-        self.import_button.setToolTip("Add a run from a Chrome trace JSON written by this app or strata-bench "
-                                      "(--trace); compare works on imported runs.")
-        self.import_button.clicked.connect(self._ask_import)
-        self.delete_button = QPushButton("Delete…")
-        self.delete_button.setToolTip("Delete the selected runs from the history (asks first).")
-        self.delete_button.clicked.connect(self._ask_delete)
-        buttons = QHBoxLayout()
-        for b in (self.compare_button, self.show_button, *self.export_buttons.values()):
-            buttons.addWidget(b)
-        buttons.addStretch(1)
-        buttons.addWidget(self.import_button)
-        buttons.addWidget(self.delete_button)
+        top = _filter_row(self)
+        _history_table(self)
+        buttons = _action_buttons(self)
         hint = QLabel("Select two runs and press Compare (the older one is 'before'); double-click a run to show "
                       "it in the Run tab, its label to edit it.")
         hint.setProperty("role", "hint")
@@ -423,3 +365,76 @@ class HistoryPanel(QWidget):
 
 def _short_model(model: str) -> str:
     return Path(model).name if ("/" in model or "\\" in model) else model
+
+
+def _history_table(self: HistoryPanel) -> None:
+    """The runs' table, set on the panel (as Qt Designer's setupUi does): sortable, labels editable."""
+    self.table = QTableWidget(0, len(COLUMNS))
+    self.table.setHorizontalHeaderLabels(COLUMNS)
+    self.table.verticalHeader().setVisible(False)
+    self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+    self.table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+    self.table.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
+                               | QAbstractItemView.EditTrigger.EditKeyPressed)
+    self.table.setAlternatingRowColors(True)
+    self.table.setSortingEnabled(True)
+    self.table.sortByColumn(0, Qt.SortOrder.DescendingOrder)
+    header = self.table.horizontalHeader()
+    header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    header.setSectionResizeMode(LABEL_COL, QHeaderView.ResizeMode.Stretch)
+    self.table.setToolTip("Select two runs and press Compare (the older one is 'before'); double-click a "
+                          "label to edit it.")
+    self.table.itemSelectionChanged.connect(self._update_buttons)
+    self.table.itemChanged.connect(self._on_item_changed)
+    self.table.doubleClicked.connect(self._on_double_click)
+
+
+def _action_buttons(self: HistoryPanel) -> QHBoxLayout:
+    """Compare, Show, the exports, Import and Delete, set on the panel (as setupUi does); their row."""
+    self.compare_button = QPushButton("Compare before → after")
+    self.compare_button.setToolTip("Compare the two selected runs: the older is 'before', the newer 'after'.")
+    self.compare_button.clicked.connect(self._compare_selected)
+    self.show_button = QPushButton("Show in Run tab")
+    self.show_button.setToolTip("Show the selected run's timeline and summary in the Run tab.")
+    self.show_button.clicked.connect(lambda: self._one_selected(self.show_requested.emit))
+    self.export_buttons: dict[str, QPushButton] = {}
+    for kind, (what, _, _) in EXPORT_KINDS.items():
+        b = QPushButton(f"Export {what.split(' (')[0]}…")
+        b.setToolTip(f"Write the selected run's {what} (written atomically: never a half-written file).")
+        b.clicked.connect(lambda _=False, k=kind: self._ask_export(k))
+        self.export_buttons[kind] = b
+    self.import_button = QPushButton("Import trace…")
+    self.import_button.setToolTip("Add a run from a Chrome trace JSON written by this app or strata-bench "
+                                  "(--trace); compare works on imported runs.")
+    self.import_button.clicked.connect(self._ask_import)
+    self.delete_button = QPushButton("Delete…")
+    self.delete_button.setToolTip("Delete the selected runs from the history (asks first).")
+    self.delete_button.clicked.connect(self._ask_delete)
+    buttons = QHBoxLayout()
+    for b in (self.compare_button, self.show_button, *self.export_buttons.values()):
+        buttons.addWidget(b)
+    buttons.addStretch(1)
+    buttons.addWidget(self.import_button)
+    buttons.addWidget(self.delete_button)
+    return buttons
+
+
+def _filter_row(self: HistoryPanel) -> QHBoxLayout:
+    """Which runs to show (source, filter text) and how many are, set on the panel (as setupUi does)."""
+    self.filter = QLineEdit()
+    self.filter.setPlaceholderText("filter: setting=value (depth=0, devices=cuda:0,cuda:1), #id, or words in "
+                                   "the label, model, devices, digest")
+    self.filter.setClearButtonEnabled(True)
+    self.filter.textChanged.connect(self.refresh)
+    self.source = QComboBox()
+    for text, value in SOURCES:
+        self.source.addItem(text, value)
+    self.source.currentIndexChanged.connect(self.refresh)
+    self.count = QLabel()
+    self.count.setProperty("role", "hint")
+    top = QHBoxLayout()
+    top.addWidget(QLabel("Show"))
+    top.addWidget(self.source)
+    top.addWidget(self.filter, 1)
+    top.addWidget(self.count)
+    return top

@@ -47,6 +47,77 @@ def busy_plot(title: str, left_label: str) -> tuple[pg.PlotWidget, pg.PlotItem]:
     return widget, hp
 
 
+def _rate_rows(r: RunReport, repeats: list[RunReport], measure: str) -> list[tuple[str, str]]:
+    """Prefill and decode (the repeats' median and spread when there are two or more), how measured."""
+    plan = r.plan
+    rows = []
+    many = len(repeats) >= 2
+    if r.cancelled:
+        rows.append(("Prefill", f"<b>—</b> (stopped: no prefill rate) · {plan.prompt_tokens:,} tokens planned"))
+    elif many:
+        pre = Spread.of(x.prefill_tok_s for x in repeats)
+        ms = Spread.of(x.prefill_s * 1e3 for x in repeats)
+        took = html.escape(format_spread(ms, '{:,.1f}', 'ms'))
+        rows.append(("Prefill", f"<b>{html.escape(format_spread(pre, unit='tok/s'))}</b><br>"
+                                f"{plan.prompt_tokens:,} tokens in {took}"))
+    else:
+        rows.append(("Prefill", f"<b>{r.prefill_tok_s:,.0f} tok/s</b> · {plan.prompt_tokens:,} tokens in "
+                                f"{r.prefill_s * 1e3:,.1f} ms"))
+    steps = max(len(r.generated) - 1, 0)
+    if steps and many:
+        dec = Spread.of(x.decode_tok_s for x in repeats if x.decode_tok_s)
+        rows.append(("Decode", f"<b>{html.escape(format_spread(dec, '{:,.1f}', 'tok/s'))}</b> · {steps} steps"))
+    elif steps:
+        rows.append(("Decode", f"<b>{r.decode_tok_s:,.1f} tok/s</b> · {steps} steps in {r.decode_s * 1e3:,.1f} ms"))
+    else:
+        rows.append(("Decode", "no decode steps in this run"))
+    if measure:
+        rows.append(("Measured", html.escape(measure)))
+    return rows
+
+
+def _run_rows(r: RunReport) -> list[tuple[str, str]]:
+    """Chunks, the model's prediction, pipeline, hand-off, executor, kernels, order, digest, notes."""
+    plan = r.plan
+    rows = []
+    if plan.schedule == "balanced" and plan.bounds:
+        sizes = [n for _, n in plan.bounds]
+        what = f"{plan.n_chunks} balanced chunks, {sizes[0]:,} … {sizes[-1]:,} tokens"
+    else:
+        what = f"{plan.n_chunks} × {plan.chunk} tokens"
+    rows.append(("Chunks", f"{what} ({html.escape(_short(plan.chunk_reason))})"))
+    if plan.modelled_s > 0 and not r.cancelled and r.prefill_s > 0:
+        rows.append(("Model", f"predicted {plan.modelled_s * 1e3:,.1f} ms, measured {r.prefill_s * 1e3:,.1f} ms "
+                              f"({(r.prefill_s / plan.modelled_s - 1) * 100:+.1f}%)"))
+    depth = "1 (overlap)" if plan.pipeline_depth == 1 else "0 (join)"
+    rows.append(("Pipeline", f"depth {depth}" + (" · prefill on the main device" if plan.prefill_main else "")))
+    hops = len(plan.stages) - 1 if not plan.prefill_main else 0
+    moved = f" · {hops} hop(s) per chunk, {r.handoff_bytes / 2**20:,.1f} MiB handed off" if hops else ""
+    groups = f" · interleave:{plan.interleave} ({len(plan.stages)} layer groups)" if plan.interleave > 1 else ""
+    cost = (f" · {r.handoff_s * 1e3:,.1f} ms, {r.handoff_gbps:,.2f} GB/s, "
+            f"{r.handoff_share * 100:.1f}% of the wall per hop") if hops and r.handoff_s > 0 else ""
+    rows.append(("Hand-off", html.escape(handoff_text(r.handoff)) + moved + cost + groups))
+    executor = getattr(r, "executor", "threads")
+    rows.append(("Executor", "stages as processes (torch.distributed)" if executor == "processes"
+                 else "stages as threads of one process"))
+    if r.attention:
+        rows.append(("Attention", html.escape(r.attention)))
+    if getattr(r, "kernels", ""):
+        rows.append(("Kernels", html.escape(r.kernels)))
+    rows.append(("Order used", f"{html.escape(', '.join(r.device_order))}<br>"
+                               f"<span style='color:{MUTED_COLOR}'>{html.escape(r.order_reason)}</span>"))
+    rows.append(("Digest", f"<code>{html.escape(r.digest)}</code>"))
+    if r.generated:
+        gen = ", ".join(str(t) for t in r.generated[:12]) + (" …" if len(r.generated) > 12 else "")
+        rows.append(("Generated ids", html.escape(gen)))
+    for note in r.notes:
+        if note.startswith("fast kernel missing"):  # a slow run the user can fix: not a grey note
+            rows.append(("Warning", f"<span style='color:{WARNING_COLOR}'>{html.escape(note)}</span>"))
+        else:
+            rows.append(("Note", html.escape(note)))
+    return rows
+
+
 class SummaryView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -166,65 +237,7 @@ class SummaryView(QWidget):
         how the runs were measured (warm-up, cold)."""
         self.report = r
         self.repeats = list(repeats)
-        plan = r.plan
-        rows = []
-        many = len(self.repeats) >= 2
-        if r.cancelled:
-            rows.append(("Prefill", f"<b>—</b> (stopped: no prefill rate) · {plan.prompt_tokens:,} tokens planned"))
-        elif many:
-            pre = Spread.of(x.prefill_tok_s for x in self.repeats)
-            ms = Spread.of(x.prefill_s * 1e3 for x in self.repeats)
-            took = html.escape(format_spread(ms, '{:,.1f}', 'ms'))
-            rows.append(("Prefill", f"<b>{html.escape(format_spread(pre, unit='tok/s'))}</b><br>"
-                                    f"{plan.prompt_tokens:,} tokens in {took}"))
-        else:
-            rows.append(("Prefill", f"<b>{r.prefill_tok_s:,.0f} tok/s</b> · {plan.prompt_tokens:,} tokens in "
-                                    f"{r.prefill_s * 1e3:,.1f} ms"))
-        steps = max(len(r.generated) - 1, 0)
-        if steps and many:
-            dec = Spread.of(x.decode_tok_s for x in self.repeats if x.decode_tok_s)
-            rows.append(("Decode", f"<b>{html.escape(format_spread(dec, '{:,.1f}', 'tok/s'))}</b> · {steps} steps"))
-        elif steps:
-            rows.append(("Decode", f"<b>{r.decode_tok_s:,.1f} tok/s</b> · {steps} steps in {r.decode_s * 1e3:,.1f} ms"))
-        else:
-            rows.append(("Decode", "no decode steps in this run"))
-        if measure:
-            rows.append(("Measured", html.escape(measure)))
-        if plan.schedule == "balanced" and plan.bounds:
-            sizes = [n for _, n in plan.bounds]
-            what = f"{plan.n_chunks} balanced chunks, {sizes[0]:,} … {sizes[-1]:,} tokens"
-        else:
-            what = f"{plan.n_chunks} × {plan.chunk} tokens"
-        rows.append(("Chunks", f"{what} ({html.escape(_short(plan.chunk_reason))})"))
-        if plan.modelled_s > 0 and not r.cancelled and r.prefill_s > 0:
-            rows.append(("Model", f"predicted {plan.modelled_s * 1e3:,.1f} ms, measured {r.prefill_s * 1e3:,.1f} ms "
-                                  f"({(r.prefill_s / plan.modelled_s - 1) * 100:+.1f}%)"))
-        depth = "1 (overlap)" if plan.pipeline_depth == 1 else "0 (join)"
-        rows.append(("Pipeline", f"depth {depth}" + (" · prefill on the main device" if plan.prefill_main else "")))
-        hops = len(plan.stages) - 1 if not plan.prefill_main else 0
-        moved = f" · {hops} hop(s) per chunk, {r.handoff_bytes / 2**20:,.1f} MiB handed off" if hops else ""
-        groups = f" · interleave:{plan.interleave} ({len(plan.stages)} layer groups)" if plan.interleave > 1 else ""
-        cost = (f" · {r.handoff_s * 1e3:,.1f} ms, {r.handoff_gbps:,.2f} GB/s, "
-                f"{r.handoff_share * 100:.1f}% of the wall per hop") if hops and r.handoff_s > 0 else ""
-        rows.append(("Hand-off", html.escape(handoff_text(r.handoff)) + moved + cost + groups))
-        executor = getattr(r, "executor", "threads")
-        rows.append(("Executor", "stages as processes (torch.distributed)" if executor == "processes"
-                     else "stages as threads of one process"))
-        if r.attention:
-            rows.append(("Attention", html.escape(r.attention)))
-        if getattr(r, "kernels", ""):
-            rows.append(("Kernels", html.escape(r.kernels)))
-        rows.append(("Order used", f"{html.escape(', '.join(r.device_order))}<br>"
-                                   f"<span style='color:{MUTED_COLOR}'>{html.escape(r.order_reason)}</span>"))
-        rows.append(("Digest", f"<code>{html.escape(r.digest)}</code>"))
-        if r.generated:
-            gen = ", ".join(str(t) for t in r.generated[:12]) + (" …" if len(r.generated) > 12 else "")
-            rows.append(("Generated ids", html.escape(gen)))
-        for note in r.notes:
-            if note.startswith("fast kernel missing"):  # a slow run the user can fix: not a grey note
-                rows.append(("Warning", f"<span style='color:{WARNING_COLOR}'>{html.escape(note)}</span>"))
-            else:
-                rows.append(("Note", html.escape(note)))
+        rows = _rate_rows(r, self.repeats, measure) + _run_rows(r)
         self.figures.setText("<table cellspacing='0' cellpadding='2'>" + "".join(
             f"<tr><td style='color:{MUTED_COLOR}; padding-right:10px' valign='top'>{k}</td><td>{v}</td></tr>"
             for k, v in rows) + "</table>")
@@ -232,6 +245,13 @@ class SummaryView(QWidget):
         # rich-text label is cut at the right, not wrapped
         self.figures.setMinimumWidth(max(FIGURES_MIN_PX, self.figures.minimumSizeHint().width()))
 
+        self._fill_stages(r)
+        self.expert.setText(expert_text(r.expert_stats))
+        self._set_hist(r.busy_histogram)
+        self._arrange(self.width() < max(self.NARROW_PX, self.wide_px()))
+
+    def _fill_stages(self, r: RunReport) -> None:
+        plan = r.plan
         self.table.setRowCount(len(r.per_stage))
         layers = {s.stage: s for s in plan.stages}
         for i, t in enumerate(r.per_stage):
@@ -248,10 +268,6 @@ class SummaryView(QWidget):
                 self.table.setItem(i, j, item)
         self._fit_table_width()
         fit_height(self.table)
-        self.expert.setText(expert_text(r.expert_stats))
-        self._set_hist(r.busy_histogram)
-        self._arrange(self.width() < max(self.NARROW_PX, self.wide_px()))
-
     def _set_hist(self, shares: list[float]) -> None:
         hp = self.hist.getPlotItem()
         for lab in self.bar_labels:

@@ -1,6 +1,6 @@
 """The Sweep tab: a plan (prompt sizes, arms, repeats) on the left; prefill tok/s against prompt
 tokens per arm, and the table beside it (median, spread, ratio to the first arm), filled in as
-each run finishes.  Start and Stop go to the main window, which owns the sweep thread; the table
+each run finishes.  Start and Stop go to the sweep presenter (sweep/sweep_presenter.py); the table
 exports as CSV and markdown (`sweep.SweepResults`)."""
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
 from engine.config import ConfigError
 
 from ..run import run_files
+from ..sweep.sweep_job import SweepProgress
 from ..sweep.sweep_model import (
     MAX_REPEATS,
     SweepArm,
@@ -48,7 +49,6 @@ from ..sweep.sweep_model import (
     parse_sizes,
     ratio_noise,
 )
-from ..sweep.sweep_worker import SweepProgress
 from .theme import ERROR_COLOR, GPU_COLORS, MUTED_COLOR
 
 log = logging.getLogger(__name__)
@@ -89,86 +89,7 @@ class SweepView(QWidget):
         self.show_results(None)
 
     # ------------------------------------------------------------------ layout
-    def _build(self) -> None:
-        plan_box = QGroupBox("Sweep plan")
-        form = QFormLayout(plan_box)
-        self.sizes = QLineEdit(DEFAULT_SIZES)
-        self.sizes.setToolTip(TIPS["sizes"])
-        self.repeats = QSpinBox()
-        self.repeats.setRange(1, MAX_REPEATS)
-        self.repeats.setValue(3)
-        self.repeats.setToolTip(TIPS["repeats"])
-        self.warmup = QSpinBox()
-        self.warmup.setRange(0, 10)
-        self.warmup.setValue(1)
-        self.warmup.setToolTip(TIPS["warmup"])
-        self.decode = QSpinBox()
-        self.decode.setRange(0, 4096)
-        self.decode.setValue(0)
-        self.decode.setToolTip(TIPS["decode"])
-        form.addRow("Prompt sizes", self.sizes)
-        form.addRow("Repeats", self.repeats)
-        form.addRow("Warm-up runs", self.warmup)
-        form.addRow("Decode tokens", self.decode)
-
-        self.arms = QTableWidget(0, 2)
-        self.arms.setHorizontalHeaderLabels(["arm", "settings over the Run tab's"])
-        self.arms.verticalHeader().setVisible(False)
-        self.arms.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
-        self.arms.horizontalHeader().setStretchLastSection(True)
-        self.arms.setToolTip(TIPS["arms"])
-        self.arms.setMinimumHeight(120)
-        for name, settings in DEFAULT_ARMS:
-            self.add_arm(name, settings)
-        add = QPushButton("Add arm")
-        add.clicked.connect(lambda: self.add_arm(f"arm {self.arms.rowCount() + 1}", ""))
-        remove = QPushButton("Remove arm")
-        remove.clicked.connect(self._remove_arm)
-        arm_buttons = QHBoxLayout()
-        arm_buttons.addWidget(add)
-        arm_buttons.addWidget(remove)
-        arm_buttons.addStretch(1)
-        form.addRow(QLabel("Arms (the first is the baseline)"))
-        form.addRow(self.arms)
-        form.addRow(arm_buttons)
-        self.base = QLabel()
-        self.base.setWordWrap(True)
-        self.base.setProperty("role", "hint")
-        self.base.setTextFormat(Qt.TextFormat.RichText)
-        form.addRow(self.base)
-        self.estimate = QLabel()
-        self.estimate.setWordWrap(True)
-        self.estimate.setProperty("role", "hint")
-        form.addRow(self.estimate)
-        for edit in (self.sizes.textChanged, self.repeats.valueChanged, self.warmup.valueChanged,
-                     self.decode.valueChanged, self.arms.cellChanged, self.arms.model().rowsInserted,
-                     self.arms.model().rowsRemoved):
-            edit.connect(lambda *_: self.plan_changed.emit())
-        self.errors = QLabel()
-        self.errors.setWordWrap(True)
-        self.errors.setProperty("role", "error")
-        self.errors.setVisible(False)
-        form.addRow(self.errors)
-
-        self.start_button = QPushButton("Start sweep")
-        self.start_button.setObjectName("runButton")
-        self.start_button.clicked.connect(self.start_requested.emit)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setObjectName("stopButton")
-        self.stop_button.setToolTip("Stop at the next chunk boundary; the finished points are kept.")
-        self.stop_button.setEnabled(False)
-        self.stop_button.clicked.connect(self.stop_requested.emit)
-        run_row = QHBoxLayout()
-        run_row.addWidget(self.start_button)
-        run_row.addWidget(self.stop_button)
-        run_row.addStretch(1)
-        self.progress = QProgressBar()
-        self.progress.setRange(0, 1)
-        self.progress.setValue(0)
-        self.progress.setFormat("not started")  # "%v / %m runs" once a sweep begins (not "0 / 1 runs")
-        self.progress_label = QLabel("idle")
-        self.progress_label.setWordWrap(True)
-
+    def _build_past_and_export(self) -> tuple[QHBoxLayout, QHBoxLayout]:
         self.past = QComboBox()
         self.past.setToolTip("Sweeps saved in the history; Open shows one's chart and table again.")
         open_past = QPushButton("Open")
@@ -195,7 +116,30 @@ class SweepView(QWidget):
         export_row.addStretch(1)
         self.message = QLabel()
         self.message.setWordWrap(True)
+        return past_row, export_row
 
+    def _build(self) -> None:
+        plan_box = _plan_box(self)
+        self.start_button = QPushButton("Start sweep")
+        self.start_button.setObjectName("runButton")
+        self.start_button.clicked.connect(self.start_requested.emit)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setObjectName("stopButton")
+        self.stop_button.setToolTip("Stop at the next chunk boundary; the finished points are kept.")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop_requested.emit)
+        run_row = QHBoxLayout()
+        run_row.addWidget(self.start_button)
+        run_row.addWidget(self.stop_button)
+        run_row.addStretch(1)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.progress.setFormat("not started")  # "%v / %m runs" once a sweep begins (not "0 / 1 runs")
+        self.progress_label = QLabel("idle")
+        self.progress_label.setWordWrap(True)
+
+        past_row, export_row = self._build_past_and_export()
         left = QWidget()
         left_lay = QVBoxLayout(left)
         left_lay.addWidget(plan_box)
@@ -213,66 +157,10 @@ class SweepView(QWidget):
         left.setMinimumWidth(380)
         left.setMaximumWidth(470)
 
-        self.title = QLabel()
-        self.title.setProperty("role", "panel-title")
-        self.title.setWordWrap(True)
-        self.chart = pg.PlotWidget()
-        cp = self.chart.getPlotItem()
-        cp.setMenuEnabled(False)
-        cp.hideButtons()
-        cp.setLabel("bottom", "prompt tokens (log scale)")
-        cp.setLabel("left", "prefill tok/s")
-        cp.showGrid(x=True, y=True, alpha=0.25)
-        cp.getAxis("left").setWidth(64)
-        self.legend = cp.addLegend(offset=(10, 10), labelTextSize="9pt")
-        self._curves: list[pg.GraphicsObject] = []
-        self.chart_note = QLabel("Lines join the medians; bars span the lowest and highest repeat; dots are the "
-                                 "single runs. Each repeat prefills a different synthetic prompt (a nonce in its "
-                                 "first tokens), so digests differ between repeats by design; the arms of one "
-                                 "repeat share it, so their digests must match.")
-        self.chart_note.setProperty("role", "hint")
-        self.chart_note.setWordWrap(True)
-        chart_box = QWidget()
-        chart_lay = QVBoxLayout(chart_box)
-        chart_lay.setContentsMargins(0, 0, 0, 0)
-        chart_lay.addWidget(self.chart, 1)
-        chart_lay.addWidget(self.chart_note)
-
-        self.table = QTableWidget(0, len(TABLE_COLUMNS))
-        self.table.setHorizontalHeaderLabels(TABLE_COLUMNS)
-        self.table.horizontalHeaderItem(len(TABLE_COLUMNS) - 1).setToolTip(
-            "yes: the same output bytes (digest) as the first arm on the same prompt; NO: they differ")
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.horizontalHeader().setStretchLastSection(False)
-        # as wide as its columns, so the splitter beside the chart never cuts one (issue 37)
-        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.table.horizontalHeader().sectionResized.connect(lambda *_: self._fit_table_width())
-        self.table.setToolTip("Per arm and prompt size: the median prefill tok/s of the repeats, ± half their range "
-                              "as a share of the median, and the ratio of the medians to the first arm's: green or "
-                              "red only beyond the repeats' noise (hover a ratio).")
-
-        self.command = QLabel()
-        self.command.setWordWrap(True)
-        self.command.setTextFormat(Qt.TextFormat.RichText)
-        self.command.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.command.setToolTip("The same sweep from the command line (docs/benchmarks.md keeps each figure with "
-                                "the command that produced it).")
-        table_box = QWidget()
-        table_lay = QVBoxLayout(table_box)
-        table_lay.setContentsMargins(0, 0, 0, 0)
-        table_lay.addWidget(self.table, 1)
-        table_lay.addWidget(self.command)
-        results = QSplitter(Qt.Orientation.Horizontal)
-        results.addWidget(chart_box)
-        results.addWidget(table_box)
-        results.setSizes([620, 520])
-        right = QWidget()
-        right_lay = QVBoxLayout(right)
-        right_lay.addWidget(self.title)
-        right_lay.addWidget(results, 1)
+        self.results_view = SweepResultsView()
+        rv = self.results_view  # its parts, by the names the tests use
+        self.title, self.chart, self.legend, self.chart_note = rv.title, rv.chart, rv.legend, rv.chart_note
+        self.table, self.command = rv.table, rv.command
 
         # the plan column scrolls in a short window (1280x720, 150% scale) instead of setting its height
         left_scroll = QScrollArea()
@@ -284,7 +172,7 @@ class SweepView(QWidget):
         left_scroll.setMaximumWidth(490)
         lay = QHBoxLayout(self)
         lay.addWidget(left_scroll)
-        lay.addWidget(right, 1)
+        lay.addWidget(self.results_view, 1)
 
     # ------------------------------------------------------------------ the plan
     def add_arm(self, name: str, settings: str) -> None:
@@ -324,11 +212,6 @@ class SweepView(QWidget):
             except ConfigError as exc:
                 raise ConfigError(f"arm {arm.name}", arm.settings, exc.allowed, str(exc)) from None
         return plan
-
-    def _fit_table_width(self) -> None:
-        t = self.table
-        width = sum(t.horizontalHeader().sectionSize(c) for c in range(t.columnCount()))
-        t.setMinimumWidth(width + 2 * t.frameWidth() + t.verticalScrollBar().sizeHint().width() + 2)
 
     def set_base(self, text: str) -> None:
         self.base.setText(text)
@@ -418,15 +301,116 @@ class SweepView(QWidget):
         self._draw()
 
     def _draw(self) -> None:
+        res = self.results
+        has = res is not None and len(res) > 0
+        self.csv_button.setEnabled(has)
+        self.md_button.setEnabled(has)
+        self.results_view.draw(res, self.sweep_id)
+
+    def chart_points(self) -> list[tuple[str, float, float]]:
+        """(arm, prompt tokens, median tok/s) of every point drawn (tests)."""
+        return self.results_view.chart_points()
+
+    # ------------------------------------------------------------------ export
+    def _ask_export(self, kind: str) -> None:
+        if self.results is None:
+            return
+        suffix, pattern = (".csv", "CSV (*.csv)") if kind == "csv" else (".md", "Markdown (*.md)")
+        name = f"strata-sweep{'-' + str(self.sweep_id) if self.sweep_id is not None else ''}{suffix}"
+        path, _ = QFileDialog.getSaveFileName(self, "Export the sweep table", str(Path.home() / name), pattern)
+        if path:
+            self.export(kind, Path(path))
+
+    def export(self, kind: str, path: Path) -> bool:
+        if self.results is None:
+            return False
+        text = self.results.to_csv() if kind == "csv" else self.results.to_markdown()
+        try:
+            run_files.write_bytes(path, text.encode("utf-8"))
+        except OSError as exc:
+            self.set_message(f"cannot write {path}: {exc}", error=True)
+            return False
+        self.set_message(f"wrote {path}")
+        return True
+
+
+class SweepResultsView(QWidget):
+    """The sweep's results: the chart (prefill tok/s against prompt tokens, per arm), the table
+    beside it (median, spread, ratio to the first arm) and the same sweep's command line."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.title = QLabel()
+        self.title.setProperty("role", "panel-title")
+        self.title.setWordWrap(True)
+        self.chart = pg.PlotWidget()
+        cp = self.chart.getPlotItem()
+        cp.setMenuEnabled(False)
+        cp.hideButtons()
+        cp.setLabel("bottom", "prompt tokens (log scale)")
+        cp.setLabel("left", "prefill tok/s")
+        cp.showGrid(x=True, y=True, alpha=0.25)
+        cp.getAxis("left").setWidth(64)
+        self.legend = cp.addLegend(offset=(10, 10), labelTextSize="9pt")
+        self._curves: list[pg.GraphicsObject] = []
+        self.chart_note = QLabel("Lines join the medians; bars span the lowest and highest repeat; dots are the "
+                                 "single runs. Each repeat prefills a different synthetic prompt (a nonce in its "
+                                 "first tokens), so digests differ between repeats by design; the arms of one "
+                                 "repeat share it, so their digests must match.")
+        self.chart_note.setProperty("role", "hint")
+        self.chart_note.setWordWrap(True)
+        chart_box = QWidget()
+        chart_lay = QVBoxLayout(chart_box)
+        chart_lay.setContentsMargins(0, 0, 0, 0)
+        chart_lay.addWidget(self.chart, 1)
+        chart_lay.addWidget(self.chart_note)
+
+        self.table = QTableWidget(0, len(TABLE_COLUMNS))
+        self.table.setHorizontalHeaderLabels(TABLE_COLUMNS)
+        self.table.horizontalHeaderItem(len(TABLE_COLUMNS) - 1).setToolTip(
+            "yes: the same output bytes (digest) as the first arm on the same prompt; NO: they differ")
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(False)
+        # as wide as its columns, so the splitter beside the chart never cuts one (issue 37)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.table.horizontalHeader().sectionResized.connect(lambda *_: self._fit_table_width())
+        self.table.setToolTip("Per arm and prompt size: the median prefill tok/s of the repeats, ± half their range "
+                              "as a share of the median, and the ratio of the medians to the first arm's: green or "
+                              "red only beyond the repeats' noise (hover a ratio).")
+
+        self.command = QLabel()
+        self.command.setWordWrap(True)
+        self.command.setTextFormat(Qt.TextFormat.RichText)
+        self.command.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.command.setToolTip("The same sweep from the command line (docs/benchmarks.md keeps each figure with "
+                                "the command that produced it).")
+        table_box = QWidget()
+        table_lay = QVBoxLayout(table_box)
+        table_lay.setContentsMargins(0, 0, 0, 0)
+        table_lay.addWidget(self.table, 1)
+        table_lay.addWidget(self.command)
+        results = QSplitter(Qt.Orientation.Horizontal)
+        results.addWidget(chart_box)
+        results.addWidget(table_box)
+        results.setSizes([620, 520])
+        right_lay = QVBoxLayout(self)
+        right_lay.addWidget(self.title)
+        right_lay.addWidget(results, 1)
+
+    def _fit_table_width(self) -> None:
+        t = self.table
+        width = sum(t.horizontalHeader().sectionSize(c) for c in range(t.columnCount()))
+        t.setMinimumWidth(width + 2 * t.frameWidth() + t.verticalScrollBar().sizeHint().width() + 2)
+
+    def draw(self, res: SweepResults | None, sweep_id: int | None) -> None:
         cp = self.chart.getPlotItem()
         for c in self._curves:
             cp.removeItem(c)
         self._curves = []
         self.legend.clear()
-        res = self.results
-        has = res is not None and len(res) > 0
-        self.csv_button.setEnabled(has)
-        self.md_button.setEnabled(has)
         if res is None:
             self.title.setText("Prefill tok/s against prompt tokens, per arm")
             self.table.setRowCount(0)
@@ -436,7 +420,7 @@ class SweepView(QWidget):
         model = plan.model if plan.model and not plan.model.startswith("built-in demo") else "demo"
         self.command.setText(f"<span style='color:{MUTED_COLOR}'>From the command line:</span><br>"
                              f"<code>{html.escape(plan.bench_command(model))}</code>")
-        sid = f"Sweep #{self.sweep_id}: " if self.sweep_id is not None else ""
+        sid = f"Sweep #{sweep_id}: " if sweep_id is not None else ""
         self.title.setText(f"{sid}prefill tok/s against prompt tokens · {len(plan.arms)} arm(s) × "
                            f"{len(plan.sizes)} size(s) × {plan.repeats} repeat(s) · {len(res)} of {plan.total} runs")
         for a, arm in enumerate(plan.arms):
@@ -509,24 +493,67 @@ class SweepView(QWidget):
                 out += [(c.name(), float(2 ** x), float(y)) for x, y in zip(xs, ys)]
         return out
 
-    # ------------------------------------------------------------------ export
-    def _ask_export(self, kind: str) -> None:
-        if self.results is None:
-            return
-        suffix, pattern = (".csv", "CSV (*.csv)") if kind == "csv" else (".md", "Markdown (*.md)")
-        name = f"strata-sweep{'-' + str(self.sweep_id) if self.sweep_id is not None else ''}{suffix}"
-        path, _ = QFileDialog.getSaveFileName(self, "Export the sweep table", str(Path.home() / name), pattern)
-        if path:
-            self.export(kind, Path(path))
 
-    def export(self, kind: str, path: Path) -> bool:
-        if self.results is None:
-            return False
-        text = self.results.to_csv() if kind == "csv" else self.results.to_markdown()
-        try:
-            run_files.write_bytes(path, text.encode("utf-8"))
-        except OSError as exc:
-            self.set_message(f"cannot write {path}: {exc}", error=True)
-            return False
-        self.set_message(f"wrote {path}")
-        return True
+def _plan_box(self: SweepView) -> QGroupBox:
+    """The plan form's widgets, set on the view (as Qt Designer's setupUi does): sizes, repeats,
+    warm-up, decode, the arms table, the base and estimate lines, the errors."""
+    plan_box = QGroupBox("Sweep plan")
+    form = QFormLayout(plan_box)
+    self.sizes = QLineEdit(DEFAULT_SIZES)
+    self.sizes.setToolTip(TIPS["sizes"])
+    self.repeats = QSpinBox()
+    self.repeats.setRange(1, MAX_REPEATS)
+    self.repeats.setValue(3)
+    self.repeats.setToolTip(TIPS["repeats"])
+    self.warmup = QSpinBox()
+    self.warmup.setRange(0, 10)
+    self.warmup.setValue(1)
+    self.warmup.setToolTip(TIPS["warmup"])
+    self.decode = QSpinBox()
+    self.decode.setRange(0, 4096)
+    self.decode.setValue(0)
+    self.decode.setToolTip(TIPS["decode"])
+    form.addRow("Prompt sizes", self.sizes)
+    form.addRow("Repeats", self.repeats)
+    form.addRow("Warm-up runs", self.warmup)
+    form.addRow("Decode tokens", self.decode)
+
+    self.arms = QTableWidget(0, 2)
+    self.arms.setHorizontalHeaderLabels(["arm", "settings over the Run tab's"])
+    self.arms.verticalHeader().setVisible(False)
+    self.arms.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+    self.arms.horizontalHeader().setStretchLastSection(True)
+    self.arms.setToolTip(TIPS["arms"])
+    self.arms.setMinimumHeight(120)
+    for name, settings in DEFAULT_ARMS:
+        self.add_arm(name, settings)
+    add = QPushButton("Add arm")
+    add.clicked.connect(lambda: self.add_arm(f"arm {self.arms.rowCount() + 1}", ""))
+    remove = QPushButton("Remove arm")
+    remove.clicked.connect(self._remove_arm)
+    arm_buttons = QHBoxLayout()
+    arm_buttons.addWidget(add)
+    arm_buttons.addWidget(remove)
+    arm_buttons.addStretch(1)
+    form.addRow(QLabel("Arms (the first is the baseline)"))
+    form.addRow(self.arms)
+    form.addRow(arm_buttons)
+    self.base = QLabel()
+    self.base.setWordWrap(True)
+    self.base.setProperty("role", "hint")
+    self.base.setTextFormat(Qt.TextFormat.RichText)
+    form.addRow(self.base)
+    self.estimate = QLabel()
+    self.estimate.setWordWrap(True)
+    self.estimate.setProperty("role", "hint")
+    form.addRow(self.estimate)
+    for edit in (self.sizes.textChanged, self.repeats.valueChanged, self.warmup.valueChanged,
+                 self.decode.valueChanged, self.arms.cellChanged, self.arms.model().rowsInserted,
+                 self.arms.model().rowsRemoved):
+        edit.connect(lambda *_: self.plan_changed.emit())
+    self.errors = QLabel()
+    self.errors.setWordWrap(True)
+    self.errors.setProperty("role", "error")
+    self.errors.setVisible(False)
+    form.addRow(self.errors)
+    return plan_box

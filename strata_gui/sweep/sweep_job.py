@@ -1,4 +1,4 @@
-"""The sweep worker: every run of a sweep, one after another, in a QThread (worker-object pattern).
+"""A sweep, without Qt: every run of it, one after another (the body of the sweep's thread).
 
 It loads the model once and builds one engine Session per arm (as `strata-bench run` does),
 warms each arm up, then runs the plan's steps in order: for each size and repeat, every arm on
@@ -6,6 +6,9 @@ the same prompt (`engine.prompt.sweep_nonce`).  Each finished run is saved to th
 its events, off the GUI thread) and leaves as one `point_done` signal.  Stop sets the cancel
 event the engine checks at each chunk boundary: the run in flight is dropped, every finished
 point stays.  Every outcome ends in exactly one of finished / failed, then `done`.
+
+What leaves the job goes through an outlet, one call per name of `SWEEP_SIGNALS` (in the app
+job_runner.SignalOutlet turns each into the sweep controller's signal of that name).
 """
 from __future__ import annotations
 
@@ -15,8 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from PySide6.QtCore import QObject, Signal, Slot
+from typing import Any
 
 from engine import failure
 from engine import prompt as prompts
@@ -34,6 +36,16 @@ log = logging.getLogger(__name__)
 
 # (record, (sweep id, member)) -> history id; raises on a storage error
 SweepRecorder = Callable[[RunRecord, tuple[int, SweepMember] | None], int]
+
+# What leaves a sweep: each name is a method of the job's outlet, called on the job's thread.
+SWEEP_SIGNALS: dict[str, tuple[type, ...]] = {
+    "progress": (object,),  # SweepProgress
+    "point_done": (object,),  # SweepSample, one per finished run
+    "status": (str,),
+    "finished": (bool, str),  # stopped early, message
+    "failed": (str, str, str),  # title, message, details
+    "done": (),
+}
 
 
 @dataclass(frozen=True)
@@ -102,22 +114,16 @@ class _ChunkCounter:
         self.report(n)
 
 
-class SweepWorker(QObject):
-    progress = Signal(object)  # SweepProgress
-    point_done = Signal(object)  # SweepSample
-    status = Signal(str)
-    finished = Signal(bool, str)  # stopped early, message
-    failed = Signal(str, str, str)  # title, message, details
-    done = Signal()
-
-    def __init__(self, request: SweepRequest, cancel: threading.Event, recorder: SweepRecorder | None = None,
-                 hooks: PipelineHooks | None = None, models: ModelCache | None = None) -> None:
-        """`models`: where the form already parsed the file (the window's cache); else it is
-        parsed here."""
-        super().__init__()
+class SweepJob:
+    def __init__(self, request: SweepRequest, cancel: threading.Event, outlet: Any,
+                 recorder: SweepRecorder | None = None, hooks: PipelineHooks | None = None,
+                 models: ModelCache | None = None) -> None:
+        """`outlet`: any object with one method per name of SWEEP_SIGNALS.  `models`: where the
+        form already parsed the file (the window's cache); else it is parsed here."""
         self.models = models
         self.request = request
         self.cancel = cancel
+        self.out = outlet
         self.recorder = recorder
         self.hooks = hooks
         self._done = 0
@@ -125,18 +131,17 @@ class SweepWorker(QObject):
         self._n_chunks = 0
         self.save_errors: list[str] = []
 
-    @Slot()
-    def run(self) -> None:
+    def execute(self) -> None:
         sessions: list[Session] = []
         req, plan = self.request, self.request.plan
         try:
-            self.status.emit(f"opening {req.model_path.name} …")
+            self.out.status(f"opening {req.model_path.name} …")
             model = self.models.get(req.model_path) if self.models is not None else load(req.model_path)
             counter = _ChunkCounter(self._on_chunks)
             for i, cfg in enumerate(req.configs):
                 if self.cancel.is_set():
                     break
-                self.status.emit(f"loading arm {plan.arms[i].name} onto {', '.join(cfg.devices)} …")
+                self.out.status(f"loading arm {plan.arms[i].name} onto {', '.join(cfg.devices)} …")
                 sess = Session(model, cfg, sink=counter, hooks=self.hooks or PipelineHooks())
                 sessions.append(sess)
             stopped = self.cancel.is_set()
@@ -146,16 +151,16 @@ class SweepWorker(QObject):
                    else f"finished all {plan.total} runs")
             if self.save_errors:
                 msg += f"; {len(self.save_errors)} run(s) not saved to the history: {self.save_errors[0]}"
-            self.finished.emit(stopped, msg)
+            self.out.finished(stopped, msg)
         except Exception as exc:
-            self.failed.emit(*failure.dialog_text(exc, "the sweep", "Sweep failed"))
+            self.out.failed(*failure.dialog_text(exc, "the sweep", "Sweep failed"))
         finally:
             for sess in sessions:
                 try:
                     sess.close()
                 except Exception:
                     log.exception("closing a sweep session failed")
-            self.done.emit()
+            self.out.done()
 
     def _warm_up(self, sessions: list[Session], plan: SweepPlan, prompt_tokens: int, vocab: int) -> bool:
         """Unmeasured runs at one prompt size: the first sight of its chunk shapes plans kernels and
@@ -163,7 +168,7 @@ class SweepWorker(QObject):
         ids = prompts.warmup_ids(prompt_tokens, vocab)
         for k in range(plan.warmup):
             for i, sess in enumerate(sessions):
-                self.status.emit(f"warming up arm {plan.arms[i].name} at {format_tokens(prompt_tokens)} tokens "
+                self.out.status(f"warming up arm {plan.arms[i].name} at {format_tokens(prompt_tokens)} tokens "
                                  f"({k + 1}/{plan.warmup}, not measured) …")
                 try:
                     sess.run(ids, 0, cancel=self.cancel)
@@ -191,11 +196,11 @@ class SweepWorker(QObject):
             sess = sessions[step.arm]
             self._step, self._n_chunks = step, 0
             counter.reset(0 if req.configs[step.arm].prefill_main else len(sess.stages) - 1)
-            self.progress.emit(SweepProgress(self._done, total, step))
+            self.out.progress(SweepProgress(self._done, total, step))
 
             def on_plan(p, step=step) -> None:
                 self._n_chunks = p.n_chunks
-                self.progress.emit(SweepProgress(self._done, total, step, 0, p.n_chunks))
+                self.out.progress(SweepProgress(self._done, total, step, 0, p.n_chunks))
 
             try:
                 result = sess.run(ids, plan.decode_tokens, cancel=self.cancel, on_plan=on_plan)
@@ -204,8 +209,8 @@ class SweepWorker(QObject):
             report = result.report
             run_id = self._save(step, report, list(sess.events))
             self._done += 1
-            self.point_done.emit(SweepSample.from_report(step, report, run_id))
-            self.progress.emit(SweepProgress(self._done, total, None))
+            self.out.point_done(SweepSample.from_report(step, report, run_id))
+            self.out.progress(SweepProgress(self._done, total, None))
         self._step = None
         return True
 
@@ -231,4 +236,4 @@ class SweepWorker(QObject):
     def _on_chunks(self, chunks: int) -> None:
         step = self._step
         if step is not None:
-            self.progress.emit(SweepProgress(self._done, self.request.plan.total, step, chunks, self._n_chunks))
+            self.out.progress(SweepProgress(self._done, self.request.plan.total, step, chunks, self._n_chunks))
