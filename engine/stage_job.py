@@ -469,7 +469,6 @@ class StageJob:
     def remote_error(self, m: _Member, msg: Failure) -> None:
         """An exception in a stage.  When another stage died just before (its peers' send/recv
         then fail), the dead one is the cause and is named instead."""
-        rank, chunk, layer, type_name, text, tb = msg.rank, msg.chunk, msg.layer, msg.type_name, msg.text, msg.traceback
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             for o in self.members:
@@ -480,10 +479,10 @@ class StageJob:
             if dead:
                 self.lost(dead[0])
             time.sleep(0.05)
-        log.debug("stage %d failed:\n%s", rank, tb)
-        cause = _remote_cause(m, type_name, text, tb)
+        log.debug("stage %d failed:\n%s", msg.rank, msg.traceback)
+        cause = _remote_cause(m, msg.type_name, msg.text, msg.traceback)
         self.kill()
-        raise StageError(rank, m.device, chunk if chunk is not None else m.last_chunk, layer, cause)
+        raise StageError(msg.rank, m.device, msg.chunk if msg.chunk is not None else m.last_chunk, msg.layer, cause)
 
     def lost(self, m: _Member) -> None:
         m.proc.join(1.0)
