@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import synth  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.pipeline import PipelineHooks  # noqa: E402
+from engine.io import synth  # noqa: E402
+from engine.pipeline.session import PipelineHooks  # noqa: E402
 from strata_gui.history.history_model import RunHistory  # noqa: E402
 from strata_gui.run.run_job import RunJob, RunRequest  # noqa: E402
 from strata_gui.run.session_cache import SessionCache  # noqa: E402

@@ -18,8 +18,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from test_auto_model import modelled_session  # noqa: E402  (the test's own set-up)
 
-from engine import gguf_model, synth  # noqa: E402
-from engine.prompt import synthetic  # noqa: E402
+from engine.io import gguf_model, synth  # noqa: E402
+from engine.io.prompt import synthetic  # noqa: E402
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""GGUF dequantisation throughput: the Triton kernels (engine/dequant_triton.py) vs the torch path.
+"""GGUF dequantisation throughput: the Triton kernels (engine/quant/dequant_triton.py) vs the torch path.
 
 On CUDA: one Qwen3-30B-A3B layer's experts (128 x gate [768, 2048], up [768, 2048], down
 [2048, 768]) expanded into bf16 as the engine does before its grouped GEMMs, per type; the
@@ -31,7 +31,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine import dequant, dequant_triton  # noqa: E402
+from engine.quant import dequant, dequant_triton  # noqa: E402
 
 # byte offsets of the float16 scale fields in a block (made finite: a NaN scale is atypical)
 SCALES = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q5_0: (0,), T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.Q4_1: (0, 2),

@@ -33,7 +33,7 @@ DEV_LISTS=("cuda:0"); [ "$n" -ge 2 ] && DEV_LISTS+=("cuda:0,cuda:1")
 
 step "CUDA tests" python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py
 for d in "${DEV_LISTS[@]}"; do
-  step "default strata-bench run on $d" python3 -m engine.bench run --model "${CHECK_MODEL:-synthetic:qwen3-30b-a3b:n_layers=16}" \
+  step "default strata-bench run on $d" python3 -m engine.cli.bench run --model "${CHECK_MODEL:-synthetic:qwen3-30b-a3b:n_layers=16}" \
     --prompt-tokens 8192,32768 --arm "devices=$d" --peak-tflops 794
 done
 if [ "${GPU_CHECK_EXECUTOR:-1}" = 1 ]; then  # stage processes on CUDA (gloo on one GPU, NCCL on two)

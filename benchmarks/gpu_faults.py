@@ -16,9 +16,9 @@ import threading
 import torch
 
 from engine.config import EngineConfig
-from engine.pipeline import DeviceMemoryError, Session
-from engine.prompt import synthetic
-from engine.synth import SyntheticSource, recipe_from_args
+from engine.io.prompt import synthetic
+from engine.io.synth import SyntheticSource, recipe_from_args
+from engine.pipeline.session import DeviceMemoryError, Session
 
 
 def rss_mib() -> float:

@@ -3,7 +3,7 @@
 # Every table is printed by strata-bench; this script only chooses the arms.
 . "$(dirname "$0")/device_env.sh"
 SIZES=${SIZES:-8192,16384,32768,65536}
-B="python3 -m engine.bench run --model $M --peak-tflops 794 --gpu-order configured"
+B="python3 -m engine.cli.bench run --model $M --peak-tflops 794 --gpu-order configured"
 G1="devices=cuda:0"; G2="devices=cuda:0,cuda:1"; G4="devices=cuda:0,cuda:1,cuda:2,cuda:3"
 
 section "CUDA tests"; python3 -m pytest -q tests/test_cuda.py -s 2>&1 | grep -E "bf16|grouped|passed|failed|Error"

@@ -3,7 +3,7 @@
 . "$(dirname "$0")/device_env.sh"
 SIZES=${SIZES:-32768,65536}
 CHUNKS=${CHUNKS:-2048}
-B="python3 -m engine.bench run --model $M --peak-tflops 794 --gpu-order configured"
+B="python3 -m engine.cli.bench run --model $M --peak-tflops 794 --gpu-order configured"
 G1="devices=cuda:0"; G2="devices=cuda:0,cuda:1"
 if [ -z "${SKIP_TESTS:-}" ]; then
   section "CUDA tests"; python3 -m pytest -q tests/test_cuda.py -s 2>&1 | grep -E "bf16|grouped|passed|failed|Error|assert" | head -40

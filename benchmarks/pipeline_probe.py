@@ -19,10 +19,10 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
-from engine.bench import open_model  # noqa: E402
+from engine.cli.bench import open_model  # noqa: E402
 from engine.config import EngineConfig, parse_setting  # noqa: E402
-from engine.pipeline import Session  # noqa: E402
-from engine.prompt import synthetic  # noqa: E402
+from engine.io.prompt import synthetic  # noqa: E402
+from engine.pipeline.session import Session  # noqa: E402
 
 
 def analyse(events, n_stages: int) -> dict[str, float]:

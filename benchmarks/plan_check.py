@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import planner  # noqa: E402
+from engine.plan import planner  # noqa: E402
 
 
 @dataclass

@@ -18,10 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine import gguf_model, planner, synth  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.pipeline import PipelineHooks, Session  # noqa: E402
-from engine.prompt import synthetic  # noqa: E402
+from engine.io import gguf_model, synth  # noqa: E402
+from engine.io.prompt import synthetic  # noqa: E402
+from engine.pipeline.session import PipelineHooks, Session  # noqa: E402
+from engine.plan import planner
 
 
 def main(argv: list[str] | None = None) -> int:

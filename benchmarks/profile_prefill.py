@@ -19,8 +19,8 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import EngineConfig  # noqa: E402
-from engine.prompt import synthetic, warmup_ids  # noqa: E402
-from engine.synth import SyntheticSource, recipe_from_args  # noqa: E402
+from engine.io.prompt import synthetic, warmup_ids  # noqa: E402
+from engine.io.synth import SyntheticSource, recipe_from_args  # noqa: E402
 
 PARTS = ("attention", "expert GEMMs", "dense GEMMs", "everything else")
 
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=18)
     ns = ap.parse_args()
     src = SyntheticSource(recipe_from_args("qwen3-30b-a3b", n_layers=ns.layers), ns.device)
-    from engine.pipeline import Session
+    from engine.pipeline.session import Session
 
     sess = Session(src, EngineConfig.from_sources({"devices": ns.device, "prefill": ns.prefill}))
     ids = synthetic(ns.tokens, src.spec.vocab)

@@ -8,11 +8,11 @@ L=${LAYERS:-16}
 section "8K one GPU: default, then each Triton kernel off (is a fixed per-run cost in one of them?)"
 for env in "" "STRATA_QK_KERNEL=torch" "STRATA_MOE_KERNELS=torch"; do
   echo "-- ${env:-default}"
-  env $env python3 -m engine.bench run --model "synthetic:qwen3-30b-a3b:n_layers=$L" --devices cuda:0 \
+  env $env python3 -m engine.cli.bench run --model "synthetic:qwen3-30b-a3b:n_layers=$L" --devices cuda:0 \
     --prompt-tokens 8192 --repeat 3 --peak-tflops 794 2>&1 | grep -E "^\| dev|^model:|error|Error"
 done
 SIZES=${SIZES:-8192,32768}
-B="python3 -m engine.bench run --peak-tflops 794 --prompt-tokens $SIZES --repeat 2"
+B="python3 -m engine.cli.bench run --peak-tflops 794 --prompt-tokens $SIZES --repeat 2"
 for q in f16 q8_0 q4_k_m; do
   section "resident experts, $q ($L layers)"
   $B --model "synthetic:qwen3-30b-a3b:n_layers=$L,quant=$q" --devices cuda:0 --expert-cache all 2>&1 \
@@ -35,8 +35,8 @@ print(f"elapsed {time.time() - t:.2f} s, peak RSS {resource.getrusage(resource.R
 }
 F=/tmp/q4km-${FILE_LAYERS:-16}L.gguf
 section "write $F (q4_k_m, ${FILE_LAYERS:-16} layers) and load it from page cache"
-[ -f "$F" ] || timed python3 -m engine.bench make-model "$F" --preset qwen3-30b-a3b --layers "${FILE_LAYERS:-16}" \
+[ -f "$F" ] || timed python3 -m engine.cli.bench make-model "$F" --preset qwen3-30b-a3b --layers "${FILE_LAYERS:-16}" \
   --quant q4_k_m
 ls -l "$F"; cat "$F" > /dev/null
-timed python3 -m engine.bench load --model "$F" --devices cuda:0 --expert-cache all 2>/dev/null
-timed python3 -m engine.bench load --model "$F" --devices cuda:0 --expert-cache 2 --pin-limit-gib 8 2>/dev/null
+timed python3 -m engine.cli.bench load --model "$F" --devices cuda:0 --expert-cache all 2>/dev/null
+timed python3 -m engine.cli.bench load --model "$F" --devices cuda:0 --expert-cache 2 --pin-limit-gib 8 2>/dev/null

@@ -2,7 +2,7 @@
 
 For chunks of 1, 2, 4, ... tokens, one layer's MoE (router, expert expansion, expert FFN) is
 timed with every expert expanded (the full path) and with only the routed experts gathered into
-a compact scratch (engine/routed_experts.py), best of --repeat after a warm-up.  The table shows
+a compact scratch (engine/models/routed_experts.py), best of --repeat after a warm-up.  The table shows
 the experts the chunk used (distinct; on CUDA the static bound min(n*k, E) decides), both times
 and their ratio; the last line names the first chunk where compact is not faster: the switch
 point to put into `routed_experts.COMPACT_MAX_FRACTION` for that device type.
@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine import routed_experts, synth  # noqa: E402
-from engine.model import Layer, Rope, _grouped_mm_ok, load_layer_weights  # noqa: E402
+from engine.io import synth  # noqa: E402
+from engine.models import routed_experts
+from engine.models.layers import Layer, Rope, _grouped_mm_ok, load_layer_weights  # noqa: E402
 
 CPU_SHAPES = dict(hidden=1024, n_heads=8, n_kv_heads=4, head_dim=128, n_experts=16, n_experts_used=4, expert_ffn=512)
 CUDA_SHAPES = dict(hidden=2048, n_heads=32, n_kv_heads=4, head_dim=128, n_experts=128, n_experts_used=8,

@@ -18,10 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from engine import prompt as prompts  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.pipeline import Session  # noqa: E402
-from engine.synth import SyntheticSource, recipe_from_args  # noqa: E402
+from engine.io import prompt as prompts  # noqa: E402
+from engine.io.synth import SyntheticSource, recipe_from_args  # noqa: E402
+from engine.pipeline.session import Session  # noqa: E402
 
 
 def clocks() -> str:

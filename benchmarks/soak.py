@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from engine.bench import open_model
+from engine.cli.bench import open_model
 from engine.config import EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Session
 
 
 def rss_mib() -> float:

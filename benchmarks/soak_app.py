@@ -21,7 +21,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QSettings  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from engine.synth import demo_model_path  # noqa: E402
+from engine.io.synth import demo_model_path  # noqa: E402
 
 
 def rss_mib() -> float:

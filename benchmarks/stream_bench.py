@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine import bench  # noqa: E402
+from engine.cli import bench  # noqa: E402
 
 GiB = 1 << 30
 

@@ -4,7 +4,7 @@
     python benchmarks/trace_import_memory.py --kind minimal --events 4900000 [--gz]
     python benchmarks/trace_import_memory.py --kind saved --events 200000 --what load
 
-`saved`: slices as `engine.trace.save` writes them (exact args); `minimal`: foreign slices of about 50
+`saved`: slices as `engine.io.trace.save` writes them (exact args); `minimal`: foreign slices of about 50
 bytes (`{"ph":"X","ts":..,"dur":1,"pid":1,"cat":"compute"}`).  The child process measures the peak RSS
 (VmHWM) of `run_files.import_trace` followed by `RunHistory.add`, above its RSS before the import.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from strata_gui.run import run_files
 from strata_gui.history.history_model import RunHistory
-from engine.trace import TraceError
+from engine.io.trace import TraceError
 def rss_kib():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--gz", action="store_true")
     ap.add_argument("--what", choices=("import", "load"), default="import",
-                    help="import: run_files.import_trace + RunHistory.add; load: engine.trace.load alone")
+                    help="import: run_files.import_trace + RunHistory.add; load: engine.io.trace.load alone")
     ns = ap.parse_args()
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:

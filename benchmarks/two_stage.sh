@@ -4,7 +4,7 @@
 # (the auto cache would leave a later arm too little room and stream).
 . "$(dirname "$0")/device_env.sh"
 SIZES=${SIZES:-8192,16384,32768,65536}
-B="python3 -m engine.bench -v run --model $M --peak-tflops 794 --gpu-order configured --expert-cache all --prompt-tokens $SIZES --repeat ${REPEAT:-2}"
+B="python3 -m engine.cli.bench -v run --model $M --peak-tflops 794 --gpu-order configured --expert-cache all --prompt-tokens $SIZES --repeat ${REPEAT:-2}"
 G1="devices=cuda:0"; G2="devices=cuda:0,cuda:1"
 if [ -z "${SKIP_TESTS:-}" ]; then
   section "CUDA tests"; python3 -m pytest -q tests/test_cuda.py -s 2>&1 | grep -E "bf16|grouped|passed|failed|Error|assert" | head -40

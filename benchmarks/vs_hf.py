@@ -21,10 +21,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import prompt as prompts  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.pipeline import Session  # noqa: E402
-from engine.synth import SyntheticSource, recipe_from_args  # noqa: E402
+from engine.io import prompt as prompts  # noqa: E402
+from engine.io.synth import SyntheticSource, recipe_from_args  # noqa: E402
+from engine.pipeline.session import Session  # noqa: E402
 
 
 def hf_qwen3moe(spec, device: str):

@@ -12,7 +12,7 @@ F=/tmp/q4km-${L}L.gguf
 BUILD=/tmp/llama-build
 [ -d third_party/llama.cpp ] || { echo "third_party/llama.cpp missing: run benchmarks/llamacpp_source.sh and carry it"; exit 2; }
 section "write $F in the background (q4_k_m, $L layers) while llama-bench builds"
-( [ -f "$F" ] || python3 -m engine.bench make-model "$F" --preset qwen3-30b-a3b --layers "$L" --quant q4_k_m \
+( [ -f "$F" ] || python3 -m engine.cli.bench make-model "$F" --preset qwen3-30b-a3b --layers "$L" --quant q4_k_m \
     > /tmp/make-model.log 2>&1 ) &
 MAKER=$!
 section "build llama-bench (CUDA, sm_90)"
@@ -29,7 +29,7 @@ LB="$BUILD/bin/llama-bench -m $F -p $SIZES -n 0 -fa 1 -ngl 99 -r 3 -o json"
 $LB > /tmp/lb-default.json 2>/tmp/lb-default.err || tail -20 /tmp/lb-default.err
 $LB -b 8192 -ub 4096 > /tmp/lb-big.json 2>/tmp/lb-big.err || tail -20 /tmp/lb-big.err
 section "ours (strata-bench run, chunk auto, experts resident)"
-python3 -m engine.bench run -m "$F" --devices cuda:0 -p "$SIZES" -r 3 --expert-cache all \
+python3 -m engine.cli.bench run -m "$F" --devices cuda:0 -p "$SIZES" -r 3 --expert-cache all \
   -o json > /tmp/ours.json 2>/tmp/ours.err || tail -20 /tmp/ours.err
 cp /tmp/lb-*.json /tmp/ours.json "${OUT:-/tmp}/" 2>/dev/null
 python3 - "$F" <<'PY'

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .settings_table import BOOL_ALLOWED, ENGINE_ROWS, MAX_PREFILL, SETTINGS, Setting, rows_of_kind
+from engine.settings_table import BOOL_ALLOWED, ENGINE_ROWS, MAX_PREFILL, SETTINGS, Setting, rows_of_kind
 
 MAX_SHOWN_VALUE = 80  # characters of a value's repr quoted in a message
 
@@ -126,7 +126,7 @@ class EngineConfig:
     # (bigger early, smaller late).  Balanced was slower on H200 (docs/benchmarks.md): opt-in.
     chunk_schedule: str = "fixed"
     # threads: every stage a thread of this process; processes: every stage a process of its
-    # own on torch.distributed (engine/executor.py), past the GIL and across hosts
+    # own on torch.distributed (engine/pipeline/executor.py), past the GIL and across hosts
     executor: str = "threads"
     # processes only: "" spawns the stage processes here; HOST:PORT waits for stages started
     # elsewhere (torchrun ... strata-bench stage --rendezvous HOST:PORT) to attach

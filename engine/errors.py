@@ -1,12 +1,12 @@
 """What a run raises: a cancel (with the report of what ran), a stage's error, a non-finite
-value, an out-of-memory that names its device.  Re-exported by engine.pipeline."""
+value, an out-of-memory that names its device.  Re-exported by engine.pipeline.session."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .events import RunReport, StageEvent
+    from engine.events import RunReport, StageEvent
 
 
 class Cancelled(Exception):

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .config import old_names_accepted
+from engine.config import old_names_accepted
 
 KINDS = ("compute", "wait", "copy", "stream", "decode")
 
@@ -28,7 +28,7 @@ class StageEvent:
     tokens: int = 0
     nbytes: int = 0
     note: str = ""
-    predicted: bool = False  # True for the planner's events (engine.planner), never for a run's
+    predicted: bool = False  # True for the planner's events (engine.plan.planner), never for a run's
 
     @property
     def dur_ns(self) -> int:
@@ -65,7 +65,7 @@ class RunPlan:
     prefill_main: bool
     pipeline_depth: int  # 1 overlap, 0 join (the seeds' pf_depth)
     chunk_reason: str = ""
-    schedule: str = "fixed"  # fixed or balanced (see engine.chunking)
+    schedule: str = "fixed"  # fixed or balanced (see engine.plan.chunking)
     bounds: tuple[tuple[int, int], ...] = ()  # (start, tokens) of every chunk; () = fixed cuts of `chunk`
     interleave: int = 1  # layer groups per device: stages are groups, stage j on device j mod D
     modelled_s: float = 0.0  # the prefill time chunking's model predicted for this plan (0: none)
@@ -97,7 +97,7 @@ class RunPlan:
     def chunk_bounds(self) -> list[tuple[int, int]]:
         if self.bounds:
             return [tuple(b) for b in self.bounds]
-        from .chunking import chunk_bounds
+        from engine.plan.chunking import chunk_bounds
 
         return chunk_bounds(self.prompt_tokens, self.chunk)
 
@@ -134,13 +134,13 @@ class RunReport:
     notes: list[str] = field(default_factory=list)
     telemetry: list[dict] = field(default_factory=list)  # GPU samples on the event clock
     telemetry_status: str = ""
-    attention: str = ""  # the attention kernel per device (engine/attention.py)
-    kernels: str = ""  # the kernel of dequant, MoE, q/k-norm+RoPE (engine/kernel_report.py)
+    attention: str = ""  # the attention kernel per device (engine/kernels/attention.py)
+    kernels: str = ""  # the kernel of dequant, MoE, q/k-norm+RoPE (engine/kernels/kernel_report.py)
     handoff_bytes: int = 0  # activations handed between stages during prefill (all hops)
-    # the chunk-cost probe's figures (engine.planner.probe_dict) when the run measured them: what the
+    # the chunk-cost probe's figures (engine.plan.planner.probe_dict) when the run measured them: what the
     # planner prices chunk sizes the run did not execute from
     cost_profile: dict = field(default_factory=dict)
-    executor: str = "threads"  # threads | processes (engine/executor.py)
+    executor: str = "threads"  # threads | processes (engine/pipeline/executor.py)
     handoff_s: float = 0.0  # seconds the prefill's hand-offs took, summed over hops
     handoff_gbps: float = 0.0  # handoff_bytes / handoff_s
     handoff_share: float = 0.0  # the mean hop's busy share of the prefill wall (handoff_s / hops / prefill_s)

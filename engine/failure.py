@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import settings_table
+from engine import settings_table
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +43,14 @@ def is_user_error(exc: BaseException) -> bool:
     be raised), so a bad argument is told apart without importing torch."""
     import sys
 
-    from .config import ConfigError
+    from engine.config import ConfigError
 
     # OSError: a path that cannot be read or written (its message names the path)
     expected: list[type[BaseException]] = [ConfigError, MemoryError, OSError]
-    for module, names in (("engine.gguf_model", ("GGUFError",)), ("engine.synth", ("RecipeError",)),
-                          ("engine.trace", ("TraceError",)),
+    for module, names in (("engine.io.gguf_model", ("GGUFError",)), ("engine.io.synth", ("RecipeError",)),
+                          ("engine.io.trace", ("TraceError",)),
                           ("engine.errors", ("Cancelled", "DeviceMemoryError", "NonFiniteError")),
-                          ("engine.executor", ("StageLost",))):
+                          ("engine.pipeline.executor", ("StageLost",))):
         mod = sys.modules.get(module)
         if mod is not None:
             expected += [getattr(mod, n) for n in names]
@@ -70,7 +70,7 @@ def host_out_of_memory(exc: BaseException) -> str | None:
     """The line for an allocation the host could not satisfy (torch's CPU allocator raises a
     RuntimeError "[enforce fail at alloc_cpu.cpp…] … you tried to allocate N bytes", numpy a
     MemoryError): out of memory with the size, not an internal error.  None for anything else."""
-    from .sizes import size_text
+    from engine.sizes import size_text
 
     errors = sys.modules.get("engine.errors")
     if errors is not None and isinstance(exc, errors.StageError) and exc.__cause__ is not None:

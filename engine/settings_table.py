@@ -1,8 +1,8 @@
 """Every setting, one row: its type, environment variable (and the seeds' aliases), CLI flag,
 choices, allowed text, form label, tooltip and doc line.
 
-`engine/config.py` parses and checks settings by these rows, `engine/bench.py` and
-`engine/plan_cli.py` make their flags from them, the app's form (`strata_gui/run/settings_model.py`,
+`engine/config.py` parses and checks settings by these rows, `engine/cli/bench.py` and
+`engine/cli/plan_cli.py` make their flags from them, the app's form (`strata_gui/run/settings_model.py`,
 `strata_gui/views/settings_view.py`) takes its fields, labels and tooltips from them, and the
 README's settings tables are `readme_tables()` (`python -m engine.settings_table` prints them;
 tests/test_settings_table.py fails when the README differs).

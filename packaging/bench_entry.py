@@ -2,7 +2,7 @@
 import multiprocessing
 import sys
 
-from engine.bench import main
+from engine.cli.bench import main
 
 if __name__ == "__main__":
     multiprocessing.freeze_support()  # a frozen child process must not run the CLI again

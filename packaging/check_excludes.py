@@ -90,9 +90,9 @@ def main() -> int:
     print(f"check_excludes: {len(excludes)} modules blocked")
 
     t0 = time.perf_counter()
-    from engine import prompt
-    from engine.gguf_model import load
-    from engine.synth import ModelRecipe, demo_model_path, write_model
+    from engine.io import prompt
+    from engine.io.gguf_model import load
+    from engine.io.synth import ModelRecipe, demo_model_path, write_model
     from strata_gui.app import make_app
     from strata_gui.tools.selftest import run_selftest
 

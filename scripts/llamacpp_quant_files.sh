@@ -13,13 +13,13 @@ Q=${LLAMA_QUANTIZE:-third_party/llama.cpp-cpu/build/bin/llama-quantize}
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 case "${1:-tests}" in
   tests)
-    "$PY" -m engine.bench make-model "$TMP/f32.gguf" --arch qwen3moe --layers 2 --hidden 256 --heads 4 --kv-heads 2 \
+    "$PY" -m engine.cli.bench make-model "$TMP/f32.gguf" --arch qwen3moe --layers 2 --hidden 256 --heads 4 --kv-heads 2 \
       --head-dim 64 --experts 4 --experts-used 2 --expert-ffn 256 --quant f32 --seed 7
     "$Q" "$TMP/f32.gguf" tests/data/qwen3moe-2L-iq3_s.llamacpp.gguf IQ3_S
     ;;
   cpu-bench)
     out=${2:?a folder for the file}
-    "$PY" -m engine.bench make-model "$TMP/f32.gguf" --arch qwen3moe --layers 8 --hidden 1024 --heads 16 --kv-heads 4 \
+    "$PY" -m engine.cli.bench make-model "$TMP/f32.gguf" --arch qwen3moe --layers 8 --hidden 1024 --heads 16 --kv-heads 4 \
       --head-dim 64 --experts 16 --experts-used 4 --expert-ffn 512 --quant f32
     "$Q" "$TMP/f32.gguf" "$out/qwen3moe-8L-h1024-q4_k_m.llamacpp.gguf" Q4_K_M
     ;;

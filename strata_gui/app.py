@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if splash is not None:
             splash.showMessage("preparing the demo model …", SPLASH_ALIGN, QColor("#202124"))
             app.processEvents()
-        from engine.synth import demo_model_path
+        from engine.io.synth import demo_model_path
 
         demo = demo_model_path()
     except Exception as exc:  # e.g. an unwritable cache directory

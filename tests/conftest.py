@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
     # any test module imports one: set later, kernels defined earlier stay compiled-only
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from engine import synth  # noqa: E402
+from engine.io import synth  # noqa: E402
 
 
 @pytest.fixture(scope="session")

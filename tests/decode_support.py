@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from engine.config import EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Session
 
 
 def decode_and_prefill(src, devices: list[str], dtype: str, decode: int = 6,

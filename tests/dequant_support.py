@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES
 
-from engine import dequant
+from engine.quant import dequant
 
 ALL_TYPES = sorted(dequant.SUPPORTED, key=lambda t: t.name)
 

@@ -48,7 +48,7 @@ CASES = THREADS + PROCESSES
 
 
 def model_path(case: Case, folder: Path) -> Path:
-    from engine import synth
+    from engine.io import synth
 
     recipe = synth.recipe_from_args("demo", arch=case.arch, quant=case.quant, n_layers=case.n_layers)
     path = folder / f"{case.arch}-{case.quant}-L{case.n_layers}.gguf"
@@ -58,10 +58,10 @@ def model_path(case: Case, folder: Path) -> Path:
 
 
 def run_case(case: Case, folder: Path) -> dict:
-    from engine import gguf_model
     from engine.config import EngineConfig
-    from engine.pipeline import Session
-    from engine.prompt import synthetic
+    from engine.io import gguf_model
+    from engine.io.prompt import synthetic
+    from engine.pipeline.session import Session
 
     model = gguf_model.load(model_path(case, folder))
     cfg = EngineConfig(devices=list(case.devices), chunk_tokens=CHUNK, pipeline_depth=case.depth,

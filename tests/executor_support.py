@@ -20,7 +20,7 @@ def free_port() -> int:
 
 
 def stage_command(port: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "engine.bench", "stage", "--rendezvous", f"127.0.0.1:{port}", *extra]
+    return [sys.executable, "-m", "engine.cli.bench", "stage", "--rendezvous", f"127.0.0.1:{port}", *extra]
 
 
 def env(**more: str) -> dict[str, str]:

@@ -23,10 +23,10 @@ class DemoRuns:
 
 
 def record_demo_run(demo_path, pipeline_depth: int, nonce: int = 0, prompt_tokens: int = PROMPT_TOKENS):
-    from engine import prompt
     from engine.config import EngineConfig
-    from engine.gguf_model import load
-    from engine.pipeline import Session
+    from engine.io import prompt
+    from engine.io.gguf_model import load
+    from engine.pipeline.session import Session
     from strata_gui.run.record_model import RunRecord, record_config
 
     model = load(demo_path)

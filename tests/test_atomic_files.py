@@ -1,4 +1,4 @@
-"""Every output file is written atomically (engine/atomic_file.py): a write that fails with a full
+"""Every output file is written atomically (engine/io/atomic_file.py): a write that fails with a full
 disk leaves the earlier file at that path byte-identical and no temporary file behind (issue 39).
 
 The full disk is real where the test may mount a small tmpfs (root), else injected: `os.fsync`
@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import atomic_file, bench, synth, trace
+from engine.cli import bench
+from engine.io import atomic_file, synth, trace
 
 ROOT = Path(__file__).resolve().parent.parent
 EARLIER = b"the earlier file \x00\xff, kept byte for byte\n" * 3

@@ -9,11 +9,12 @@ import time
 
 import pytest
 
-from engine import chunking, gguf_model
-from engine.chunking import ChunkCost, bounds_makespan, chunk_bounds
 from engine.config import EngineConfig
-from engine.pipeline import PipelineHooks, Session
-from engine.prompt import synthetic
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.pipeline.session import PipelineHooks, Session
+from engine.plan import chunking
+from engine.plan.chunking import ChunkCost, bounds_makespan, chunk_bounds
 
 # per layer: fixed, per token, per (token x cached key); ~1 s runs: per-run overheads (tens of ms) stay < 5%
 FIXED_S, TOKEN_S, KEY_S = 0.04, 0.8e-3, 0.4e-6

@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from engine import bench, gguf_model
+from engine.cli import bench
+from engine.io import gguf_model
 
 
 def run_cli(capsys, *argv):
@@ -85,7 +86,7 @@ def test_errors_are_one_clear_line(demo_path, capsys, argv, words):
 
 
 def test_trace_option_writes_a_loadable_trace(tmp_path, demo_path, capsys):
-    from engine import trace
+    from engine.io import trace
     p = tmp_path / "run.json.gz"
     rc, _, _ = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu,cpu", "--chunk-tokens", "16",
                        "--prompt-tokens", "48", "--trace", str(p), "--warmup", "0")
@@ -98,7 +99,7 @@ def test_trace_option_writes_a_loadable_trace(tmp_path, demo_path, capsys):
 def test_warm_up_runs_every_prompt_size_unmeasured(demo_path, capsys, monkeypatch):
     """A measured run never pays the first sight of its size's chunk shapes: every arm runs
     each prompt size once, unmeasured and on a prompt no measured run uses, before its repeats."""
-    from engine.pipeline import Session
+    from engine.pipeline.session import Session
 
     calls: list[tuple[int, int]] = []
     real_run = Session.run
@@ -122,14 +123,14 @@ def test_warm_up_runs_every_prompt_size_unmeasured(demo_path, capsys, monkeypatc
 def test_load_progress_on_a_terminal_is_one_rewritten_line_with_an_eta(monkeypatch):
     import io
 
-    from engine.load_progress import LoadProgress
+    from engine.cli.load_progress import LoadProgress
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
 
     clock = iter([0.0, 0.5, 1.0, 3.0])
-    monkeypatch.setattr("engine.load_progress.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("engine.cli.load_progress.time.perf_counter", lambda: next(clock))
     term = Terminal()
     shown = LoadProgress(term, 4 * 10**9, "big.gguf")  # t0 = 0
     shown("loading layer 3", 0.25)  # at 0.5 s: a quarter done, about 1.5 s left
@@ -143,11 +144,11 @@ def test_load_progress_on_a_terminal_is_one_rewritten_line_with_an_eta(monkeypat
 
 INJECT = """
 import sys
-import engine.model
+import engine.models.layers
 def boom(self, *args, **kwargs):
     raise ZeroDivisionError("injected internal error")
-engine.model.Head.final_norm = boom
-from engine.bench import main
+engine.models.layers.Head.final_norm = boom
+from engine.cli.bench import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -206,7 +207,7 @@ def test_load_reports_progress_on_stderr_and_the_rate(tmp_path, capsys):
 def test_decode_only_prints_tg_and_the_roofline(demo_path, capsys):
     """`--decode-tokens N` without a prompt measures tg like llama-bench `-p 0 -n N`: a tg<N> column,
     no prefill figures, the weight bytes per token and the roofline (unknown on a CPU)."""
-    from engine import roofline
+    from engine.plan import roofline
 
     rc, out, err = run_cli(capsys, "run", "--model", str(demo_path), "--devices", "cpu", "--decode-tokens", "4",
                            "--warmup", "0")

@@ -12,8 +12,8 @@ import statistics
 
 import pytest
 
-from engine import bench, bench_format
-from engine.run_progress import RunProgress, duration
+from engine.cli import bench, bench_format
+from engine.cli.run_progress import RunProgress, duration
 
 
 def run_cli(capsys, *argv):
@@ -56,7 +56,7 @@ def test_json_is_one_document_with_llama_bench_fields(short_flags_json, demo_pat
 
 
 def test_model_params_count_the_tensors(demo_path):
-    from engine.gguf_model import load
+    from engine.io.gguf_model import load
 
     m = load(demo_path)
     f = bench_format.model_fields(m)
@@ -208,8 +208,8 @@ def test_a_loads_progress_names_the_heads_and_weighs_them(demo_path):
     """The heads (embedding, output) are dequantised at load: a named step with their share of the
     work, not a silent stretch after the last layer's percentage (issue 37: 'froze at 50%')."""
     from engine.config import EngineConfig
-    from engine.gguf_model import load
-    from engine.pipeline import Session
+    from engine.io.gguf_model import load
+    from engine.pipeline.session import Session
 
     calls: list[tuple[str, float]] = []
     sess = Session(load(demo_path), EngineConfig.from_sources({"devices": "cpu,cpu"}), events=False,
@@ -228,7 +228,7 @@ def test_a_loads_progress_names_the_heads_and_weighs_them(demo_path):
 def test_a_load_line_on_a_terminal_keeps_ticking_between_steps():
     import time
 
-    from engine.load_progress import LoadProgress
+    from engine.cli.load_progress import LoadProgress
 
     term = Tty()
     shown = LoadProgress(term, 0, "m.gguf", heartbeat_s=0.02)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import synth
+from engine.io import synth
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLE = 3 << 30

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.chunk_cost import ChunkCostProbe
 from engine.config import EngineConfig
-from engine.gguf_model import load
-from engine.pipeline import Session
+from engine.io.gguf_model import load
+from engine.pipeline.session import Session
+from engine.plan.chunk_cost import ChunkCostProbe
 
 
 class RecordingGraphs:
-    """Stands in for engine.graphs.GraphedLayers; records what the probe asks of it."""
+    """Stands in for engine.kernels.graphs.GraphedLayers; records what the probe asks of it."""
 
     def __init__(self, log: list, layers, n: int, device, dtype) -> None:
         self.log, self.layers, self.n = log, list(layers), n
@@ -121,7 +121,7 @@ def test_same_shape_in_another_quant_is_measured_again(make_arch, monkeypatch):
     """One process (the app, a benchmark) opening the same shape as F16 and as Q4_K_M measures
     each: a Q4_K_M layer dequantises its experts and streams fewer bytes, so planning its chunks
     from the F16 measurement (it was, before the key held the expert types) mispredicts."""
-    from engine import chunk_cost
+    from engine.plan import chunk_cost
     monkeypatch.setattr(chunk_cost, "_MEASURED", {})
     calls: list[str] = []
     real = Session._measure_layer
@@ -144,7 +144,7 @@ def test_same_shape_in_another_quant_is_measured_again(make_arch, monkeypatch):
 def test_probe_shape_never_passes_the_prompt():
     """The sizes, and the attention probe's chunk behind its prefix, stay within the prompt; a
     prompt at or past the largest size gets the full probe."""
-    from engine import chunk_cost, chunking
+    from engine.plan import chunk_cost, chunking
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert chunk_cost.probe_shape(cpu) == (chunking.CPU_CANDIDATES[2:6], 256, 64, 4)
@@ -165,7 +165,7 @@ def test_a_prompt_is_never_probed_past_its_length(demo_path, monkeypatch):
     probe makes runs at most the prompt's positions; a 16-token prompt (one chunk whatever the
     costs) is not probed at all; a shorter prompt reuses a longer one's measurement; a longer
     one measures again, up to its own length."""
-    from engine import chunk_cost
+    from engine.plan import chunk_cost
 
     monkeypatch.setattr(chunk_cost, "_MEASURED", {})
     calls: list[tuple[int, int]] = []  # (chunk tokens, position) of every layer call of the probe

@@ -1,8 +1,8 @@
 """The auto chunk model: prompt length AND stage count decide, from measured costs."""
 import pytest
 
-from engine import chunking
-from engine.chunking import (
+from engine.plan import chunking
+from engine.plan.chunking import (
     GRAIN,
     ChunkCost,
     balanced_bounds,

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from platform_support import not_on_windows
 
-from engine import bench, synth
-from engine.atomic_file import UMASK
-from engine.gguf_model import load
+from engine.cli import bench
+from engine.io import synth
+from engine.io.atomic_file import UMASK
+from engine.io.gguf_model import load
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,12 +73,12 @@ def test_make_model_refuses_nothing_the_loader_accepts(tmp_path):
 
 def test_help_and_argument_errors_do_not_import_torch():
     """--help and argument errors answer without importing torch, gguf or the pipeline (seconds)."""
-    code = ("import sys, engine.bench as b\n"
+    code = ("import sys, engine.cli.bench as b\n"
             "for argv in (['run', '--prompt-tokens', 'abc'], ['run', '--trace', '/proc/x.json'],"
             " ['make-model', '/proc/x.gguf']):\n"
             "    assert b.main(argv) == 2\n"
             "try:\n    b.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
-            "print(sorted(m for m in ('torch', 'gguf', 'engine.pipeline', 'engine.gguf_model') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'gguf', 'engine.pipeline.session', 'engine.io.gguf_model') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

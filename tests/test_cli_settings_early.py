@@ -1,5 +1,5 @@
 """Issue 37: every bad value of every setting makes `strata-bench` exit 2 with one line, before
-torch (or the model) is imported; engine.attention imports no torch._dynamo at start-up."""
+torch (or the model) is imported; engine.kernels.attention imports no torch._dynamo at start-up."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import ENV_NAMES, SETTING_NAMES
-from engine.machine import visible_list_bound
+from engine.hw.machine import visible_list_bound
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,7 +73,7 @@ def test_every_bad_value_exits_2_with_one_line_before_torch_is_imported(tmp_path
     at sys.modules: no torch, gguf, numpy-heavy engine module or model was imported."""
     code = """
 import contextlib, io, json, os, sys
-import engine.bench as b
+import engine.cli.bench as b
 results = []
 for argv, env, _ in json.load(open(sys.argv[1])):
     saved = {k: os.environ.get(k) for k in env}
@@ -92,7 +92,7 @@ for argv, env, _ in json.load(open(sys.argv[1])):
             else:
                 os.environ[k] = v
     results.append((rc, err.getvalue()))
-heavy = sorted(m for m in ("torch", "gguf", "engine.pipeline", "engine.gguf_model", "engine.synth")
+heavy = sorted(m for m in ("torch", "gguf", "engine.pipeline.session", "engine.io.gguf_model", "engine.io.synth")
                if m in sys.modules)
 print(json.dumps({"results": results, "heavy": heavy}))
 """
@@ -116,7 +116,7 @@ print(json.dumps({"results": results, "heavy": heavy}))
 
 def test_the_engine_imports_no_dynamo_at_start_up():
     """torch.nn.attention.bias pulls torch._dynamo (seconds on a cold start): imported where used."""
-    code = ("import sys\nimport engine.pipeline, engine.attention, engine.model, engine.bench\n"
+    code = ("import sys\nimport engine.pipeline.session, engine.kernels.attention, engine.models.layers, engine.cli.bench\n"
             "print(sorted(m for m in ('torch._dynamo', 'torch.nn.attention.bias') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

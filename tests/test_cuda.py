@@ -10,10 +10,10 @@ import torch
 from dequant_support import ALL_TYPES, check_type
 from hf_reference import hf_model
 
-from engine import gguf_model
 from engine.config import EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Session
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
@@ -226,7 +226,7 @@ def test_two_gpu_events_follow_the_pipeline_order(demo_path, handoff):
 def test_chunk_cost_is_measured_as_runs_execute_and_frees_its_graphs(demo_path):
     """With CUDA graphs on, auto's per-size costs come from graph replays (what a fixed chunk
     runs), and measuring leaves no graph memory behind."""
-    from engine import chunk_cost
+    from engine.plan import chunk_cost
 
     model = gguf_model.load(demo_path)
     costs = {}
@@ -270,7 +270,7 @@ def test_two_stages_capture_a_remainder_chunk_concurrently_and_match_eager(demo_
 def test_chunk_attention_split_matches_the_masked_reference(pos, n):
     """The cuDNN prefix+diagonal split gives the lower-right-masked SDPA's result (bf16 rounding),
     on Qwen3-30B-A3B's heads (32 q / 4 kv of 128), and the device chose it."""
-    from engine.attention import CUDNN_SPLIT, SDPA, AttentionKernel, chunk_attention, kernel_for
+    from engine.kernels.attention import CUDNN_SPLIT, SDPA, AttentionKernel, chunk_attention, kernel_for
 
     dev = torch.device("cuda:0")
     kernel = kernel_for(dev, 32, 4, 128, torch.bfloat16)
@@ -303,7 +303,7 @@ def test_run_report_names_the_attention_kernel(demo_path):
 def test_moe_kernels_match_the_torch_expressions():
     """The Triton SwiGLU and gather-weighted sum give the torch expressions' values (one bf16
     rounding instead of two or three) at a 2048-token chunk of Qwen3-30B-A3B's experts."""
-    from engine import moe_kernels
+    from engine.kernels import moe_kernels
 
     dev = torch.device("cuda:0")
     x = torch.randn(1, device=dev)
@@ -364,8 +364,8 @@ def test_balanced_chunks_are_graphed_and_match_eager(demo_path):
 
 @cuda
 def test_qk_norm_rope_kernel_matches_torch_and_lays_q_out_heads_first(monkeypatch):
-    from engine import qk_rope
-    from engine.model import Rope
+    from engine.kernels import qk_rope
+    from engine.models.layers import Rope
 
     monkeypatch.delenv(qk_rope.ENV, raising=False)  # on by default where Triton runs
 
@@ -427,7 +427,7 @@ def test_cuda_dequant_in_steps_into_bf16(monkeypatch):
     from gguf import GGMLQuantizationType as T
     from gguf import quants as gguf_quants
 
-    from engine import dequant
+    from engine.quant import dequant
 
     monkeypatch.setattr(dequant, "CHUNK_BLOCKS_CUDA", 7)
     for qtype in (T.Q4_K, T.Q6_K, T.IQ4_XS, T.Q8_0):
@@ -448,7 +448,7 @@ TRITON_DEQUANT_TYPES = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_0", "Q4_1", 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("name", TRITON_DEQUANT_TYPES)
 def test_cuda_triton_dequant_bit_exact_casts_strided_and_graphed(monkeypatch, name):
-    """The compiled Triton dequantiser (engine/dequant_triton.py): float32 output bit for bit
+    """The compiled Triton dequantiser (engine/quant/dequant_triton.py): float32 output bit for bit
     gguf's (this is where FMA contraction would show: `dl * q - ml` fused rounds once), bf16 and
     fp16 outputs the casts of it, the torch path's bits, a strided [rows, bytes] slice read in
     place (also gathered by a row index), and a CUDA-graph replay (no host synchronisation in the launch)."""
@@ -457,7 +457,7 @@ def test_cuda_triton_dequant_bit_exact_casts_strided_and_graphed(monkeypatch, na
     from gguf import GGMLQuantizationType as T
     from gguf import quants as gguf_quants
 
-    from engine import dequant, dequant_triton
+    from engine.quant import dequant, dequant_triton
 
     qtype = T[name]
     monkeypatch.delenv(dequant_triton.ENV, raising=False)
@@ -523,7 +523,7 @@ def test_cuda_lattice_and_fp4_types_take_the_torch_path_bit_exact(monkeypatch, n
     from gguf import GGMLQuantizationType as T
     from gguf import quants as gguf_quants
 
-    from engine import dequant, dequant_triton
+    from engine.quant import dequant, dequant_triton
 
     qtype = T[name]
     monkeypatch.setenv(dequant_triton.ENV, "torch")
@@ -574,7 +574,7 @@ def test_yarn_rope_on_cuda_matches_transformers_and_the_cpu(tmp_path):
     """YaRN only changes the RoPE tables (frequencies, and cos/sin times its attention factor):
     the CUDA paths that take them (eager, CUDA graphs, the Triton q/k-norm+RoPE kernel in bf16)
     give transformers' yarn logits (issue 39)."""
-    from engine import synth
+    from engine.io import synth
 
     meta = {"{a}.rope.scaling.type": "yarn", "{a}.rope.scaling.factor": 4.0,
             "{a}.rope.scaling.original_context_length": 64}
@@ -600,7 +600,7 @@ def test_yarn_rope_on_cuda_matches_transformers_and_the_cpu(tmp_path):
 
 
 def _q4_k_m_source(device: str, n_layers: int = 2):
-    from engine import synth
+    from engine.io import synth
     shapes = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
     return synth.SyntheticSource(synth.recipe_from_args("demo", quant="q4_k_m", n_layers=n_layers, **shapes), device)
 
@@ -608,11 +608,11 @@ def _q4_k_m_source(device: str, n_layers: int = 2):
 @cuda
 def test_cuda_compact_experts_match_full_and_replay_in_a_graph(monkeypatch):
     """Resident Q4_K_M experts on the grouped-GEMM path (bf16): gathering only the routed experts
-    (engine/routed_experts.py) gives the full expansion's output for a decode token and small
+    (engine/models/routed_experts.py) gives the full expansion's output for a decode token and small
     chunks, and a CUDA graph captured at one token replays it correctly for other routings."""
-    from engine import routed_experts
-    from engine.model import Layer, Rope, load_layer_weights
-    from engine.qtensor import QTensor
+    from engine.models import routed_experts
+    from engine.models.layers import Layer, Rope, load_layer_weights
+    from engine.quant.qtensor import QTensor
 
     src = _q4_k_m_source("cuda:0")
     dev = torch.device("cuda:0")
@@ -660,7 +660,7 @@ def test_cuda_greedy_decode_is_the_prefill_argmax(quant, dtype):
     (within 3% of the largest logit), in fp32 none is allowed."""
     from decode_support import decode_and_prefill, disagreements
 
-    from engine import synth
+    from engine.io import synth
     shapes = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
     src = synth.SyntheticSource(synth.recipe_from_args("demo", quant=quant, n_layers=2, **shapes), "cuda:0")
     gen, logits = decode_and_prefill(src, ["cuda:0"], dtype, decode=8)
@@ -674,10 +674,10 @@ def test_cuda_greedy_decode_is_the_prefill_argmax(quant, dtype):
 
 @cuda
 def test_the_report_names_triton_kernels_and_the_selftest_exercise_runs_one(demo_path):
-    """engine/kernel_report.py on a CUDA machine with triton: what the run report and the frozen
+    """engine/kernels/kernel_report.py on a CUDA machine with triton: what the run report and the frozen
     self-test say there (issue 36)."""
     pytest.importorskip("triton")
-    from engine import kernel_report
+    from engine.kernels import kernel_report
 
     ok, what = kernel_report.exercise("cuda")
     assert ok and "matches torch" in what, what
@@ -694,7 +694,7 @@ def test_the_report_names_triton_kernels_and_the_selftest_exercise_runs_one(demo
 def test_cuda_memory_bandwidth_is_derived_for_the_roofline():
     """The decode roofline's bandwidth: memory clock x bus width, from torch or NVML (an H200's
     HBM3e is ~4.8 TB/s; any GPU this runs on has more than 100 GB/s)."""
-    from engine import roofline
+    from engine.plan import roofline
 
     bw, how = roofline.cuda_bandwidth("cuda:0")
     print(f"cuda:0 memory bandwidth: {bw / 1e9 if bw else 0:.0f} GB/s ({how})")

@@ -11,10 +11,10 @@ import pytest
 import torch
 from decode_support import decode_and_prefill
 
-from engine import synth
 from engine.config import EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.io import synth
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Session
 
 K_SHAPES = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
 DECODE = 6

@@ -1,4 +1,4 @@
-"""engine.dequant against gguf's numpy dequantiser, bit for bit, on random blocks (CPU)."""
+"""engine.quant.dequant against gguf's numpy dequantiser, bit for bit, on random blocks (CPU)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +8,8 @@ from dequant_support import ALL_TYPES, assert_bit_exact, check_type, random_bloc
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
-from engine import dequant
-from engine.code_books import code_book
+from engine.quant import dequant
+from engine.quant.code_books import code_book
 
 # random bytes include NaN/inf scales: numpy warns while computing the reference
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

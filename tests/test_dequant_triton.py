@@ -1,4 +1,4 @@
-"""The Triton dequantiser (engine/dequant_triton.py) against gguf's numpy dequantiser and the
+"""The Triton dequantiser (engine/quant/dequant_triton.py) against gguf's numpy dequantiser and the
 torch path, bit for bit, run on CPU through Triton's interpreter where triton is installed (it
 is not a dependency: CI skips those; tests/test_cuda.py runs the compiled kernels on the GPU
 machine, where FMA contraction and the conversions are the real risks).  The dispatch tests
@@ -17,7 +17,7 @@ from dequant_support import assert_bit_exact, random_blocks
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
-from engine import dequant
+from engine.quant import dequant
 
 if not torch.cuda.is_available():  # interpret the kernels here; a CUDA machine compiles them
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -42,7 +42,7 @@ LATTICE_AND_FP4_KERNELS = [T.IQ3_XXS, T.IQ3_S, T.MXFP4, T.IQ2_XXS, T.IQ2_XS, T.I
 if HAVE_TRITON:
     import triton.language as tl
 
-    from engine.dequant_triton import _bf16
+    from engine.quant.dequant_triton import _bf16
 
     @triton.jit
     def _cast_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
@@ -54,7 +54,7 @@ if HAVE_TRITON:
 @pytest.fixture
 def fresh_choice():
     """Each test decides afresh (the choice is cached per process, as the env is read once)."""
-    from engine import dequant_triton
+    from engine.quant import dequant_triton
     dequant_triton._kernels.cache_clear()
     yield dequant_triton
     dequant_triton._kernels.cache_clear()
@@ -124,7 +124,7 @@ def test_cpu_always_uses_the_torch_path(monkeypatch):
     """A CPU tensor never reaches the Triton module, whatever is installed."""
     assert dequant.backend("cpu", T.Q4_K, torch.bfloat16) == "torch"
     if HAVE_TRITON:
-        from engine import dequant_triton
+        from engine.quant import dequant_triton
 
         def boom(*a, **k):
             raise AssertionError("the Triton path ran for a CPU tensor")
@@ -190,7 +190,7 @@ def test_types_without_a_kernel_fall_back_to_torch_on_cuda(fresh_choice, qtype, 
     assert dequant.gpu_temporaries("cuda:0", [T.Q4_K, qtype], torch.bfloat16) == dequant.STEP_BYTES_CUDA
     if HAVE_TRITON and os.environ.get("STRATA_DEQUANT", "") != "torch":
         fresh_choice._kernels.cache_clear()
-        with caplog.at_level("INFO", logger="engine.dequant_triton"):
+        with caplog.at_level("INFO", logger="engine.quant.dequant_triton"):
             fresh_choice.handles(qtype, torch.bfloat16)
         assert "torch for the other types" in caplog.text
         assert qtype.name not in caplog.text.split("torch for")[0]
@@ -239,7 +239,7 @@ def test_every_kernel_compiles_for_sm90_without_fused_multiply_add():
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.split("\n")
-    from engine import dequant_triton
+    from engine.quant import dequant_triton
     for qt in dequant_triton.TYPES:
         for out in ("*fp32", "*bf16"):
             line = next((x for x in lines if x.startswith(f"{qt.name} {out} ")), None)

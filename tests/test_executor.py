@@ -18,11 +18,12 @@ import pytest
 from executor_support import Sleep, process_gone
 from platform_support import posix_signals
 
-from engine import failure, gguf_model
+from engine import failure
 from engine.config import ConfigError, EngineConfig
-from engine.executor import ProcessExecutor, StageLost, stage_timeout
-from engine.pipeline import Cancelled, PipelineHooks, Session, StageError
-from engine.prompt import synthetic
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.pipeline.executor import ProcessExecutor, StageLost, stage_timeout
+from engine.pipeline.session import Cancelled, PipelineHooks, Session, StageError
 
 TOKENS, CHUNK = 96, 16  # six chunks
 SLEEP = 0.03  # per layer, in every stage process: overlap is visible on a loaded 2-core machine
@@ -244,7 +245,7 @@ import os, sys
 sys.path[:0] = {paths!r}
 from engine import gguf_model
 from engine.config import EngineConfig
-from engine.pipeline import Session
+from engine.pipeline.session import Session
 
 def main():
     cfg = EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16, executor="processes")
@@ -300,7 +301,7 @@ def _zombie(pid: int) -> bool:
 # ------------------------------------------------------------------ streamed experts
 def _tiny_cache(demo) -> float:
     """GiB for 3 of a layer's 8 experts as stored: every chunk streams."""
-    from engine.experts import EXPERT_PARTS
+    from engine.models.experts import EXPERT_PARTS
 
     return 0.4 * sum(demo.nbytes(f"blk.0.{p}.weight") for p in EXPERT_PARTS) / 2**30
 
@@ -349,7 +350,7 @@ def test_streamed_experts_in_stage_processes_match_threads(demo, ids, n_stages):
 
 
 def test_the_pin_limit_is_split_so_the_total_never_exceeds_it():
-    from engine.executor import split_pin_limit
+    from engine.pipeline.executor import split_pin_limit
 
     assert split_pin_limit(10, [3, 3, 4], [True, True, True]) == [3, 3, 4]
     shares = split_pin_limit(7, [3, 3, 4], [True, True, True])
@@ -390,7 +391,7 @@ class _FakeGraphed:
 
 
 def test_graph_sizes_are_the_runs_chunk_sizes_and_one_for_decode():
-    from engine.stage_graphs import MAX_GRAPHED_SIZES, graph_sizes
+    from engine.pipeline.stage_graphs import MAX_GRAPHED_SIZES, graph_sizes
 
     assert graph_sizes([(0, 16), (16, 16), (32, 8)], True) == {16, 8, 1}
     assert graph_sizes([(0, 16), (16, 8)], False) == set()
@@ -402,7 +403,7 @@ def test_graph_sizes_are_the_runs_chunk_sizes_and_one_for_decode():
 def test_stage_graphs_capture_after_the_first_eager_pass_fall_back_and_free():
     import torch
 
-    from engine.stage_graphs import StageGraphs
+    from engine.pipeline.stage_graphs import StageGraphs
 
     notes: list[str] = []
     layers = [_FakeLayer(2), _FakeLayer(3)]
@@ -466,10 +467,10 @@ def test_a_stage_process_forward_captures_after_the_first_pass_replays_and_notes
     import torch
     import torch.distributed as dist
 
-    from engine.model import Layer
-    from engine.stage_graphs import StageGraphs
-    from engine.stage_messages import Note
-    from engine.stage_process import RunOrder, SourceRef, StageProcess, StageSpec
+    from engine.models.layers import Layer
+    from engine.pipeline.stage_graphs import StageGraphs
+    from engine.pipeline.stage_messages import Note
+    from engine.pipeline.stage_process import RunOrder, SourceRef, StageProcess, StageSpec
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     spec = StageSpec(rank=0, world=1, device="cpu", first=0, end=4, source=SourceRef("gguf", path=str(demo_path)),

@@ -6,10 +6,10 @@ import pytest
 import torch
 from executor_support import process_gone
 
-from engine import gguf_model
 from engine.config import EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Session
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
@@ -47,7 +47,7 @@ def test_two_stages_on_one_gpu_go_through_gloo_and_match_threads(demo_path):
 
 def _tiny_cache(model) -> float:
     """GiB for 3 of a layer's 8 experts as stored: every chunk streams."""
-    from engine.experts import EXPERT_PARTS
+    from engine.models.experts import EXPERT_PARTS
 
     return 0.4 * sum(model.nbytes(f"blk.0.{p}.weight") for p in EXPERT_PARTS) / 2**30
 

@@ -13,11 +13,12 @@ import pytest
 from executor_support import ROOT, env, free_port, reap, stage_command
 from platform_support import posix_signals
 
-from engine import gguf_model, wire
 from engine.config import ConfigError, EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
-from engine.stage_messages import Hello, Refused, versions
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.pipeline import wire
+from engine.pipeline.session import Session
+from engine.pipeline.stage_messages import Hello, Refused, versions
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +115,8 @@ def test_an_attached_stage_killed_mid_run_is_named_and_the_other_one_ends(demo):
     import signal
     import time
 
-    from engine.executor import StageLost
-    from engine.pipeline import StageError
+    from engine.pipeline.executor import StageLost
+    from engine.pipeline.session import StageError
 
     ids = synthetic(128, demo.spec.vocab, nonce=3)
     port = free_port()

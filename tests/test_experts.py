@@ -4,11 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import dequant, gguf_model
 from engine.config import ConfigError, EngineConfig
-from engine.experts import EXPERT_PARTS, ExpertCache, ExpertStats, HostArena, physical_ram, resolve_pin_limit
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.models.experts import EXPERT_PARTS, ExpertCache, ExpertStats, HostArena, physical_ram, resolve_pin_limit
+from engine.pipeline.session import Session
+from engine.quant import dequant
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from engine import gguf_model
 from engine.config import EngineConfig
-from engine.pipeline import Cancelled, DeviceMemoryError, PipelineHooks, Session, StageError
-from engine.prompt import synthetic
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Cancelled, DeviceMemoryError, PipelineHooks, Session, StageError
 
 DEVICES = ["cpu", "cpu", "cpu"]
 

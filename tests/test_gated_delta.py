@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.gated_delta import GdnShape, GdnState, causal_conv1d, gated_delta, gdn_mix, l2norm, split_ba
+from engine.models.gated_delta import GdnShape, GdnState, causal_conv1d, gated_delta, gdn_mix, l2norm, split_ba
 
 transformers = pytest.importorskip("transformers")
 

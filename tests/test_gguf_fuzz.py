@@ -1,8 +1,8 @@
 """Hostile GGUF files: each loads or raises GGUFError naming the problem, fast and in little memory.
 
-Two kinds of test: 300 deterministic fuzz cases (every mutation class of `engine.gguf_fuzz`,
+Two kinds of test: 300 deterministic fuzz cases (every mutation class of `tests/gguf_fuzz.py`,
 several times), and one hand-made file per problem class that `scan` must name.  The 10,000-case
-run is `python -m engine.gguf_fuzz --cases 10000 --seed 0` (docs/reliability.md).
+run is `python tests/gguf_fuzz.py --cases 10000 --seed 0` (docs/reliability.md).
 """
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import struct
 import time
 from pathlib import Path
 
+import gguf_fuzz
 import pytest
 from gguf.constants import GGMLQuantizationType, GGUFValueType
+from gguf_fuzz import Limits, Mutator, encode_kv, info_blobs, kv_blobs, rebuild
 
-from engine import gguf_fuzz, gguf_model
-from engine.gguf_fuzz import Limits, Mutator, encode_kv, info_blobs, kv_blobs, rebuild
-from engine.gguf_model import GGUFError, GGUFLayout
+from engine.io import gguf_model
+from engine.io.gguf_model import GGUFError, GGUFLayout
 
 FUZZ_CASES_PER_SEED = 150  # x 2 seeds = 300 cases
 
@@ -62,7 +63,7 @@ def test_fuzz_cases_load_or_raise_gguf_error(base, tmp_path, seed):
     data, layout = base
     outcomes = gguf_fuzz.run_cases(data, seed, range(FUZZ_CASES_PER_SEED), jobs=0, workdir=tmp_path)
     # no time limit per case here (a busy machine's seconds are no bug; the watchdog still stops a
-    # hang): `python -m engine.gguf_fuzz` holds each case to Limits.seconds and prints the times
+    # hang): `python tests/gguf_fuzz.py` holds each case to Limits.seconds and prints the times
     no_clock = Limits(seconds=math.inf)
     summary = gguf_fuzz.Summary(len(outcomes), seed, 0, len(data), no_clock, 0.0, 0, outcomes)
     assert not summary.violations, gguf_fuzz.render(summary)

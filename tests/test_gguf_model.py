@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter
 
-from engine import gguf_model, synth
-from engine.gguf_model import GGUFError
+from engine.io import gguf_model, synth
+from engine.io.gguf_model import GGUFError
 
 
 def test_demo_model_spec(demo_path):
@@ -111,7 +111,8 @@ def test_unknown_type_id_is_one_line_naming_tensor_id_and_supported_list(tmp_pat
     one line; the CLI says it with exit code 2 and no traceback."""
     import struct
 
-    from engine import bench, failure
+    from engine import failure
+    from engine.cli import bench
 
     data = bytearray(demo_path.read_bytes())
     layout = gguf_model.scan_buffer(bytes(data), demo_path)

@@ -11,7 +11,7 @@ import pytest
 from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app  # noqa: F401
 from test_topology import GIB, FakeCuda, FakeNvml, FakeNvmlDevice, cuda_props
 
-from engine import topology
+from engine.hw import topology
 from strata_gui.run.telemetry_model import TelemetryMonitor, processes_text
 
 

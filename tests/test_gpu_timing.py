@@ -7,8 +7,8 @@ import threading
 
 import torch
 
-from engine.gpu_timing import DeferredTimer, GpuInterval
-from engine.stage import _Worker
+from engine.hw.gpu_timing import DeferredTimer, GpuInterval
+from engine.pipeline.stage import _Worker
 
 
 class Event:

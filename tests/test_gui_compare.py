@@ -135,7 +135,7 @@ def test_depth_change_with_repeats_colours_prefill_and_flags_decode_as_unaffecte
     noise)."""
     import time
 
-    from engine.pipeline import PipelineHooks
+    from engine.pipeline.session import PipelineHooks
 
     win = window
     win.controller.hooks = PipelineHooks(after_layer=lambda s, layer, c: time.sleep(0.02) if c >= 0 else None)

@@ -8,7 +8,7 @@ from executor_support import process_gone
 from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, window  # noqa: F401
 from PySide6.QtCore import Qt
 
-from engine.executor import ProcessExecutor
+from engine.pipeline.executor import ProcessExecutor
 
 RUN_TIMEOUT_MS = 120_000  # spawning two stage processes takes seconds on 2 cores
 

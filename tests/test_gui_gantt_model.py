@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.events import RunPlan, StageEvent, StagePlan
-from engine.topology import TelemetrySample
+from engine.hw.topology import TelemetrySample
 from strata_gui.run.event_batcher import EventBatcher
 from strata_gui.run.gantt_model import EventStore
 from strata_gui.run.progress_model import RunProgress

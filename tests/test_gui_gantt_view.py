@@ -99,7 +99,7 @@ def test_live_batches_follow_the_edge_and_manual_zoom_stops_following(themed_app
 
 
 def test_telemetry_says_why_it_is_unavailable_and_plots_when_it_is(themed_app, qtbot):
-    from engine.topology import TelemetrySample
+    from engine.hw.topology import TelemetrySample
 
     tv = TelemetryView()
     qtbot.addWidget(tv)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from history_support import demo_runs  # noqa: F401
 
-from engine import atomic_file, trace
-from engine.trace import TraceError
+from engine.io import atomic_file, trace
+from engine.io.trace import TraceError
 from strata_gui.history.history_model import RunHistory
 from strata_gui.run.record_model import RunRecord
 from strata_gui.run.run_files import events_csv, export_events_csv, export_trace, import_trace

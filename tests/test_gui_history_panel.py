@@ -13,7 +13,7 @@ from history_support import FORM, RUN_TIMEOUT_MS, run_once
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 
-from engine.pipeline import PipelineHooks
+from engine.pipeline.session import PipelineHooks
 
 
 def _wait_panel(qtbot, panel) -> None:

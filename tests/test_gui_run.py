@@ -7,7 +7,7 @@ from pathlib import Path
 from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, wait_no_engine_threads, window  # noqa: F401
 from PySide6.QtCore import Qt
 
-from engine.pipeline import PipelineHooks
+from engine.pipeline.session import PipelineHooks
 
 RUN_TIMEOUT_MS = 60_000
 
@@ -139,8 +139,8 @@ def test_closing_the_window_during_a_run_stops_it_cleanly(themed_app, qtbot, qse
 
 
 def test_text_prompt_is_tokenised_with_the_models_vocabulary(window, qtbot):
-    from engine import prompt
-    from engine.gguf_model import load
+    from engine.io import prompt
+    from engine.io.gguf_model import load
 
     win = window
     text = "hello world, the pipeline split"
@@ -157,7 +157,7 @@ def test_text_prompt_is_tokenised_with_the_models_vocabulary(window, qtbot):
 
 def test_telemetry_reason_for_a_gpu_run_without_nvml():
     from engine.config import EngineConfig
-    from engine.topology import Topology
+    from engine.hw.topology import Topology
     from strata_gui.run.run_job import make_sampler
 
     sampler, reason = make_sampler(EngineConfig(devices=["cpu", "cpu"]), Topology(reason="no CUDA devices: test"))
@@ -332,7 +332,7 @@ def test_layer_split_auto_runs_the_split_the_model_picks_and_keeps_it_for_the_ne
     """Over two devices with split auto, the app models contiguous vs interleave:V for the
     prompt, rebuilds its session for the faster one (here: 3 chunks on 2 devices, interleave:2),
     says so in the report, and the next Run of the same settings reuses that session."""
-    from engine import split_choice
+    from engine.plan import split_choice
 
     monkeypatch.setattr(split_choice, "distinct_devices", lambda config: len(config.devices))  # cpu,cpu as 2 GPUs
     win = window

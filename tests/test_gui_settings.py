@@ -7,7 +7,7 @@ from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, wa
 from PySide6.QtCore import QModelIndex, Qt
 from PySide6.QtWidgets import QAbstractItemView
 
-from engine.topology import GpuInfo, Topology
+from engine.hw.topology import GpuInfo, Topology
 from strata_gui.views.devices_view import DevicesPanel
 from strata_gui.views.settings_view import TIPS
 
@@ -166,7 +166,7 @@ def test_a_pin_limit_above_ram_is_flagged_under_its_field_before_run(window, qtb
     """The form applies the engine's own machine check (EngineConfig.check_machine)."""
     from gui_support import set_form
 
-    from engine.experts import physical_ram
+    from engine.models.experts import physical_ram
 
     win = window
     too_much = f"{physical_ram() / 2**30 * 2:.0f}"
@@ -180,10 +180,10 @@ def test_a_pin_limit_above_ram_is_flagged_under_its_field_before_run(window, qtb
 def test_model_quant_mix_and_memory_plan_are_shown_before_run(window, qtbot, tmp_path):
     """The model line names its quant mix; the memory plan follows the settings (per device,
     and the host arena once experts are streamed)."""
-    from engine import synth
     from engine.config import EngineConfig
-    from engine.gguf_model import load
-    from engine.memory_plan import plan_memory
+    from engine.io import synth
+    from engine.io.gguf_model import load
+    from engine.plan.memory_plan import plan_memory
 
     win = window
     p = synth.write_model(tmp_path / "q4km.gguf", synth.recipe_from_args(
@@ -210,8 +210,8 @@ def test_model_quant_mix_and_memory_plan_are_shown_before_run(window, qtbot, tmp
 def test_low_bit_quant_mix_and_memory_plan_are_shown(window, qtbot, tmp_path, quant, types):
     """An IQ3_XXS-mix or MXFP4 file: the model line names its types, and the memory plan sizes
     its experts by their own blocks (resident: the file's expert bytes; streamed: the arena)."""
-    from engine import synth
-    from engine.gguf_model import load
+    from engine.io import synth
+    from engine.io.gguf_model import load
     from engine.sizes import size_text
 
     win = window
@@ -238,7 +238,7 @@ def test_devices_panel_shows_driver_models_and_what_follows_from_a_fake_nvml(the
     import pynvml
     from test_topology import FakeCuda, FakeNvml, FakeNvmlDevice, cuda_props
 
-    from engine import topology
+    from engine.hw import topology
 
     FakeNvml([FakeNvmlDevice(0, 6, 0, name="RTX A", driver_model=pynvml.NVML_DRIVER_WDDM),
               FakeNvmlDevice(0, 7, 0, name="RTX B", driver_model=pynvml.NVML_DRIVER_WDDM)]).install(monkeypatch)

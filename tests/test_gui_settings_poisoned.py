@@ -133,6 +133,6 @@ def test_any_value_is_accepted_in_range_or_rejected_with_a_reason(name, value):
 
 
 def test_the_forms_text_bound_is_the_engines():
-    from engine.prompt import MAX_TEXT_CHARS
+    from engine.io.prompt import MAX_TEXT_CHARS
 
     assert MAX_PROMPT_TEXT_CHARS == MAX_TEXT_CHARS

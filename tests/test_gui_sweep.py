@@ -12,10 +12,10 @@ import pytest
 from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, wait_no_engine_threads, window  # noqa: F401
 from PySide6.QtCore import Qt
 
-from engine import prompt as prompts
-from engine.bench import Point
+from engine.cli.bench import Point
 from engine.config import ConfigError
-from engine.pipeline import PipelineHooks
+from engine.io import prompt as prompts
+from engine.pipeline.session import PipelineHooks
 from strata_gui.sweep.sweep_model import SweepArm, SweepPlan, SweepResults, arm_config, format_tokens, parse_sizes
 
 BASE = {"devices": "cpu,cpu", "chunk_tokens": "32", "pipeline_depth": 1, "layer_split": "auto", "gpu_order": "pcie"}
@@ -39,7 +39,7 @@ def test_plan_runs_every_arm_on_the_same_prompt_in_the_bench_order():
     steps = plan.steps()
     assert plan.total == len(steps) == 8
     assert [(s.prompt_tokens, s.repeat, s.arm) for s in steps[:4]] == [(64, 0, 0), (64, 0, 1), (64, 1, 0), (64, 1, 1)]
-    # arms share the nonce of (size, repeat): identical prompts; repeats differ (engine/bench.py's scheme)
+    # arms share the nonce of (size, repeat): identical prompts; repeats differ (engine/cli/bench.py's scheme)
     assert steps[0].nonce == steps[1].nonce == prompts.sweep_nonce(64, 0)
     assert steps[2].nonce == prompts.sweep_nonce(64, 1) != steps[0].nonce
     cfg = arm_config(BASE, SweepArm("x", "pipeline_depth=0 chunk_tokens=64"), env={})
@@ -70,7 +70,7 @@ class _Outlet:
 
 def test_a_real_sweep_job_run_matches_the_bench_table(demo_path):
     """The job, run in this thread on real demo runs without Qt: the table's median and spread
-    are strata-bench's (engine.bench.Point) over the same reports; digests agree across arms."""
+    are strata-bench's (engine.cli.bench.Point) over the same reports; digests agree across arms."""
     from strata_gui.sweep.sweep_job import SweepJob, SweepRequest
     from strata_gui.sweep.sweep_model import SweepSample
 
@@ -194,7 +194,7 @@ def test_bad_plans_are_refused_then_a_stopped_sweep_keeps_its_finished_points(wi
 
 def test_sweep_job_warms_up_every_size_like_the_bench(demo_path, monkeypatch):
     """Each prompt size gets its unmeasured warm-up runs (one per arm) before its first point."""
-    from engine.pipeline import Session
+    from engine.pipeline.session import Session
     from strata_gui.sweep.sweep_job import SweepJob, SweepRequest
 
     sizes: list[int] = []
@@ -242,8 +242,8 @@ def test_a_sweep_ratio_inside_the_repeats_noise_is_not_judged():
 
 
 def test_the_cli_and_the_app_walk_one_sweep():
-    """engine.sweep is the one order and statistic: strata-bench's and the Sweep tab's."""
-    from engine import sweep as engine_sweep
+    """engine.cli.sweep is the one order and statistic: strata-bench's and the Sweep tab's."""
+    from engine.cli import sweep as engine_sweep
     from strata_gui.sweep.sweep_model import SweepArm, SweepPlan
 
     plan = SweepPlan(sizes=(64, 128), arms=(SweepArm("a", ""), SweepArm("b", "pipeline_depth=0")), repeats=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from gui_support import themed_app  # noqa: F401
 
-from engine.topology import TelemetrySample
+from engine.hw.topology import TelemetrySample
 
 
 def _samples(origin: int) -> list[TelemetrySample]:

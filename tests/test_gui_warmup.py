@@ -7,7 +7,7 @@ import time
 from gui_support import qsettings, qt_settings_sandbox, set_form, themed_app, wait_no_engine_threads, window  # noqa: F401
 from PySide6.QtCore import Qt
 
-from engine.pipeline import PipelineHooks
+from engine.pipeline.session import PipelineHooks
 
 RUN_TIMEOUT_MS = 60_000
 

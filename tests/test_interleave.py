@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from engine import gguf_model
 from engine.config import ConfigError, EngineConfig
-from engine.pipeline import Cancelled, PipelineHooks, Session, StageError
-from engine.prompt import synthetic
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Cancelled, PipelineHooks, Session, StageError
 
 SLEEP = 0.004  # per layer: deterministic work that releases the GIL
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from engine import kernel_report
+from engine.kernels import kernel_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,11 +49,11 @@ def __getattr__(name): return _Any()
 PROBE = textwrap.dedent('''
     import json, logging, sys
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    import engine.dequant_triton, engine.moe_kernels, engine.qk_rope  # importing must not raise
+    import engine.quant.dequant_triton, engine.kernels.moe_kernels, engine.kernels.qk_rope  # importing must not raise
     from engine import kernel_report
     from gguf import GGMLQuantizationType as T
     parts = kernel_report.kernel_parts(["cuda"], is_moe=True, qtypes=[T.Q4_K, T.Q8_0, T.F32])
-    print(json.dumps({"file": engine.moe_kernels.__file__, "describe": kernel_report.describe(parts),
+    print(json.dumps({"file": engine.kernels.moe_kernels.__file__, "describe": kernel_report.describe(parts),
                       "parts": [[p.part, p.kernel, p.detail, p.missing] for p in parts],
                       "warnings": kernel_report.warnings(parts) + kernel_report.warnings(parts)}))
 ''')
@@ -137,9 +137,9 @@ def test_cpu_splits_and_dense_or_unquantised_models_need_no_warning(caplog):
 
 @pytest.fixture
 def cpu_session(demo_path):
-    from engine import gguf_model
     from engine.config import EngineConfig
-    from engine.pipeline import Session
+    from engine.io import gguf_model
+    from engine.pipeline.session import Session
 
     sess = Session(gguf_model.load(demo_path), EngineConfig(devices=["cpu"], chunk_tokens=16))
     yield sess
@@ -180,7 +180,7 @@ def test_low_bit_mixes_expand_every_quantised_type_on_triton(monkeypatch):
     MXFP4 experts: with triton every quantised type of theirs has a kernel, so the report names
     them all and says torch for none (the lattice / fp4 types took the torch path before)."""
     pytest.importorskip("triton")
-    from engine import dequant_triton
+    from engine.quant import dequant_triton
 
     monkeypatch.delenv(dequant_triton.ENV, raising=False)
     dequant_triton._kernels.cache_clear()

@@ -1,11 +1,11 @@
-"""The one layer-range rule (engine/layer_ranges.py): the Session loads by it, the planner
+"""The one layer-range rule (engine/plan/layer_ranges.py): the Session loads by it, the planner
 predicts with it."""
 from __future__ import annotations
 
 import pytest
 
-from engine import layer_ranges, planner
-from engine.layer_ranges import LayerSplitError, split_layers, stage_ranges
+from engine.plan import layer_ranges, planner
+from engine.plan.layer_ranges import LayerSplitError, split_layers, stage_ranges
 
 
 def test_balanced_ranges_give_the_remainder_to_the_earliest_stages():

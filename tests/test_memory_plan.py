@@ -4,11 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import gguf_model, models
+from engine import models
 from engine.config import EngineConfig
-from engine.memory_plan import plan_memory
-from engine.pipeline import Session
-from engine.qtensor import QTensor
+from engine.io import gguf_model
+from engine.pipeline.session import Session
+from engine.plan.memory_plan import plan_memory
+from engine.quant.qtensor import QTensor
 
 K_SHAPES = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
 EXPS = ("gate_exps", "up_exps", "down_exps")
@@ -89,7 +90,7 @@ def test_gpu_scratch_reserves_torch_temporaries_only_where_torch_expands(make_ar
     """A GPU stage's scratch is the expanded batch, plus one torch step's float32 temporaries
     only when some expert type takes the torch dequantiser (the Triton one writes straight
     into the batch): the plan no longer holds back ~0.5 GiB the run will not use."""
-    from engine import dequant
+    from engine.quant import dequant
     model = gguf_model.load(make_arch("qwen3moe", quant="q4_k_m", **K_SHAPES))
     monkeypatch.setattr(dequant, "backend", lambda device, qtype, dtype=torch.float32: path)
     plan = plan_memory(model, EngineConfig(devices=["cuda:0"], expert_cache="all", dtype="bfloat16"), tokens=64)
@@ -102,8 +103,8 @@ def test_cpu_attention_scores_are_planned_and_refuse_a_run_that_cannot_hold_them
     """A CPU stage's SDPA holds heads x chunk x keys float32 scores at the last chunk: the plan
     counts them (the chunk when fixed, the smallest CPU chunk when auto) and a run whose scores
     exceed the host's memory is refused with the two sizes before anything is allocated."""
-    from engine import memory_check
     from engine.config import ConfigError
+    from engine.plan import memory_check
 
     model = gguf_model.load(demo_path)
     heads = model.spec.n_heads

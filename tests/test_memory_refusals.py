@@ -25,7 +25,7 @@ CHILD = r"""
 import json, resource, sys
 import torch  # imported before the limit, as a real run has it
 from engine import bench
-from engine.memory_check import host_available
+from engine.plan.memory_check import host_available
 
 def status(field):
     for line in open("/proc/self/status"):
@@ -118,8 +118,8 @@ def test_the_apps_run_refuses_a_prompt_that_cannot_fit_before_its_kv_is_taken(de
     tokens is checked against what is left (here: a host with 64 MiB to spare)."""
     import threading
 
-    from engine import memory_check
     from engine.config import EngineConfig
+    from engine.plan import memory_check
     from strata_gui.run.run_job import RunJob, RunRequest
     from strata_gui.run.session_cache import SessionCache
 

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import gguf_model, models, synth
+from engine import models
 from engine.config import EngineConfig
-from engine.kv import LayerKV, receive_state, send_state
-from engine.memory_plan import plan_memory
+from engine.io import gguf_model, synth
+from engine.io.prompt import synthetic
 from engine.models.blocks import KVState, LayerKind, attention_parts
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.models.kv import LayerKV, receive_state, send_state
+from engine.pipeline.session import Session
+from engine.plan.memory_plan import plan_memory
 
 ENGINE = Path(__file__).resolve().parent.parent / "engine"
 

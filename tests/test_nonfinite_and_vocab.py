@@ -7,10 +7,11 @@ import warnings
 import numpy as np
 import pytest
 
-from engine import bench, prompt, synth
+from engine.cli import bench
 from engine.config import EngineConfig
-from engine.gguf_model import load
-from engine.pipeline import NonFiniteError, Session, StageError
+from engine.io import prompt, synth
+from engine.io.gguf_model import load
+from engine.pipeline.session import NonFiniteError, Session, StageError
 
 
 def _poisoned(tmp_path, target: str):
@@ -86,7 +87,7 @@ def test_an_f32_tensor_relabelled_q4_0_leaks_no_warning_and_no_silent_table(make
 
     from gguf.constants import GGMLQuantizationType
 
-    from engine import gguf_model
+    from engine.io import gguf_model
 
     demo_path = make_arch("qwen3moe", quant="f32")  # float embeddings (the demo's are Q8_0, as llama.cpp's)
     data = demo_path.read_bytes()

@@ -5,10 +5,10 @@ import pytest
 import torch
 from hf_reference import hf_model
 
-from engine import gguf_model
 from engine.config import EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Session
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")

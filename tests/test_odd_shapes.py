@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import bench, gguf_model, synth
+from engine.cli import bench
+from engine.io import gguf_model, synth
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "llama"])

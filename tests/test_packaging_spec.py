@@ -45,7 +45,7 @@ def test_both_entry_scripts_are_analysed_and_each_exe_runs_only_its_own():
     (analysis,) = _calls(tree, "Analysis")
     scripts = ast.unparse(analysis.args[0])
     assert scripts == "[str(SPEC_DIR / 'entry.py'), str(SPEC_DIR / 'bench_entry.py')]"
-    for script, main in (("entry.py", "strata_gui.app import main"), ("bench_entry.py", "engine.bench import main")):
+    for script, main in (("entry.py", "strata_gui.app import main"), ("bench_entry.py", "engine.cli.bench import main")):
         text = (ROOT / "packaging" / script).read_text()
         assert f"from {main}" in text and "freeze_support()" in text
     # _script drops the other entry script from a.scripts

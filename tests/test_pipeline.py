@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from engine import gguf_model
 from engine.config import ConfigError, EngineConfig
 from engine.events import busy_histogram
-from engine.pipeline import Cancelled, PipelineHooks, Session, StageError, split_layers
-from engine.prompt import synthetic
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Cancelled, PipelineHooks, Session, StageError, split_layers
 
 SLEEP = 0.012  # per layer: deterministic stage work that releases the GIL
 

@@ -1,4 +1,4 @@
-"""The planner (engine/planner.py) against real CPU runs with the deterministic sleep hook.
+"""The planner (engine/plan/planner.py) against real CPU runs with the deterministic sleep hook.
 
 A profile fitted to ONE one-stage run predicts 1, 2 and 3 stages at depth 0 and 1; the
 interleaved mode (V groups per device, issue 21) is checked against a contiguous run whose
@@ -11,11 +11,12 @@ import time
 import pytest
 import torch
 
-from engine import gguf_model, planner
 from engine.config import EngineConfig
 from engine.events import busy_histogram
-from engine.pipeline import PipelineHooks, Session
-from engine.prompt import synthetic
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.pipeline.session import PipelineHooks, Session
+from engine.plan import planner
 
 SLEEP = 0.03  # per layer and chunk: the modelled work, releases the GIL like a GPU wait
 TOKENS, CHUNK = 96, 16

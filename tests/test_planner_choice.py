@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine import gguf_model, planner
 from engine.config import EngineConfig
-from engine.pipeline import Session
+from engine.io import gguf_model
+from engine.pipeline.session import Session
+from engine.plan import planner
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from history_support import demo_runs  # noqa: F401
 
-from engine import bench, planner
+from engine.cli import bench
+from engine.plan import planner
 
 BENCH = Path(__file__).resolve().parents[1] / "docs" / "bench"
 TRACE = BENCH / "overlap2-fixed-1024-64k-s3.json.gz"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import chunking, planner
 from engine.events import busy_histogram
+from engine.plan import chunking, planner
 
 BENCH = Path(__file__).resolve().parents[1] / "docs" / "bench"
 
@@ -96,7 +96,7 @@ def test_the_fit_of_one_stage_totals_recovers_the_costs_it_came_from():
 
 def test_probe_log_line_and_probe_dict():
     cost = chunking.ChunkCost({1024: 0.001, 2048: 0.0015}, 5e-11, 1.6e-4, 16)
-    line = f"INFO engine.pipeline: chunk cost on cuda:0: {cost}"
+    line = f"INFO engine.pipeline.session: chunk cost on cuda:0: {cost}"
     got = planner.parse_chunk_cost_log(line)
     assert got is not None and got.layer_s == cost.layer_s and got.host_s_per_layer == cost.host_s_per_layer
     d = planner.probe_dict(cost)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import gguf_model, synth
 from engine.config import EngineConfig
-from engine.gguf_model import GGUFError
+from engine.io import gguf_model, synth
+from engine.io.gguf_model import GGUFError
 
 BIG = dict(arch="qwen3moe", n_layers=8, hidden=512, n_heads=8, n_kv_heads=2, head_dim=64, n_experts=64,
            n_experts_used=4, expert_ffn=512, quant="q4_k_m")
@@ -29,8 +29,8 @@ import json, resource, sys, time
 import torch
 from engine import gguf_model
 from engine.config import EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.pipeline.session import Session
+from engine.io.prompt import synthetic
 
 def rss():
     with open("/proc/self/status") as f:
@@ -91,7 +91,7 @@ def test_loading_a_q4_k_m_file_raises_rss_by_at_most_1_2x_its_size(big_q4, exper
     # dequantisation temporaries of the dense weights: ~15-20 MiB here), plus the one batch of
     # expanded experts a CPU stage holds while it runs them (the memory plan's scratch, capped at
     # routed_experts.REFERENCE_SCRATCH_BYTES whatever the model's size)
-    from engine.memory_plan import plan_memory
+    from engine.plan.memory_plan import plan_memory
 
     cache = expert_cache if expert_cache == "all" else float(expert_cache)
     scratch = plan_memory(m, EngineConfig(devices=["cpu"], chunk_tokens=16, expert_cache=cache), 34).devices[0].scratch

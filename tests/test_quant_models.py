@@ -11,10 +11,11 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 from hf_reference import hf_model
 
-from engine import gguf_model, quant_recipe, synth
 from engine.config import EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.io import gguf_model, synth
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Session
+from engine.quant import quant_recipe
 
 # rows of 256 values so the K-quants apply (the demo's 128 would fall back to legacy types)
 K_SHAPES = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
@@ -223,7 +224,7 @@ def test_low_bit_file_runs_bit_for_bit_as_its_dequantised_float_copy(quant_model
     tensor expanded by gguf's dequantiser and stored as F32: the engine's expansion is exact."""
     import json
 
-    from engine import bench
+    from engine.cli import bench
 
     path = quant_model("qwen3moe", quant)
     model = gguf_model.load(path)
@@ -353,7 +354,7 @@ def test_llama_cpp_quantized_file_matches_recipe_and_transformers(llama_cpp, cap
     its logits agree with transformers loading the same file to 1e-4 (fp32, CPU)."""
     import subprocess
 
-    from engine import bench
+    from engine.cli import bench
 
     exe, f32, imatrix, spec, d = llama_cpp
     if needs_imatrix and imatrix is None:

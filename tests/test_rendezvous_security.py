@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 from executor_support import ROOT, env, free_port, reap, stage_command
 
-from engine import gguf_model, wire
 from engine.config import ConfigError, EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
-from engine.stage_messages import Hello, Refused, versions
-from engine.stage_process import RunOrder, SourceRef, StageSpec
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.pipeline import wire
+from engine.pipeline.session import Session
+from engine.pipeline.stage_messages import Hello, Refused, versions
+from engine.pipeline.stage_process import RunOrder, SourceRef, StageSpec
 
 OLD_DEFAULT_KEY = b"strata-gui"  # the public default key of before
 
@@ -126,7 +127,7 @@ def test_no_key_or_a_short_key_is_refused_before_listening(demo, monkeypatch):
 
 
 def test_without_a_key_the_controller_makes_one_and_shows_the_command(demo, monkeypatch, caplog):
-    from engine import rendezvous_key
+    from engine.pipeline import rendezvous_key
 
     monkeypatch.delenv("STRATA_RENDEZVOUS_KEY", raising=False)
     monkeypatch.setenv("STRATA_STAGE_TIMEOUT_S", "1")
@@ -339,7 +340,7 @@ def test_the_store_works_the_windows_way_without_libuv(monkeypatch):
 
     import torch.distributed as dist
 
-    from engine import stage_job
+    from engine.pipeline import stage_job
 
     monkeypatch.setattr(stage_job, "LIBUV", False)
     port = free_port()

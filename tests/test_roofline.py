@@ -1,11 +1,12 @@
-"""Decode's roofline (engine/roofline.py): the weight bytes a decode token reads, counted by hand on
+"""Decode's roofline (engine/plan/roofline.py): the weight bytes a decode token reads, counted by hand on
 tiny models, and the limit they put on tok/s through a split."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine import roofline, synth
+from engine.io import synth
+from engine.plan import roofline
 
 
 def test_bytes_per_token_of_an_fp32_moe_counted_by_hand():

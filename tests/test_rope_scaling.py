@@ -9,10 +9,11 @@ import pytest
 import torch
 from hf_reference import hf_model
 
-from engine import bench, gguf_model, synth
+from engine.cli import bench
 from engine.config import EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.io import gguf_model, synth
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Session
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")

@@ -1,16 +1,17 @@
-"""Only the routed experts expanded (engine/routed_experts.py): the compact slots, and the compact
+"""Only the routed experts expanded (engine/models/routed_experts.py): the compact slots, and the compact
 path giving the full path's output on the reference and the grouped-GEMM paths, CPU."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine import routed_experts, synth
 from engine.config import EngineConfig
-from engine.model import Layer, Rope, load_layer_weights
-from engine.pipeline import Session
-from engine.prompt import synthetic
-from engine.qtensor import QTensor
+from engine.io import synth
+from engine.io.prompt import synthetic
+from engine.models import routed_experts
+from engine.models.layers import Layer, Rope, load_layer_weights
+from engine.pipeline.session import Session
+from engine.quant.qtensor import QTensor
 
 # rows of 256 values so the K-quants apply; 16 experts, top-2
 K_SHAPES = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
@@ -124,7 +125,7 @@ def test_session_digest_and_logits_equal_on_both_paths(monkeypatch, quant):
 def test_row_gathers_of_the_torch_path(width, offset):
     """The torch path's gather (CPU: row copies; GPU: index_select on the widest integer view the
     layout allows) picks exactly raw[rows], for slices of a larger buffer as the expert cache has."""
-    from engine import dequant
+    from engine.quant import dequant
 
     buf = torch.randint(0, 256, (6, width + 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(width))
     raw = buf[:, offset:offset + width]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import bench
-from engine.pipeline import Session
+from engine.cli import bench
+from engine.pipeline.session import Session
 
 
 def test_ctrl_c_keeps_and_prints_the_finished_repeats(monkeypatch, capsys, demo_path):
@@ -48,7 +48,7 @@ def test_peak_tflops_must_be_a_finite_number(capsys, value):
 
 
 def test_a_huge_text_prompt_is_refused_with_its_size_before_tokenising(tmp_path, capsys, demo_path):
-    from engine.prompt import MAX_TEXT_CHARS
+    from engine.io.prompt import MAX_TEXT_CHARS
 
     text = "pipeline " * (MAX_TEXT_CHARS // 9 + 1)
     assert bench.main(["run", "--model", str(demo_path), "--prompt", text, "--warmup", "0"]) == 2

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from engine import bench
+from engine.cli import bench
 from engine.config import (
     BOOL_SETTINGS,
     CHOICES,

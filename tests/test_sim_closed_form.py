@@ -1,4 +1,4 @@
-"""One pipeline model: the planner's simulator (engine/planner.py `_Sim`) agrees with the closed
+"""One pipeline model: the planner's simulator (engine/plan/planner.py `_Sim`) agrees with the closed
 form the engine chooses chunks by (`chunking.bounds_makespan`) wherever both describe the run.
 
 The closed form knows D equal devices that each run their layers (V groups each) for one chunk
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import chunking, planner
+from engine.plan import chunking, planner
 
 N_LAYERS = 24  # equal groups for D in 1..4 and V in 1..2
 

@@ -19,9 +19,9 @@ def test_each_size_in_its_own_unit(nbytes, text):
 def test_a_tiny_model_plan_shows_its_sizes_not_zeros(demo_path):
     """The demo model's plan used to read 'dense 0.00 GiB, experts 0.00': every figure is now
     nonzero text for nonzero bytes."""
-    from engine import gguf_model
     from engine.config import EngineConfig
-    from engine.memory_plan import plan_memory
+    from engine.io import gguf_model
+    from engine.plan.memory_plan import plan_memory
     text = plan_memory(gguf_model.load(demo_path), EngineConfig(devices=["cpu", "cpu"]), tokens=512).render()
     assert "0.00 GiB" not in text and "0.00" not in text
     assert "KiB" in text or "MiB" in text

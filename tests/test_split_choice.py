@@ -7,11 +7,13 @@ import argparse
 
 import pytest
 
-from engine import bench, gguf_model, split_choice
-from engine.chunking import ChunkCost
+from engine.cli import bench
 from engine.config import EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Session
+from engine.plan import split_choice
+from engine.plan.chunking import ChunkCost
 
 T = 0.05  # modelled seconds per layer for any chunk: the fill/drain bubble decides
 
@@ -91,7 +93,7 @@ def test_a_split_the_user_set_or_one_device_is_kept(demo, settings):
 def test_auto_split_is_the_brute_force_best_over_splits_and_chunk_sizes(demo, n, two_devices):
     """The sleep-hook model of test_auto_model (fixed + per-token + prefix cost per layer): the
     split and chunk auto picks model within 5% of the best any (V, chunk size) models."""
-    from engine.chunking import bounds_makespan, chunk_bounds
+    from engine.plan.chunking import bounds_makespan, chunk_bounds
 
     user = EngineConfig.from_sources({"devices": "cpu,cpu"})
     sess = Session(demo, user, events=False)

@@ -1,14 +1,14 @@
 """Every message between the controller and its stage processes is typed and crosses the
-network codec (engine/wire.py) as it is: registered, round-tripped, versioned."""
+network codec (engine/pipeline/wire.py) as it is: registered, round-tripped, versioned."""
 import dataclasses
 
 import numpy as np
 import pytest
 
-from engine import stage_messages as sm
-from engine import wire
 from engine.events import StageEvent
-from engine.stage_process import RunOrder, SourceRef, StageSpec
+from engine.pipeline import stage_messages as sm
+from engine.pipeline import wire
+from engine.pipeline.stage_process import RunOrder, SourceRef, StageSpec
 
 EXAMPLES = [
     sm.Ping(), sm.BeginRun(RunOrder(run_id="r", ids=[1, 2], bounds=[(0, 2)], capacity=3, chunk=2, depth=1,

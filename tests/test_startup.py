@@ -15,7 +15,7 @@ def test_the_splash_shows_before_any_heavy_import():
             "a = app.make_app(plots=False)\n"
             "s = app.show_splash(a)\n"
             "assert s.isVisible()\n"
-            "heavy = sorted(m for m in ('torch', 'pyqtgraph', 'engine.pipeline', 'numpy') if m in sys.modules)\n"
+            "heavy = sorted(m for m in ('torch', 'pyqtgraph', 'engine.pipeline.session', 'numpy') if m in sys.modules)\n"
             "print('heavy:', heavy)\n")
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,

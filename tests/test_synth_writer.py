@@ -9,7 +9,7 @@ import sys
 import pytest
 from platform_support import needs_resource
 
-from engine import gguf_model, synth
+from engine.io import gguf_model, synth
 
 SHAPE = dict(hidden=256, head_dim=64, n_experts=8, expert_ffn=256, ffn=512)
 

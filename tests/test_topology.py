@@ -1,4 +1,4 @@
-"""engine.topology on a machine without a GPU: fake NVML and fake torch.cuda through monkeypatch,
+"""engine.hw.topology on a machine without a GPU: fake NVML and fake torch.cuda through monkeypatch,
 plus the real pynvml/torch of this machine for the no-driver path."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pynvml
 import pytest
 import torch
 
-from engine import topology
-from engine.topology import GpuInfo, OrderResult, TelemetrySampler, Topology
+from engine.hw import topology
+from engine.hw.topology import GpuInfo, OrderResult, TelemetrySampler, Topology
 
 GIB = 1 << 30
 
@@ -53,7 +53,7 @@ class FakeNvmlDevice:
 
 
 class FakeNvml:
-    """Replaces the pynvml functions engine.topology uses; counts init/shutdown balance."""
+    """Replaces the pynvml functions engine.hw.topology uses; counts init/shutdown balance."""
 
     def __init__(self, devices: list[FakeNvmlDevice]) -> None:
         self.devices = devices
@@ -286,7 +286,7 @@ def test_link_class_table():
 
 def test_missing_link_info_keeps_configured_order(caplog):
     topo = topo_of(gpu(0, 4, 4), gpu(1, None, None), reason="cuda:1: no NVML device at PCI x")
-    with caplog.at_level(logging.INFO, logger="engine.topology"):
+    with caplog.at_level(logging.INFO, logger="engine.hw.topology"):
         res = topology.order_devices(["cuda:0", "cuda:1"], "pcie", topo)
     assert res == OrderResult(["cuda:0", "cuda:1"], False, res.reason)
     assert "no PCIe link information for cuda:1" in res.reason
@@ -305,7 +305,7 @@ def test_failed_probe_keeps_configured_order_even_if_link_classes_differ(monkeyp
         return 5.3, 5.1
 
     monkeypatch.setattr(topology, "_measure_bandwidth", measure)
-    with caplog.at_level(logging.INFO, logger="engine.topology"):
+    with caplog.at_level(logging.INFO, logger="engine.hw.topology"):
         topo = topology.discover(probe=True)
         res = topology.order_devices(["cuda:0", "cuda:1"], "pcie", topo)
     assert topo.probed and topo.devices[0].h2d_gbs == 5.3 and topo.devices[1].h2d_gbs is None
@@ -321,7 +321,7 @@ def test_no_topology_without_driver_keeps_configured_order(monkeypatch, caplog):
 
     monkeypatch.setattr(pynvml, "nvmlInit", no_lib)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with caplog.at_level(logging.INFO, logger="engine.topology"):
+    with caplog.at_level(logging.INFO, logger="engine.hw.topology"):
         res = topology.order_devices(["cuda:1", "cuda:0"], "pcie", None)  # discovers: no driver
     assert res.devices == ["cuda:1", "cuda:0"] and not res.reordered
     assert "cuda:1 not found" in res.reason and "NVML not found" in res.reason
@@ -334,7 +334,7 @@ def test_no_topology_without_driver_keeps_configured_order(monkeypatch, caplog):
 
 def test_slower_link_is_moved_behind_faster_and_logged(caplog):
     topo = topo_of(gpu(0, 4, 4), gpu(1, 5, 16))
-    with caplog.at_level(logging.INFO, logger="engine.topology"):
+    with caplog.at_level(logging.INFO, logger="engine.hw.topology"):
         res = topology.order_devices(["cuda:0", "cuda:1"], "pcie", topo)
     assert res.devices == ["cuda:1", "cuda:0"] and res.reordered
     msg = "cuda:1 (Gen5 x16, 63.0 GB/s) moved before cuda:0 (Gen4 x4, 7.9 GB/s)"
@@ -352,7 +352,7 @@ def test_ties_keep_configured_order():
 
 def test_already_widest_first_is_not_reordered(caplog):
     topo = topo_of(gpu(0, 5, 16), gpu(1, 4, 4))
-    with caplog.at_level(logging.INFO, logger="engine.topology"):
+    with caplog.at_level(logging.INFO, logger="engine.hw.topology"):
         res = topology.order_devices(["cuda:0", "cuda:1"], "pcie", topo)
     assert res.devices == ["cuda:0", "cuda:1"] and not res.reordered
     assert "moved before" not in caplog.text
@@ -370,7 +370,7 @@ def test_measured_bandwidth_beats_link_class_when_probed(monkeypatch, caplog):
         return {0: (5.3, 5.0), 1: (26.7, 25.0)}[index]
 
     monkeypatch.setattr(topology, "_measure_bandwidth", measure)
-    with caplog.at_level(logging.INFO, logger="engine.topology"):
+    with caplog.at_level(logging.INFO, logger="engine.hw.topology"):
         topo = topology.discover(probe=True)
         res = topology.order_devices(["cuda:0", "cuda:1"], "pcie", topo)
     assert res.devices == ["cuda:1", "cuda:0"]
@@ -531,10 +531,10 @@ def test_render_without_gpus_says_so_with_reason():
 def test_a_run_keeps_exactly_the_samples_its_caller_showed(two_gpus_swapped, demo_path):
     """The app's worker hands its sampler to the run: the report (what the history replays)
     holds the very samples the live plot read, not a second sampler's."""
-    from engine import gguf_model
     from engine.config import EngineConfig
-    from engine.pipeline import PipelineHooks, Session
-    from engine.prompt import synthetic
+    from engine.io import gguf_model
+    from engine.io.prompt import synthetic
+    from engine.pipeline.session import PipelineHooks, Session
 
     sampler = TelemetrySampler([0, 1], interval_s=0.005, capacity=10_000)
     sess = Session(gguf_model.load(demo_path), EngineConfig(devices=["cpu"], chunk_tokens=16),
@@ -563,7 +563,7 @@ def test_driver_model_per_gpu_from_nvml_and_na_off_windows(monkeypatch):
 
 
 def test_two_wddm_gpus_without_peer_access_are_host_staged_and_cap_the_auto_pin_limit(monkeypatch):
-    from engine import experts
+    from engine.models import experts
 
     FakeNvml([FakeNvmlDevice(0, 6, 0, name="A", driver_model=pynvml.NVML_DRIVER_WDDM),
               FakeNvmlDevice(0, 7, 0, name="B", driver_model=pynvml.NVML_DRIVER_WDDM)]).install(monkeypatch)
@@ -580,7 +580,7 @@ def test_two_wddm_gpus_without_peer_access_are_host_staged_and_cap_the_auto_pin_
 
 
 def test_tcc_or_linux_gpus_with_peer_access_have_no_cap_and_no_host_staging(monkeypatch):
-    from engine import experts
+    from engine.models import experts
 
     FakeNvml([FakeNvmlDevice(0, 6, 0, name="A", driver_model=pynvml.NVML_DRIVER_WDM),
               FakeNvmlDevice(0, 7, 0, name="B")]).install(monkeypatch)

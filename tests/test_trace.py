@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from engine import gguf_model, trace
 from engine.config import EngineConfig
-from engine.pipeline import Session
-from engine.prompt import synthetic
+from engine.io import gguf_model, trace
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Session
 
 
 @pytest.fixture(scope="module")

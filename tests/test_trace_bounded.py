@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine import atomic_file, trace
-from engine.trace import TraceError
+from engine.io import atomic_file, trace
+from engine.io.trace import TraceError
 
 ROOT = Path(__file__).resolve().parent.parent
 SLICE = {"run_id": "r", "stage": 0, "device": "cpu", "chunk": 0, "kind": "compute", "start_ns": 1, "end_ns": 2,

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import trace
 from engine.events import StageEvent
-from engine.trace import TraceError
+from engine.io import trace
+from engine.io.trace import TraceError
 
 MiB = 1 << 20
 needs_proc = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="RSS is read from /proc")

@@ -13,8 +13,8 @@ if torch.cuda.is_available():  # the compiled kernels are tested there (test_cud
 os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from engine import moe_kernels, qk_rope  # noqa: E402
-from engine.model import Rope  # noqa: E402
+from engine.kernels import moe_kernels, qk_rope  # noqa: E402
+from engine.models.layers import Rope  # noqa: E402
 
 
 @pytest.mark.parametrize("norm", [True, False])

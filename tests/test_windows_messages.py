@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from history_support import demo_runs  # noqa: F401
 
-from engine import atomic_file, bench
+from engine.cli import bench
+from engine.io import atomic_file
 from strata_gui.history import history_model
 from strata_gui.history.network_path import linux_mount, network_location, windows_location
 

@@ -3,10 +3,10 @@ Mixtral's experts), `qwen3vlmoe`),
 each declaring its metadata -> `ModelSpec`, its layers' kinds and tensors, and the state each
 layer carries across chunks.  Shared parts (RoPE, RMSNorm, attention, MoE) stay in the engine's
 modules; families compose them.  "How to add a model family": docs/architecture.md."""
-from . import llama, qwen2, qwen3, qwen3moe, qwen3vlmoe
-from .blocks import FULL_ATTENTION, KVState, LayerKind, Part, StateKind
-from .family import Family, SpecSource
-from .registry import (
+from engine.models import llama, qwen2, qwen3, qwen3moe, qwen3vlmoe
+from engine.models.blocks import FULL_ATTENTION, KVState, LayerKind, Part, StateKind
+from engine.models.family import Family, SpecSource
+from engine.models.registry import (
     UnknownFamily,
     family,
     family_of,
@@ -16,7 +16,7 @@ from .registry import (
     states_bytes,
     unregister,
 )
-from .spec import ModelSpec
+from engine.models.spec import ModelSpec
 
 # one line per family module, in the order errors list them (a new family: its module, then here)
 for _module in (qwen3moe, qwen3, qwen2, llama, qwen3vlmoe):

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from .spec import ModelSpec
+from engine.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     import torch
 
-    from ..kv import LayerKV, LayerState
+    from engine.models.kv import LayerKV, LayerState
 
 
 @dataclass(frozen=True)
@@ -50,12 +50,12 @@ class KVState:
     name: str = "kv"
 
     def new(self, spec: ModelSpec, capacity: int, device: torch.device, dtype: torch.dtype) -> LayerKV:
-        from ..kv import LayerKV
+        from engine.models.kv import LayerKV
 
         return LayerKV(capacity, spec.n_kv_heads, spec.head_dim, device, dtype)
 
     def nbytes(self, spec: ModelSpec, tokens: int, dtype: torch.dtype) -> int:
-        from ..kv import LayerKV
+        from engine.models.kv import LayerKV
 
         return LayerKV.bytes_for(tokens, spec.n_kv_heads, spec.head_dim, dtype)
 

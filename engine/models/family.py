@@ -13,14 +13,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..gguf_keys import KeyProblem, check_refused, rope_scaling
-from .blocks import FULL_ATTENTION, LayerKind, Part
-from .spec import ModelSpec
+from engine.io.gguf_keys import KeyProblem, check_refused, rope_scaling
+from engine.models.blocks import FULL_ATTENTION, LayerKind, Part
+from engine.models.spec import ModelSpec
 
 if TYPE_CHECKING:  # the registry imports no torch: the CLI lists the families before torch loads
     import torch
 
-    from ..kv import LayerState
+    from engine.models.kv import LayerState
 
 
 class SpecSource(Protocol):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .family import Family, SpecSource
-from .spec import ModelSpec
+from engine.models.family import Family, SpecSource
+from engine.models.spec import ModelSpec
 
 
 @dataclass(frozen=True)

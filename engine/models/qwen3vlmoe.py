@@ -14,8 +14,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .family import Family, SpecSource
-from .spec import ModelSpec
+from engine.models.family import Family, SpecSource
+from engine.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 

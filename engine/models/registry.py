@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .family import Family
-from .spec import ModelSpec
+from engine.models.family import Family
+from engine.models.spec import ModelSpec
 
 if TYPE_CHECKING:  # imported without torch (the CLI's parser lists the families)
     import torch
 
-    from ..kv import LayerState
+    from engine.models.kv import LayerState
 
 _FAMILIES: dict[str, Family] = {}
 

@@ -20,7 +20,7 @@ from engine.events import RunReport, StageEvent
 from ..run.record_model import SOURCES, STATUSES, RunRecord
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
-MAX_STAGES = 256  # as engine.trace.MAX_STAGES: a report with more stages is not one this app made
+MAX_STAGES = 256  # as engine.io.trace.MAX_STAGES: a report with more stages is not one this app made
 JSON_SCALARS = (str, int, float, bool, type(None))
 
 

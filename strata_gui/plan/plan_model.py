@@ -1,15 +1,15 @@
 """The Plan tab's state and arithmetic (no Qt): a saved run's measured costs, the machine and
 settings a user asks about, the predicted run, its error on the runs that exist, and the
-recommendation for the detected machine.  The simulation is `engine.planner`'s."""
+recommendation for the detected machine.  The simulation is `engine.plan.planner`'s."""
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from engine import planner
 from engine.events import RunReport, stage_totals
-from engine.topology import Topology
+from engine.hw.topology import Topology
+from engine.plan import planner
 
 from ..run.record_model import RunRecord
 from ..run.settings_model import RunSettings
@@ -81,7 +81,7 @@ def predicted_record(pred: planner.Prediction, run_id: str = "predicted") -> Run
                                                             len(pred.stages)),
                        busy_histogram=list(pred.busy_histogram), handoff=pred.handoff,
                        device_order=list(dict.fromkeys(s.device for s in pred.stages)),
-                       notes=["predicted by engine.planner"] + list(pred.notes))
+                       notes=["predicted by engine.plan.planner"] + list(pred.notes))
     s = pred.settings
     config = {"devices": ",".join(report.device_order), "chunk_tokens": pred.chunk, "chunk_schedule": s.schedule,
               "pipeline_depth": s.pipeline_depth, "prefill_main": s.prefill_main, "prompt_tokens": pred.prompt_tokens}

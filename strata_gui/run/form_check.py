@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from engine.config import ConfigError, rendezvous_address
-from engine.memory_plan import plan_memory
-from engine.rendezvous_key import attach_commands, controller_key, exposure_warning
+from engine.pipeline.rendezvous_key import attach_commands, controller_key, exposure_warning
+from engine.plan.memory_plan import plan_memory
 
 from .model_cache import ModelCache, file_key
 from .settings_model import RunSettings, Validation, validate

@@ -8,7 +8,7 @@ environment and the history call it), and say what a GGUF file problem means for
 from __future__ import annotations
 
 from engine.config import ConfigError, _show
-from engine.gguf_model import KIND_MAGIC, GGUFError
+from engine.io.gguf_model import KIND_MAGIC, GGUFError
 
 # engine setting -> the form's label
 LABELS = {

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.gguf_model import GGUFError, LoadedModel, load
+from engine.io.gguf_model import GGUFError, LoadedModel, load
 
 from .messages import model_error_text
 

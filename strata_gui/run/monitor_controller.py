@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QTimer
 
-from engine.topology import Topology
+from engine.hw.topology import Topology
 
 from .telemetry_model import TelemetryMonitor, processes_text
 

@@ -14,8 +14,8 @@ import logging
 
 from PySide6.QtCore import QObject
 
-from engine.pipeline import PipelineHooks
-from engine.topology import Topology
+from engine.hw.topology import Topology
+from engine.pipeline.session import PipelineHooks
 
 from .event_batcher import DEFAULT_INTERVAL_S
 from .job_runner import JobRunner, signals_class

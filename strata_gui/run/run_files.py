@@ -1,11 +1,11 @@
-"""A run to and from files (no Qt): the Chrome trace of `engine.trace`, a CSV of its events.
+"""A run to and from files (no Qt): the Chrome trace of `engine.io.trace`, a CSV of its events.
 
-Every file is written atomically (`engine.atomic_file.write_atomic`: a temporary file beside the target,
+Every file is written atomically (`engine.io.atomic_file.write_atomic`: a temporary file beside the target,
 renamed into place), so a crash never leaves a half-written export.  The trace carries the
 engine's report, the run's settings and its telemetry (as counter tracks) in `otherData`, and
 the exact nanosecond times of every event, so `import_trace` gives back the very events that were
 exported.  A trace written by another tool (no report inside) gets figures derived from its
-events.  Every problem with a file raises `engine.trace.TraceError`, naming the file and what is
+events.  Every problem with a file raises `engine.io.trace.TraceError`, naming the file and what is
 wrong; nothing is stored unless the whole file was read.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from engine import trace
-from engine.atomic_file import write_atomic
-from engine.trace import TraceError
+from engine.io import trace
+from engine.io.atomic_file import write_atomic
+from engine.io.trace import TraceError
 
 from .. import __version__
 from ..history.record_check import check_report
@@ -26,7 +26,7 @@ from .record_model import RunRecord, config_from_dict, config_from_report, repor
 
 log = logging.getLogger(__name__)
 
-MAX_IMPORT_BYTES = 256 << 20  # a trace above this is refused before it is read (engine.trace bounds the memory)
+MAX_IMPORT_BYTES = 256 << 20  # a trace above this is refused before it is read (engine.io.trace bounds the memory)
 MAX_IMPORT_EVENTS = 2_000_000
 CSV_COLUMNS = ("run_id", "stage", "device", "chunk", "kind", "start_ns", "end_ns", "dur_ns", "tokens", "nbytes", "note")
 TRACE_FORMAT = "strata-gui run"

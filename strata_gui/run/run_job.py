@@ -34,12 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import failure, memory_check, split_choice
-from engine import prompt as prompts
+from engine import failure
 from engine.config import EngineConfig
 from engine.events import RunPlan, RunReport, StageEvent
-from engine.pipeline import Cancelled, PipelineHooks, Session
-from engine.topology import TelemetrySampler, Topology, cuda_index
+from engine.hw.topology import TelemetrySampler, Topology, cuda_index
+from engine.io import prompt as prompts
+from engine.pipeline.session import Cancelled, PipelineHooks, Session
+from engine.plan import memory_check, split_choice
 
 from .event_batcher import DEFAULT_INTERVAL_S, EventBatcher
 from .record_model import RunRecord, record_config

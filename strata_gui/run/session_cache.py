@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import split_choice
 from engine.config import EngineConfig
-from engine.gguf_model import LoadedModel
-from engine.pipeline import Session
+from engine.io.gguf_model import LoadedModel
+from engine.pipeline.session import Session
+from engine.plan import split_choice
 
 from .model_cache import ModelCache
 
@@ -80,7 +80,7 @@ class SessionCache:
                   progress: Callable[[str, float], None] | None = None) -> tuple[Session, bool]:
         """The Session for a prompt of n_tokens under the user's settings: with layer_split auto
         over several devices, rebuilt with the split (contiguous or interleave:V) the model rates
-        fastest for it (engine/split_choice.py), which every report's notes then say."""
+        fastest for it (engine/plan/split_choice.py), which every report's notes then say."""
         path = Path(path)
         session = self._session
         if session is None or not split_choice.applies(config):

@@ -35,7 +35,7 @@ MAX_REPEATS = 20
 DEMO_CHUNK = 256
 # the form's field names before issue 16 (saved settings) -> now
 FORM_ALIASES = {"chunk_size": "chunk_tokens", "pf_depth": "pipeline_depth"}
-# a text prompt is refused above this many characters: engine/prompt.py MAX_TEXT_CHARS, the
+# a text prompt is refused above this many characters: engine/io/prompt.py MAX_TEXT_CHARS, the
 # engine's bound (not imported: that module imports torch, the form must not)
 MAX_PROMPT_TEXT_CHARS = 4 << 20
 MAX_FIELD_CHARS = 4096  # any other text field (paths, device lists, numbers as typed)
@@ -277,7 +277,7 @@ def _field_for(setting: str) -> str:
 def check_machine(cfg: EngineConfig, cuda_count: int) -> None:
     """The machine check `Session` makes when it starts (`EngineConfig.check_machine`: devices
     that exist, a pin limit within RAM), made before Run so the form flags it under its field."""
-    from engine.experts import physical_ram
+    from engine.models.experts import physical_ram
 
     cfg.check_machine(cuda_count, physical_ram())
 

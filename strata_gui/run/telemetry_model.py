@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.topology import GpuProcess, TelemetrySample, TelemetrySampler, Topology, gpu_processes
+from engine.hw.topology import GpuProcess, TelemetrySample, TelemetrySampler, Topology, gpu_processes
 
 log = logging.getLogger(__name__)
 

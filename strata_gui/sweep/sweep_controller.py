@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject
 
-from engine.pipeline import PipelineHooks
+from engine.pipeline.session import PipelineHooks
 
 from ..run.job_runner import JobRunner, signals_class
 from ..run.model_cache import ModelCache

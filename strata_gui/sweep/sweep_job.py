@@ -2,7 +2,7 @@
 
 It loads the model once and builds one engine Session per arm (as `strata-bench run` does),
 warms each arm up, then runs the plan's steps in order: for each size and repeat, every arm on
-the same prompt (`engine.prompt.sweep_nonce`).  Each finished run is saved to the history (with
+the same prompt (`engine.io.prompt.sweep_nonce`).  Each finished run is saved to the history (with
 its events, off the GUI thread) and leaves as one `point_done` signal.  Stop sets the cancel
 event the engine checks at each chunk boundary: the run in flight is dropped, every finished
 point stays.  Every outcome ends in exactly one of finished / failed, then `done`.
@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from engine import failure
-from engine import prompt as prompts
 from engine.config import EngineConfig
 from engine.events import StageEvent
-from engine.gguf_model import load
-from engine.pipeline import Cancelled, PipelineHooks, Session
+from engine.io import prompt as prompts
+from engine.io.gguf_model import load
+from engine.pipeline.session import Cancelled, PipelineHooks, Session
 
 from ..history.history_model import SweepMember
 from ..run.model_cache import ModelCache
@@ -180,7 +180,7 @@ class SweepJob:
         req = self.request
         ids_for: dict[tuple[int, int], list[int]] = {}
         total = plan.total
-        for step in plan.steps():  # engine.sweep's order, as strata-bench walks it
+        for step in plan.steps():  # engine.cli.sweep's order, as strata-bench walks it
             if self.cancel.is_set():
                 return False
             if plan.warmup and step.first_of_size:

@@ -3,7 +3,7 @@
 A sweep runs every prompt size for every arm (a name and settings over the Run tab's, written
 as for `strata-bench run --arm`, e.g. ``pipeline_depth=0 chunk_tokens=2048``), `repeats` times.  It runs
 in the order of `strata-bench`: for each size, for each repeat, every arm in turn on the SAME
-prompt (`engine.prompt.synthetic` with `engine.prompt.sweep_nonce(size, repeat)`), so arms see
+prompt (`engine.io.prompt.synthetic` with `engine.io.prompt.sweep_nonce(size, repeat)`), so arms see
 identical prompts, repeats see different ones, and slow drift of the machine is shared by all
 arms.  The table per (arm, size) is the bench's: the median prefill tok/s, the spread (half the
 range as a share of the median), and the ratio to the first arm at that size.
@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.cli.sweep import SweepStep, median_spread, parse_arm, steps
 from engine.config import ConfigError, EngineConfig
 from engine.events import RunReport
-from engine.sweep import SweepStep, median_spread, parse_arm, steps
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class SweepPlan:
             raise ConfigError("decode_tokens", self.decode_tokens, "an integer >= 0")
 
     def steps(self) -> list[SweepStep]:
-        """Size by size, repeat by repeat, every arm on the same prompt (engine.sweep: strata-bench's order)."""
+        """Size by size, repeat by repeat, every arm on the same prompt (engine.cli.sweep: strata-bench's order)."""
         return steps(self.sizes, self.repeats, len(self.arms))
 
     @property

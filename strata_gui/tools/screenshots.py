@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(views) - set(VIEWS))
     if unknown:
         ap.error(f"unknown view(s) {', '.join(unknown)}: allowed {', '.join(VIEWS)}")
-    from engine.synth import demo_model_path
+    from engine.io.synth import demo_model_path
 
     from ..app import make_app
     from ..views.main_window_view import MainWindow

@@ -1,6 +1,6 @@
 """`strata-gui --selftest`: open the main window, run the demo model on a 2-stage CPU split, check
 the Gantt, tokenise a text prompt with the demo model's vocabulary, run a Triton kernel where CUDA
-is present (engine.kernel_report.exercise: a frozen build's Triton needs engine/ as source),
+is present (engine.kernels.kernel_report.exercise: a frozen build's Triton needs engine/ as source),
 optionally save a screenshot.
 Works on the offscreen platform; touches no user settings or history (a temporary QSettings file and
 run history)."""
@@ -50,8 +50,8 @@ def wait_until(app: QApplication, done: Callable[[], bool], timeout_s: float) ->
 
 
 def _check_text_prompt(demo_model: Path) -> tuple[bool, str]:
-    from engine import prompt
-    from engine.gguf_model import load
+    from engine.io import prompt
+    from engine.io.gguf_model import load
 
     try:
         ids = prompt.tokenize(load(demo_model), SELFTEST_TEXT)
@@ -94,7 +94,7 @@ def run_selftest(app: QApplication, demo_model: Path, screenshot: Path | None = 
             text_ok, text_what = _check_text_prompt(demo_model)
             if not text_ok:
                 return SelftestResult(False, f"selftest: text prompt failed: {text_what}")
-            from engine import kernel_report
+            from engine.kernels import kernel_report
 
             triton_ok, triton_what = kernel_report.exercise()
             if not triton_ok:

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine import settings_table
-from engine.topology import GpuInfo, Topology, driver_facts, order_devices
+from engine.hw.topology import GpuInfo, Topology, driver_facts, order_devices
 
 from .field_box_view import FieldBox
 from .table_height import fit_height

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.trace import TraceError
+from engine.io.trace import TraceError
 
 from ..history.history_model import MOVE_ASIDE, HistoryError, RunHistory, RunRow, unknown_filter_keys
 from ..run import run_files

@@ -16,8 +16,8 @@ from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QTabWidget, QWidget
 
-from engine import topology
-from engine.topology import Topology
+from engine.hw import topology
+from engine.hw.topology import Topology
 
 from ..history.history_model import RunHistory, UnsavedRuns, open_history
 from ..run.background import BackgroundJobs

@@ -29,8 +29,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.planner import PlanError
-from engine.topology import Topology
+from engine.hw.topology import Topology
+from engine.plan.planner import PlanError
 
 from ..history.history_model import RunHistory
 from ..plan.plan_model import PCIE_CHOICES, GpuRow, PlanModel, PlanResult, gpus_of_topology, settings_changes

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.events import RunReport
-from engine.topology import TelemetrySample
+from engine.hw.topology import TelemetrySample
 
 from ..run.record_model import RunRecord
 from ..run.run_job import RunStarted

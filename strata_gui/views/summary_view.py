@@ -295,7 +295,7 @@ def _bytes(n: float) -> str:
 
 
 def expert_text(stats: list[dict]) -> str:
-    """The expert cache per stage (engine.experts.ExpertStats.as_dict), or that nothing streamed."""
+    """The expert cache per stage (engine.models.experts.ExpertStats.as_dict), or that nothing streamed."""
     streamed = [st for st in stats if st.get("misses") or st.get("bytes_pinned") or st.get("bytes_pageable")]
     if not streamed:
         resident = stats and all(st.get("resident") for st in stats)

@@ -15,7 +15,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
 
-from engine.topology import TelemetrySample
+from engine.hw.topology import TelemetrySample
 
 from ..run.telemetry_model import TelemetryStore
 from .theme import GPU_COLORS, MUTED_COLOR

@@ -1,0 +1,1 @@
+"""The machine: GPUs, PCIe topology and link classes, GPU timing, NVTX ranges."""

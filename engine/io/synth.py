@@ -1,0 +1,473 @@
+"""Generated models: real GGUF files with random weights (deterministic from a seed).
+
+`write_model` makes a file any GGUF reader opens (ours, transformers, llama.cpp's tools);
+`demo_model_path` makes the built-in demo model on first use in the user's cache directory.
+`SyntheticSource` yields the same kind of weights straight into memory on any device, for
+benchmarks whose shapes (e.g. Qwen3-30B-A3B) would take minutes to write as a file.
+"""
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+
+from engine import models
+from engine.io.atomic_file import atomic_path
+from engine.io.gguf_model import ModelSpec, expected_shapes, format_quant_mix, quant_mix
+from engine.quant import dequant, quant_recipe
+
+log = logging.getLogger(__name__)
+
+DEMO_VERSION = 2  # 2: q8_0 is llama.cpp's Q8_0 mix (the embedding quantized too)
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    arch: str = "qwen3moe"
+    n_layers: int = 4
+    hidden: int = 128
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 32
+    n_experts: int = 8
+    n_experts_used: int = 2
+    expert_ffn: int = 64
+    ffn: int = 256
+    vocab: int = 0  # 0: the byte-level vocabulary below decides
+    context_length: int = 4096
+    rope_base: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    seed: int = 0
+    quant: str = "q8_0"  # quant_recipe.FTYPES (llama.cpp's mixes: q4_k_m ... iq3_xxs ... mxfp4), f16 or f32
+    tied: bool = False
+
+    def spec(self) -> ModelSpec:
+        """The spec its family makes of these shapes (engine/models/); vocab 0: the byte vocabulary's."""
+        return models.family(self.arch).spec_from_recipe(replace(self, vocab=self.vocab or len(byte_vocab()[0])))
+
+
+HOLE_TENSOR = "strata.hole"  # write_model(hole_bytes=...): an unused tensor left as a hole
+
+# The demo model: 4 MoE layers, small enough for seconds on 2 CPU cores.
+DEMO_RECIPE = ModelRecipe()
+
+# Qwen3-30B-A3B shapes (fewer layers): the benchmark model.
+QWEN3_30B_A3B = ModelRecipe(arch="qwen3moe", n_layers=48, hidden=2048, n_heads=32, n_kv_heads=4,
+                            head_dim=128, n_experts=128, n_experts_used=8, expert_ffn=768,
+                            vocab=151936, context_length=131072, quant="f16")
+
+PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B}
+
+
+class RecipeError(ValueError):
+    """A recipe whose file the loader would refuse: names the field, its value and what is allowed."""
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"{field}={value!r}: allowed {allowed}")
+
+
+def check_recipe(recipe: ModelRecipe) -> None:
+    """Refuse the shapes `gguf_model.load` refuses (spec_from_metadata), before a file is written."""
+    r = recipe
+    if r.arch not in models.names():
+        raise RecipeError("arch", r.arch, ", ".join(models.names()))
+    if r.quant not in QUANTS:
+        raise RecipeError("quant", r.quant, ", ".join(QUANTS))
+    for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "context_length"):
+        v = getattr(r, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise RecipeError(name, v, "an integer >= 1")
+    if r.head_dim % 2:
+        raise RecipeError("head_dim", r.head_dim, "an even integer (RoPE rotates pairs of dimensions)")
+    if r.n_heads % r.n_kv_heads:
+        raise RecipeError("n_kv_heads", r.n_kv_heads, f"a divisor of n_heads={r.n_heads}")
+    if models.family(r.arch).moe:
+        if r.n_experts < 1:
+            raise RecipeError("n_experts", r.n_experts, "an integer >= 1")
+        if not 1 <= r.n_experts_used <= r.n_experts:
+            raise RecipeError("n_experts_used", r.n_experts_used, f"1..n_experts ({r.n_experts})")
+        if r.expert_ffn < 1:
+            raise RecipeError("expert_ffn", r.expert_ffn, "an integer >= 1")
+    elif r.ffn < 1:
+        raise RecipeError("ffn", r.ffn, "an integer >= 1")
+    base = len(byte_vocab()[0])
+    if r.vocab and r.vocab < base:
+        raise RecipeError("vocab", r.vocab, f"0 (the byte vocabulary) or at least {base}, its size")
+    if not 0 < r.rope_base < float("inf"):  # NaN fails both comparisons
+        raise RecipeError("rope_base", r.rope_base, "a finite number above 0")
+    if not 0 <= r.rms_eps < float("inf"):
+        raise RecipeError("rms_eps", r.rms_eps, "a finite number >= 0")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable-character map."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+_MERGE_WORDS = ["the", "and", "ing", "ion", "GPU", "chunk", "stage", "token", "layer", "expert",
+                "prefill", "pipeline", "split", "model", "hello", "world"]
+
+
+def byte_vocab() -> tuple[list[str], list[int], list[str]]:
+    """A minimal gpt2-style vocabulary: 256 byte tokens, merges of a few words, control tokens."""
+    b2u = _bytes_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    merges: list[str] = []
+    have = set(tokens)
+    for word in _MERGE_WORDS:
+        for w in (word, "Ġ" + word):
+            cur = w[0]
+            for ch in w[1:]:
+                nxt = cur + ch
+                if nxt not in have:
+                    merges.append(f"{cur} {ch}")
+                    tokens.append(nxt)
+                    have.add(nxt)
+                cur = nxt
+    types = [1] * len(tokens)
+    for ctl in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
+        tokens.append(ctl)
+        types.append(3)
+    return tokens, types, merges
+
+
+def _kind(name: str) -> str:
+    """Which spread a tensor's random weights take: norm, bias, router, embedding or matrix."""
+    if name.endswith("norm.weight"):
+        return "norm"
+    if name.endswith(".bias"):
+        return "bias"
+    if "ffn_gate_inp" in name:
+        return "router"
+    return "embedding" if name == "token_embd.weight" else "matrix"
+
+
+def _std(name: str, shape: tuple[int, ...]) -> float:
+    """The standard deviation of a tensor's random weights (what random K-quant blocks match)."""
+    kind = _kind(name)
+    if kind in ("norm", "bias"):
+        return 0.1
+    if kind == "embedding":
+        return 1.0
+    return (4.0 if kind == "router" else 1.0) / float(np.sqrt(shape[-1]))
+
+
+def _floats(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A tensor's random float32 weights (norms around 1, everything else around 0, scaled so
+    activations stay tame), the next draw of `rng`.  The arithmetic is the first writer's, so
+    files of float and gguf-quantised types keep their bytes from one version to the next."""
+    kind = _kind(name)
+    arr = rng.standard_normal(shape, dtype=np.float32)
+    if kind == "norm":
+        arr = 1.0 + 0.1 * arr
+    elif kind == "bias":
+        arr = 0.1 * arr
+    elif kind == "router":
+        arr = arr / np.sqrt(shape[-1]) * 4.0
+    elif kind == "matrix":
+        arr = arr / np.sqrt(shape[-1])
+    return arr.astype(np.float32, copy=False)
+
+
+QUANTS = (*quant_recipe.FTYPES, "f16", "f32")
+# the types gguf can quantise from floats; the others are random valid blocks
+_GGUF_QUANTIZES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
+                             GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0})
+_F32, _F16 = GGMLQuantizationType.F32, GGMLQuantizationType.F16
+
+
+def _stored_type(name: str, quant: str, shape: tuple[int, ...], spec: ModelSpec) -> GGMLQuantizationType:
+    """How a tensor is stored: f16/f32 for the large matrices (norms, biases and the router stay
+    F32), or the type llama.cpp's mix `quant` gives it (`quant_recipe.tensor_type`)."""
+    if quant in ("f16", "f32"):
+        big = len(shape) >= 2 and "ffn_gate_inp" not in name and name != "token_embd.weight"
+        return _F16 if big and quant == "f16" else _F32
+    if quant not in quant_recipe.FTYPES:
+        raise ValueError(f"unknown storage {quant!r}: use {', '.join(QUANTS)}")
+    return quant_recipe.tensor_type(name, shape, quant, spec)
+
+
+def _stored(name: str, qt: GGMLQuantizationType, shape: tuple[int, ...], floats: Callable[[], np.ndarray],
+            seed: int) -> np.ndarray:
+    """The tensor's bytes as stored in `qt`: its floats (drawn only where the type is made from
+    them) cast or quantised by gguf, or random valid blocks of the floats' spread."""
+    if qt == _F32:
+        return floats()
+    if qt == _F16:
+        return floats().astype(np.float16)
+    if qt in _GGUF_QUANTIZES:
+        return gguf.quants.quantize(floats(), qt)
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ seed)
+    raw = quant_recipe.random_blocks(qt, shape, _std(name, shape), g).numpy()
+    return raw.reshape(_byte_shape(qt, shape))
+
+
+def _put_vocab(w: GGUFWriter, tokens: list[str], types: list[int], merges: list[str]) -> None:
+    """The byte-level BPE vocabulary every generated file carries (eos = bos = padding)."""
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", "qwen2")
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.token_type", types)
+    w.add_array("tokenizer.ggml.merges", merges)
+    eos = tokens.index("<|endoftext|>")
+    w.add_uint32("tokenizer.ggml.eos_token_id", eos)
+    w.add_uint32("tokenizer.ggml.bos_token_id", eos)
+    w.add_uint32("tokenizer.ggml.padding_token_id", eos)
+
+
+def _put(w: GGUFWriter, key: str, value: Any) -> None:
+    """One metadata entry, replacing a value the writer already holds for that key."""
+    for kv in w.kv_data:
+        kv.pop(key, None)
+    if value is None:  # None: the key is left out
+        return
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    else:
+        w.add_float32(key, float(value))
+
+
+def _byte_shape(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A tensor's shape in bytes as stored in `qt` (floats included: F32 is 4 bytes a value)."""
+    return tuple(gguf.quants.quant_shape_to_byte_shape(shape, qt))
+
+
+def write_needs(recipe: ModelRecipe) -> tuple[int, int, str]:
+    """(bytes of the file, host bytes the writer holds at its peak, the tensor of that peak) of
+    `write_model(recipe)`, computed before anything is drawn: tensors are made one at a time,
+    from float32 draws where the type is cast or quantised by gguf (random blocks otherwise)."""
+    spec = recipe.spec()
+    file_bytes = peak = 0
+    peak_name = ""
+    for name, shape in expected_shapes(spec).items():
+        qt = _stored_type(name, recipe.quant, shape, spec)
+        stored = int(np.prod(_byte_shape(qt, shape), dtype=np.float64))
+        floats = int(np.prod(shape, dtype=np.float64)) * 4 if qt in (_F32, _F16) or qt in _GGUF_QUANTIZES else 0
+        file_bytes += stored
+        held = 2 * floats + 2 * stored  # the draws and their product (a cast or quantisation), the bytes
+        if held > peak:
+            peak, peak_name = held, name
+    return file_bytes, peak, peak_name
+
+
+def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
+                edit: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
+                progress: Callable[[str, float], None] | None = None,
+                metadata: Mapping[str, Any] | None = None, checked: bool = True,
+                hole_bytes: int = 0) -> Path:
+    """Write a GGUF file with random weights; atomic (temp file + rename).
+
+    Tensors are made and written one at a time (host memory stays about one tensor, whatever
+    the file's size); floats are drawn only for the tensors stored as floats or quantised by
+    gguf, K-quants get random valid blocks of the same spread.  `progress(tensor, fraction of
+    the bytes written)` is called after each tensor.  `edit(name, data)` may replace a
+    tensor's stored data or drop it (None): how tests and the fuzzer make defective files
+    through the same writer (every tensor is then made before the header is written).
+    `metadata`: more keys ("{a}." is the architecture's prefix), or other values for the usual
+    ones (a str is written as a string, a bool as a bool, an int as uint32, a float as float32;
+    None leaves the key out).
+    checked=False writes a recipe `check_recipe` refuses (tests of the loader's refusals).
+    hole_bytes: one more tensor (HOLE_TENSOR, I8, unused by the engine) of that many bytes, left
+    as a hole in the file (sparse where the file system allows): a file larger than a memory
+    limit without writing its bytes (tests of how the file is mapped)."""
+    path = Path(path)
+    if checked:
+        check_recipe(recipe)
+    spec = recipe.spec()
+    tokens, types, merges = byte_vocab()
+    if spec.vocab != len(tokens):
+        # a larger vocabulary is padded with unused tokens, as real models do
+        pad = spec.vocab - len(tokens)
+        tokens = tokens + [f"<|unused_{i}|>" for i in range(pad)]
+        types = types + [5] * pad
+    a = spec.arch
+    with atomic_path(path) as tmp:
+        w = GGUFWriter(str(tmp), a)
+        w.add_name(f"strata-{a}-random-seed{recipe.seed}")
+        for key, value in models.family_of(spec).file_metadata(spec):
+            _put(w, key, value)
+        _put_vocab(w, tokens, types, merges)
+        for key, value in (metadata or {}).items():
+            _put(w, key.replace("{a}", a), value)
+        rng = np.random.default_rng(recipe.seed)
+        shapes = expected_shapes(spec)
+        stored_types = {name: _stored_type(name, recipe.quant, shape, spec) for name, shape in shapes.items()}
+        total = sum(int(np.prod(_byte_shape(stored_types[n], shape))) for n, shape in shapes.items())
+        done = 0
+        if edit is None:  # streamed: tensor infos first, then one tensor in memory at a time
+            for name, shape in shapes.items():
+                qt = stored_types[name]
+                stored_shape = _byte_shape(qt, shape)
+                w.add_tensor_info(name, stored_shape, np.dtype(np.uint8), int(np.prod(stored_shape)), raw_dtype=qt)
+            if hole_bytes:
+                w.add_tensor_info(HOLE_TENSOR, (hole_bytes,), np.dtype(np.int8), hole_bytes,
+                                  raw_dtype=GGMLQuantizationType.I8)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_ti_data_to_file()
+            for name, shape in shapes.items():
+                data = _stored(name, stored_types[name], shape, lambda: _floats(rng, name, shape), recipe.seed)  # noqa: B023
+                w.write_tensor_data(data)
+                done += data.nbytes
+                if progress is not None:
+                    progress(name, done / total)
+            if hole_bytes:  # the last tensor: its bytes are a hole up to the file's end
+                fout = w.fout[0]
+                w.write_padding(fout, fout.tell())
+                fout.flush()
+                end = fout.tell() + hole_bytes
+                fout.truncate(end)
+                fout.seek(end)
+                w.tensors[0].pop(HOLE_TENSOR)
+        else:  # an edit may drop or replace a tensor: every tensor is made before the header
+            if hole_bytes:
+                raise ValueError("hole_bytes is for the streamed writer (no edit)")
+            _write_edited(w, shapes, stored_types, rng, recipe.seed, edit)
+        w.close()
+    log.info("wrote %s (%s, %.1f MiB)", path, a, path.stat().st_size / 2**20)
+    return path
+
+
+def _write_edited(w: GGUFWriter, shapes: dict[str, tuple[int, ...]], stored_types: dict[str, GGMLQuantizationType],
+                  rng: np.random.Generator, seed: int, edit: Callable[[str, np.ndarray], np.ndarray | None]) -> None:
+    """write_model's tensors through `edit`: each made, then kept, replaced or dropped, before
+    the header (which lists only what is kept)."""
+    for name, shape in shapes.items():
+        qt = stored_types[name]
+        data = _stored(name, qt, shape, lambda: _floats(rng, name, shape), seed)  # noqa: B023
+        raw = None if qt in (_F32, _F16) else qt
+        edited = edit(name, data)
+        if edited is None:
+            continue
+        if edited is not data:
+            data, raw = edited, None
+        if raw is None:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+
+
+def demo_model_path(cache_dir: Path | None = None) -> Path:
+    """The built-in demo model, generated on first use into the user's cache directory."""
+    if cache_dir is None:
+        import platformdirs
+
+        cache_dir = Path(platformdirs.user_cache_dir("strata-gui", appauthor=False))
+    path = Path(cache_dir) / f"demo-qwen3moe-v{DEMO_VERSION}.gguf"
+    if not path.exists():
+        log.info("generating the demo model at %s", path)
+        write_model(path, DEMO_RECIPE)
+    return path
+
+
+class SyntheticSource:
+    """Random weights of a recipe generated on a device, without a file (benchmarks only).
+
+    Same scaling as the files `write_model` writes; generated per tensor on `device`, so a
+    model with Qwen3-30B-A3B shapes is ready in seconds on a GPU."""
+
+    def __init__(self, recipe: ModelRecipe, device: str = "cpu") -> None:
+        self.recipe = recipe
+        self.spec = recipe.spec()
+        self.device = torch.device(device)
+        self.path = Path(f"synthetic:{recipe.arch}-{recipe.n_layers}L")
+        self._shapes = expected_shapes(self.spec)
+
+    def describe(self) -> str:
+        s = self.spec
+        mix = format_quant_mix(self.quant_mix())
+        return f"synthetic {s.arch}: {s.n_layers} layers, hidden {s.hidden}, {s.n_experts} experts; {mix}"
+
+    def quant_mix(self) -> list[tuple[str, float]]:
+        return quant_mix((self.qtype(n).name, self.nbytes(n)) for n in self._shapes)
+
+    def qtype(self, name: str) -> GGMLQuantizationType:
+        """The tensor's type: the recipe's quant mix, or F32 (weights made as floats)."""
+        if self.recipe.quant in quant_recipe.FTYPES:
+            return quant_recipe.tensor_type(name, self._shapes[name], self.recipe.quant, self.spec)
+        big = len(self._shapes[name]) >= 2 and "ffn_gate_inp" not in name and name != "token_embd.weight"
+        return GGMLQuantizationType.F16 if big and self.recipe.quant == "f16" else GGMLQuantizationType.F32
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def tensor_names(self) -> list[str]:
+        """Every tensor the recipe makes (as a file's tensor_names)."""
+        return list(self._shapes)
+
+    def nbytes(self, name: str) -> int:
+        n = 1
+        for x in self._shapes[name]:
+            n *= x
+        return dequant.nbytes_of(self.qtype(name), n)
+
+    def raw(self, name: str) -> torch.Tensor:
+        """The tensor's blocks, generated on the source's device (uint8)."""
+        qt = self.qtype(name)
+        if qt in quant_recipe.QUANTIZED:
+            g = self._generator(name)
+            std = 1.0 if name == "token_embd.weight" else self._shapes[name][-1] ** -0.5
+            return quant_recipe.random_blocks(qt, self._shapes[name], std, g, self.device)
+        t = self._float(name)
+        return (t.to(torch.float16) if qt == GGMLQuantizationType.F16 else t).contiguous().reshape(-1).view(torch.uint8)
+
+    def tensor(self, name: str, device: torch.device | str | None = None,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        dev = self.device if device is None else torch.device(device)
+        qt = self.qtype(name)
+        if qt in quant_recipe.QUANTIZED:
+            return dequant.dequantize(self.raw(name), qt, self._shapes[name], dtype).to(dev)
+        t = self._float(name)
+        if qt == GGMLQuantizationType.F16:  # as stored: what a file of this recipe holds
+            t = t.to(torch.float16)
+        return t.to(device=dev, dtype=dtype)
+
+    def _generator(self, name: str) -> torch.Generator:
+        g = torch.Generator(device=self.device)
+        g.manual_seed(zlib.crc32(name.encode()) ^ self.recipe.seed)
+        return g
+
+    def _float(self, name: str) -> torch.Tensor:
+        shape = self._shapes[name]
+        g = self._generator(name)
+        t = torch.randn(shape, generator=g, device=self.device, dtype=torch.float32)
+        if name.endswith("norm.weight"):
+            return 1.0 + 0.1 * t
+        if name.endswith(".bias"):
+            return 0.1 * t
+        if "ffn_gate_inp" in name:
+            return t * (4.0 / shape[-1] ** 0.5)
+        if name == "token_embd.weight":
+            return t
+        return t / shape[-1] ** 0.5
+
+
+def recipe_from_args(preset: str = "demo", **changes) -> ModelRecipe:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}: choose from {', '.join(PRESETS)}")
+    changes = {k: v for k, v in changes.items() if v is not None}
+    return replace(PRESETS[preset], **changes)
