@@ -16,6 +16,13 @@ from engine.config import old_names_accepted
 KINDS = ("compute", "wait", "copy", "stream", "decode")
 
 
+
+def chunk_bounds(n_tokens: int, chunk: int) -> list[tuple[int, int]]:
+    """(start, length) of each chunk of a prompt cut into chunks of `chunk` tokens."""
+    if n_tokens <= 0:
+        return []
+    return [(s, min(chunk, n_tokens - s)) for s in range(0, n_tokens, chunk)]
+
 @dataclass(frozen=True, slots=True)
 class StageEvent:
     run_id: str
@@ -97,8 +104,6 @@ class RunPlan:
     def chunk_bounds(self) -> list[tuple[int, int]]:
         if self.bounds:
             return [tuple(b) for b in self.bounds]
-        from engine.plan.chunking import chunk_bounds
-
         return chunk_bounds(self.prompt_tokens, self.chunk)
 
 
@@ -135,7 +140,7 @@ class RunReport:
     telemetry: list[dict] = field(default_factory=list)  # GPU samples on the event clock
     telemetry_status: str = ""
     attention: str = ""  # the attention kernel per device (engine/kernels/attention.py)
-    kernels: str = ""  # the kernel of dequant, MoE, q/k-norm+RoPE (engine/kernels/kernel_report.py)
+    kernels: str = ""  # the kernel of dequant, MoE, q/k-norm+RoPE (engine/pipeline/kernel_report.py)
     handoff_bytes: int = 0  # activations handed between stages during prefill (all hops)
     # the chunk-cost probe's figures (engine.plan.planner.probe_dict) when the run measured them: what the
     # planner prices chunk sizes the run did not execute from

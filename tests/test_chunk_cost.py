@@ -15,7 +15,7 @@ from engine.plan.chunk_cost import ChunkCostProbe
 
 
 class RecordingGraphs:
-    """Stands in for engine.kernels.graphs.GraphedLayers; records what the probe asks of it."""
+    """Stands in for engine.models.graphs.GraphedLayers; records what the probe asks of it."""
 
     def __init__(self, log: list, layers, n: int, device, dtype) -> None:
         self.log, self.layers, self.n = log, list(layers), n

@@ -674,7 +674,7 @@ def test_cuda_greedy_decode_is_the_prefill_argmax(quant, dtype):
 
 @cuda
 def test_the_report_names_triton_kernels_and_the_selftest_exercise_runs_one(demo_path):
-    """engine/kernels/kernel_report.py on a CUDA machine with triton: what the run report and the frozen
+    """engine/pipeline/kernel_report.py on a CUDA machine with triton: what the run report and the frozen
     self-test say there (issue 36)."""
     pytest.importorskip("triton")
     from engine.kernels import kernel_report

@@ -1,5 +1,5 @@
 """Every metadata key llama.cpp's loader reads for a supported family is used, refused or known
-harmless (engine/io/gguf_keys.py): none is ignored in silence (issue 39).
+harmless (engine/models/gguf_keys.py): none is ignored in silence (issue 39).
 
 The lists below are what llama.cpp's `llama_model::load_hparams` (src/llama-model.cpp, with the
 per-model `load_arch_hparams` of newer versions) reads: the keys read for every architecture,
@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from engine import models
-from engine.io import gguf_keys, gguf_model, synth
+from engine.io import gguf_model, synth
+from engine.models import gguf_keys
 
 # read for every architecture with attention heads
 LLAMA_CPP_COMMON = [

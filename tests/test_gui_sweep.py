@@ -242,8 +242,8 @@ def test_a_sweep_ratio_inside_the_repeats_noise_is_not_judged():
 
 
 def test_the_cli_and_the_app_walk_one_sweep():
-    """engine.cli.sweep is the one order and statistic: strata-bench's and the Sweep tab's."""
-    from engine.cli import sweep as engine_sweep
+    """engine.sweep is the one order and statistic: strata-bench's and the Sweep tab's."""
+    from engine import sweep as engine_sweep
     from strata_gui.sweep.sweep_model import SweepArm, SweepPlan
 
     plan = SweepPlan(sizes=(64, 128), arms=(SweepArm("a", ""), SweepArm("b", "pipeline_depth=0")), repeats=2)

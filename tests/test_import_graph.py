@@ -134,3 +134,22 @@ def test_the_checker_sees_a_cycle_and_a_function_level_import(tmp_path):
         assert imported(pkg / "y.py", mods)[0] == set()
     finally:
         ROOT = saved
+
+
+# engine's packages, lowest first: each may import the core and the packages before it, never
+# one after it (docs/architecture.md, "Packages").  "core" is engine's own modules (config,
+# settings_table, errors, events, failure, sizes, sweep).
+LAYERS = ("core", "hw", "kernels", "quant", "models", "io", "plan", "pipeline", "cli")
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else "core"
+
+
+def test_each_package_imports_only_the_ones_below_it():
+    edges, _ = graph()
+    upward = sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets
+                    if LAYERS.index(package_of(b)) > LAYERS.index(package_of(a)))
+    assert upward == []
+    assert {package_of(m) for m in edges} == set(LAYERS)  # every package of the map exists, no other

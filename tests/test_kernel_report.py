@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from engine.kernels import kernel_report
+from engine.pipeline import kernel_report
 
 ROOT = Path(__file__).resolve().parents[1]
 

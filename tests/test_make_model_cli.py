@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from engine.cli import bench
+from engine.io import quant_recipe
 from engine.io.gguf_model import expected_shapes, load
-from engine.quant import quant_recipe
 
 
 def test_a_missing_folder_is_an_error_not_created(tmp_path, capsys):

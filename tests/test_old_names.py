@@ -12,9 +12,9 @@ import pytest
 from history_support import demo_runs  # noqa: F401  (fixture)
 
 from engine.cli import bench
-from engine.cli.sweep import parse_arm
 from engine.config import ConfigError, EngineConfig, migrate_keys
 from engine.events import RunPlan
+from engine.sweep import parse_arm
 from strata_gui.history.history_model import RunHistory
 from strata_gui.run.record_model import report_from_dict, report_to_dict
 from strata_gui.run.run_files import export_trace, import_trace

@@ -12,10 +12,9 @@ from gguf import quants as gguf_quants
 from hf_reference import hf_model
 
 from engine.config import EngineConfig
-from engine.io import gguf_model, synth
+from engine.io import gguf_model, quant_recipe, synth
 from engine.io.prompt import synthetic
 from engine.pipeline.session import Session
-from engine.quant import quant_recipe
 
 # rows of 256 values so the K-quants apply (the demo's 128 would fall back to legacy types)
 K_SHAPES = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)

@@ -20,10 +20,10 @@ from engine import failure, models, settings_table
 from engine.cli import bench_format
 from engine.cli.load_progress import LoadProgress
 from engine.cli.run_progress import RunProgress
-from engine.cli.sweep import median_spread, parse_arm, steps
 from engine.config import ConfigError, EngineConfig, parse_setting
 from engine.events import RunReport, format_timing
 from engine.io.atomic_file import atomic_open
+from engine.sweep import median_spread, parse_arm, steps
 
 if TYPE_CHECKING:
     from engine.plan.roofline import DecodeBytes
@@ -515,7 +515,7 @@ def _run_row(r: RunReport, ns: argparse.Namespace, name: str, n: int, rep: int,
 
 def _measure(ns: argparse.Namespace, model, configs: list[tuple[str, EngineConfig]], sizes: list[int],
              fixed_ids: list[int] | None, weights: DecodeBytes | None) -> _Measured:
-    """Every (size, repeat, arm) step (engine/cli/sweep.py: the app's Sweep walks the same), each new
+    """Every (size, repeat, arm) step (engine/sweep.py: the app's Sweep walks the same), each new
     size after its unmeasured warm-up runs; Ctrl-C keeps the repeats that finished."""
     out = _Measured()
     sessions = []
@@ -735,7 +735,7 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
           f"{load(path).describe()}")
     if recipe.quant:
         from engine.io.gguf_model import expected_shapes
-        from engine.quant.quant_recipe import explain_fallbacks
+        from engine.io.quant_recipe import explain_fallbacks
 
         spec = recipe.spec()
         note = explain_fallbacks(expected_shapes(spec), recipe.quant, spec)

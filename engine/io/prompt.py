@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.cli.sweep import sweep_nonce  # noqa: F401  (the sweep's nonce; prompts are made here)
 from engine.config import ConfigError
 from engine.io.gguf_model import GGUFError, LoadedModel
+from engine.sweep import sweep_nonce  # noqa: F401  (the sweep's nonce; prompts are made here)
 
 log = logging.getLogger(__name__)
 

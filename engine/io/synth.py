@@ -20,9 +20,10 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from engine import models
+from engine.io import quant_recipe
 from engine.io.atomic_file import atomic_path
 from engine.io.gguf_model import ModelSpec, expected_shapes, format_quant_mix, quant_mix
-from engine.quant import dequant, quant_recipe
+from engine.quant import dequant
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
-"""The model-family registry: one module per family (`qwen3moe`, `qwen3`, `qwen2`, `llama` (with
-Mixtral's experts), `qwen3vlmoe`),
-each declaring its metadata -> `ModelSpec`, its layers' kinds and tensors, and the state each
-layer carries across chunks.  Shared parts (RoPE, RMSNorm, attention, MoE) stay in the engine's
-modules; families compose them.  "How to add a model family": docs/architecture.md."""
+"""The model: one module per model family (`qwen3moe`, `qwen3`, `qwen2`, `llama` with Mixtral's
+experts, `qwen3vlmoe`) in a registry, each declaring its metadata -> `ModelSpec`, its layers'
+kinds and tensors, and the state each layer carries across chunks; and the parts families
+compose (`layers`: RoPE, RMSNorm, attention and MoE blocks; `kv`; `experts`; `gated_delta`).
+"How to add a model family": docs/architecture.md."""
 from engine.models import llama, qwen2, qwen3, qwen3moe, qwen3vlmoe
 from engine.models.blocks import FULL_ATTENTION, KVState, LayerKind, Part, StateKind
 from engine.models.family import Family, SpecSource

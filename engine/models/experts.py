@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType
 
 from engine.config import ConfigError
 from engine.hw.machine import physical_ram  # its home before issue 37: still importable from here
-from engine.io.gguf_model import ModelSpec
+from engine.models.spec import ModelSpec
 from engine.quant import dequant
 from engine.quant.qtensor import has_blocks, stored
 

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine.io.gguf_keys import KeyProblem, check_refused, rope_scaling
 from engine.models.blocks import FULL_ATTENTION, LayerKind, Part
+from engine.models.gguf_keys import KeyProblem, check_refused, rope_scaling
 from engine.models.spec import ModelSpec
 
 if TYPE_CHECKING:  # the registry imports no torch: the CLI lists the families before torch loads

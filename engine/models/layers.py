@@ -16,14 +16,14 @@ import torch
 import torch.nn.functional as F
 
 from engine import models
-from engine.io.gguf_keys import RopeScaling
-from engine.io.gguf_model import ModelSpec
 from engine.kernels import moe_kernels
 from engine.kernels.attention import chunk_attention, kernel_for
 from engine.kernels.qk_rope import qk_norm_rope
 from engine.models import routed_experts
 from engine.models.experts import EXPAND_SCRATCH_BYTES
+from engine.models.gguf_keys import RopeScaling
 from engine.models.kv import LayerKV
+from engine.models.spec import ModelSpec
 from engine.quant.qtensor import QTensor, has_blocks, stored
 
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ class Layer:
                       sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """attn norm, fused q/k/v, q/k norm and RoPE of a chunk: q [n, H, hd], k and v [n, KV, hd].
 
-        Depends on the position only through the cos/sin tables, so `engine.kernels.graphs` can
+        Depends on the position only through the cos/sin tables, so `engine.models.graphs` can
         capture it once per chunk size."""
         s = self.spec
         if self.fused is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.io.gguf_keys import RopeScaling
+from engine.models.gguf_keys import RopeScaling
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,6 @@ from engine.errors import Cancelled, DeviceMemoryError, NonFiniteError, StageErr
 from engine.events import EventSink, RunPlan, StageEvent
 from engine.hw import nvtx, topology
 from engine.hw.gpu_timing import DeferredTimer, DeviceClock
-from engine.kernels import kernel_report
 from engine.kernels.attention import kernel_for
 from engine.models.experts import (
     ExpertLayout,
@@ -51,6 +50,7 @@ from engine.models.experts import (
     plan_experts,
 )
 from engine.models.layers import WeightSource, resolve_dtype
+from engine.pipeline import kernel_report
 from engine.pipeline.executor import ProcessExecutor
 from engine.pipeline.run import Run
 from engine.pipeline.stage import PipelineHooks, Stage, StageContext, _Worker

@@ -1,6 +1,6 @@
 """The "CUDA graphs per chunk size" policy of one stage, for either executor.
 
-A stage replays CUDA graphs of its layer runs (engine/kernels/graphs.py `GraphedLayers`) at the chunk
+A stage replays CUDA graphs of its layer runs (engine/models/graphs.py `GraphedLayers`) at the chunk
 sizes of the run (the fixed size and the remainder, a balanced schedule's few sizes: the largest
 `MAX_GRAPHED_SIZES`) and at size 1 for decode steps.  A size is captured right after its first,
 eager, pass (which warms the kernels up and lets each layer decide its expert GEMM, and so
@@ -81,7 +81,7 @@ class StageGraphs:
 
     def capture(self, layers: Sequence, n: int, dtype: torch.dtype, note: Callable[[str], None] | None = None) -> None:
         say = note or self.note
-        from engine.kernels.graphs import CAPTURE_LOCK, GraphedLayers
+        from engine.models.graphs import CAPTURE_LOCK, GraphedLayers
 
         key = (layers[0].index, len(layers), n)
         factory = self._factory or GraphedLayers

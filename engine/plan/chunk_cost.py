@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 
 class LayerGraph(Protocol):
-    """What the probe needs of a captured layer set (engine.kernels.graphs.GraphedLayers)."""
+    """What the probe needs of a captured layer set (engine.models.graphs.GraphedLayers)."""
 
     def capture(self) -> None: ...
     def forward(self, i: int, x: torch.Tensor, kv: LayerKV, pos: int) -> torch.Tensor: ...
@@ -56,7 +56,7 @@ GraphFactory = Callable[[Sequence[Layer], int, torch.device, torch.dtype], Layer
 
 
 def _cuda_graphs(layers: Sequence[Layer], n: int, device: torch.device, dtype: torch.dtype) -> LayerGraph:
-    from engine.kernels.graphs import GraphedLayers
+    from engine.models.graphs import GraphedLayers
 
     return GraphedLayers(layers, n, device, dtype)
 

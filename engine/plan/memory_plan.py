@@ -25,7 +25,7 @@ from engine.models.experts import (
     resolve_pin_limit,
 )
 from engine.models.layers import resolve_dtype
-from engine.pipeline.session import split_layers
+from engine.plan.layer_ranges import split_layers
 from engine.quant.dequant import gpu_temporaries
 from engine.sizes import size_text
 

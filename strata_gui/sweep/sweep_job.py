@@ -180,7 +180,7 @@ class SweepJob:
         req = self.request
         ids_for: dict[tuple[int, int], list[int]] = {}
         total = plan.total
-        for step in plan.steps():  # engine.cli.sweep's order, as strata-bench walks it
+        for step in plan.steps():  # engine.sweep's order, as strata-bench walks it
             if self.cancel.is_set():
                 return False
             if plan.warmup and step.first_of_size:

@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.cli.sweep import SweepStep, median_spread, parse_arm, steps
 from engine.config import ConfigError, EngineConfig
 from engine.events import RunReport
+from engine.sweep import SweepStep, median_spread, parse_arm, steps
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class SweepPlan:
             raise ConfigError("decode_tokens", self.decode_tokens, "an integer >= 0")
 
     def steps(self) -> list[SweepStep]:
-        """Size by size, repeat by repeat, every arm on the same prompt (engine.cli.sweep: strata-bench's order)."""
+        """Size by size, repeat by repeat, every arm on the same prompt (engine.sweep: strata-bench's order)."""
         return steps(self.sizes, self.repeats, len(self.arms))
 
     @property

@@ -1,6 +1,6 @@
 """`strata-gui --selftest`: open the main window, run the demo model on a 2-stage CPU split, check
 the Gantt, tokenise a text prompt with the demo model's vocabulary, run a Triton kernel where CUDA
-is present (engine.kernels.kernel_report.exercise: a frozen build's Triton needs engine/ as source),
+is present (engine.pipeline.kernel_report.exercise: a frozen build's Triton needs engine/ as source),
 optionally save a screenshot.
 Works on the offscreen platform; touches no user settings or history (a temporary QSettings file and
 run history)."""
@@ -94,7 +94,7 @@ def run_selftest(app: QApplication, demo_model: Path, screenshot: Path | None = 
             text_ok, text_what = _check_text_prompt(demo_model)
             if not text_ok:
                 return SelftestResult(False, f"selftest: text prompt failed: {text_what}")
-            from engine.kernels import kernel_report
+            from engine.pipeline import kernel_report
 
             triton_ok, triton_what = kernel_report.exercise()
             if not triton_ok:
