@@ -38,7 +38,7 @@ base = rss_kib()
 t0 = time.perf_counter()
 try:
     if sys.argv[4] == "load":
-        from engine import trace
+        from engine.io import trace
         events, meta = trace.load(sys.argv[1])
         outcome = f"loaded {len(events)} events"
     else:

@@ -25,7 +25,8 @@ MARGIN = 768 << 20  # what the run may take above what the process held when the
 CHILD = r"""
 import json, resource, sys
 import torch  # imported before the limit, as a real run has it
-from engine import bench, gguf_model
+from engine.cli import bench
+from engine.io import gguf_model
 
 def status(field):
     for line in open("/proc/self/status"):

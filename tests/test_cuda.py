@@ -677,7 +677,7 @@ def test_the_report_names_triton_kernels_and_the_selftest_exercise_runs_one(demo
     """engine/pipeline/kernel_report.py on a CUDA machine with triton: what the run report and the frozen
     self-test say there (issue 36)."""
     pytest.importorskip("triton")
-    from engine.kernels import kernel_report
+    from engine.pipeline import kernel_report
 
     ok, what = kernel_report.exercise("cuda")
     assert ok and "matches torch" in what, what

@@ -214,7 +214,7 @@ sys.path.insert(0, sys.argv[1])
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from engine import dequant_triton as dt
+from engine.quant import dequant_triton as dt
 for qt, (kernel, r, w) in sorted(dt._TABLE.items(), key=lambda kv: kv[0].name):
     books = kernel.arg_names[6:6 + len(dt.CODE_BOOKS.get(qt, ()))]
     for out in ("*fp32", "*bf16"):

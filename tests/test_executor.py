@@ -243,7 +243,7 @@ def test_three_stages_and_interleaved_groups_match_threads(demo, ids, threads_di
 CONTROLLER = """
 import os, sys
 sys.path[:0] = {paths!r}
-from engine import gguf_model
+from engine.io import gguf_model
 from engine.config import EngineConfig
 from engine.pipeline.session import Session
 

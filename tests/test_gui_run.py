@@ -102,7 +102,7 @@ def test_engine_error_shows_a_dialog_and_the_next_run_succeeds(window, qtbot, tm
     assert box is not None and box.isVisible()
     # an internal error: one line (what, where, the log file), the traceback behind Details
     line = box.text()
-    assert line.startswith("internal error in the run at stage.py:") and "\n" not in line
+    assert line.startswith("internal error in the run at stage_runtime.py:") and "\n" not in line  # the stage body
     assert "stage 1 (cpu), chunk 2" in line and "injected fault" in line
     log_file = Path(line.rsplit("full traceback in ", 1)[1])
     assert log_file.parent == log_dir and "Traceback (most recent call last)" in log_file.read_text()

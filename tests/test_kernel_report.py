@@ -50,7 +50,7 @@ PROBE = textwrap.dedent('''
     import json, logging, sys
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     import engine.quant.dequant_triton, engine.kernels.moe_kernels, engine.kernels.qk_rope  # importing must not raise
-    from engine import kernel_report
+    from engine.pipeline import kernel_report
     from gguf import GGMLQuantizationType as T
     parts = kernel_report.kernel_parts(["cuda"], is_moe=True, qtypes=[T.Q4_K, T.Q8_0, T.F32])
     print(json.dumps({"file": engine.kernels.moe_kernels.__file__, "describe": kernel_report.describe(parts),

@@ -14,7 +14,7 @@ import pytest
 WRITER = r"""
 import sys
 from engine.events import StageEvent
-from engine import trace
+from engine.io import trace
 events = [StageEvent("r", i % 4, "cpu", i, "compute", 10 * i, 10 * i + 5, 1, 0, "x" * 40) for i in range(600_000)]
 print("writing", flush=True)
 while True:

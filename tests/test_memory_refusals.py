@@ -24,7 +24,7 @@ RSS_BOUND = 300 << 20  # peak RSS growth allowed while refusing
 CHILD = r"""
 import json, resource, sys
 import torch  # imported before the limit, as a real run has it
-from engine import bench
+from engine.cli import bench
 from engine.plan.memory_check import host_available
 
 def status(field):

@@ -27,7 +27,7 @@ FIXED = 32 * 2**20
 MEASURE = r"""
 import json, resource, sys, time
 import torch
-from engine import gguf_model
+from engine.io import gguf_model
 from engine.config import EngineConfig
 from engine.pipeline.session import Session
 from engine.io.prompt import synthetic

@@ -36,7 +36,7 @@ def test_progress_reaches_the_whole_file_in_tensor_order(tmp_path):
 
 WRITE = r"""
 import json, resource, sys
-from engine import synth
+from engine.io import synth
 recipe = synth.recipe_from_args("demo", arch="qwen3moe", quant="q4_k_m", n_layers=int(sys.argv[2]), hidden=512,
                                 head_dim=64, n_experts=64, expert_ffn=512, ffn=1024)
 path = synth.write_model(sys.argv[1], recipe)

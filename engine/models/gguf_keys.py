@@ -47,7 +47,7 @@ TABLE: dict[str, str] = {
     "{a}.attention.layer_norm_rms_epsilon": USED,
     "{a}.rope.freq_base": USED,
     "{a}.rope.dimension_count": REFUSED,  # partial rotary: must equal key_length (llama.cpp asserts it too)
-    "{a}.rope.dimension_sections": REFUSED,  # multi-section (vision) RoPE
+    "{a}.rope.dimension_sections": REFUSED,  # multi-section (vision) RoPE; qwen3vlmoe checks and uses its own
     "{a}.rope.scaling.type": USED,
     "{a}.rope.scaling.factor": USED,
     "{a}.rope.scale_linear": USED,
@@ -60,6 +60,7 @@ TABLE: dict[str, str] = {
     "{a}.rope.scaling.yarn_beta_fast": REFUSED,
     "{a}.rope.scaling.yarn_beta_slow": REFUSED,
     "{a}.rope.scaling.yarn_log_multiplier": REFUSED,
+    "{a}.n_deepstack_layers": HARMLESS,  # qwen3vlmoe: layers that take image features (text runs without)
     "{a}.vocab_size": HARMLESS,  # llama.cpp names the model's size with it; the engine takes token_embd's
     "tokenizer.ggml.tokens": HARMLESS,  # the vocabulary's length, same use
 }
