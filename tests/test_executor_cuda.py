@@ -21,7 +21,7 @@ def _both(demo, devices, backend, **kw):
     ref = Session(demo, cfg).run(ids, decode_tokens=4).report
     sess = Session(demo, cfg.replace(executor="processes"))
     try:
-        assert sess.backend == backend
+        assert sess.executor.backend == backend
         for depth in (1, 0):
             sess.config = sess.config.replace(pipeline_depth=depth)
             rep = sess.run(ids, decode_tokens=4).report
@@ -77,7 +77,7 @@ def test_graphs_in_two_stage_processes_on_one_gpu_match_threads(demo_path, strea
     for graphs in (True, False):
         sess = Session(model, cfg.replace(executor="processes", cuda_graphs=graphs))
         try:
-            assert sess.backend == "gloo"
+            assert sess.executor.backend == "gloo"
             runs = [sess.run(ids, decode_tokens=4, logits_all=True) for _ in range(2)]
             for k, res in enumerate(runs):
                 rep = res.report
