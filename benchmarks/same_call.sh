@@ -15,7 +15,7 @@ for r in $(seq "$ROUNDS"); do
   for side in this base; do
     dir=.; [ $side = base ] && dir=$BASE
     ( cd "$dir" && PYTHONPATH=.:/tmp/site python3 -m "$(module .)" "${ARGS[@]}" ) > "$OUTDIR/$side-$r.json" \
-      2> "$OUTDIR/$side-$r.err" || { echo "$side round $r failed:"; tail -5 "$OUTDIR/$side-$r.err"; exit 1; }
+      2> /tmp/same-call.err || { echo "$side round $r failed:"; tail -5 /tmp/same-call.err; exit 1; }
     echo "round $r $side done"
   done
 done
@@ -26,7 +26,8 @@ def rates(side):
     got = {}
     for r in range(1, rounds + 1):
         for row in json.load(open(f"{out}/{side}-{r}.json")):
-            got.setdefault(row["n_prompt"], []).extend(row.get("samples_ts") or [row["avg_ts"]])
+            if row.get("row") == "run":  # one row per repeat (the summary rows follow)
+                got.setdefault(row["prompt_tokens"], []).append(row["prefill_tok_s"])
     return got
 this, base = rates("this"), rates("base")
 print("| prompt tokens | this commit tok/s (median) | base tok/s (median) | this / base |")
