@@ -5,7 +5,7 @@ import torch
 
 
 def hf_model(path, spec, rope_parameters: dict | None = None):
-    """transformers' GGUF config mapping misses some keys: pass them from the file (STACK.md).
+    """transformers' GGUF config mapping misses some keys: pass them from the file (docs/design.md, "Measured facts").
 
     rope_parameters: transformers 5.x's rope config (e.g. {"rope_type": "yarn", "factor": 4,
     "original_max_position_embeddings": 64, "rope_theta": ...}); its GGUF loader reads no rope

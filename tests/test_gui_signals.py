@@ -1,5 +1,5 @@
 """Guards around Qt signals: PySide6 6.12.0 aborts Python 3.11 after a few thousand calls of
-Qt methods returning nothing (`Fatal Python error: none_dealloc`, STACK.md), and the run worker
+Qt methods returning nothing (`Fatal Python error: none_dealloc`, docs/design.md), and the run worker
 relies on batches emitted from a plain Python thread being queued to the GUI thread."""
 from __future__ import annotations
 

@@ -225,7 +225,7 @@ def test_discover_maps_by_pci_bus_not_index(two_gpus_swapped):
 
 
 def test_discover_matches_on_pci_device_id_as_in_firecracker_vm(monkeypatch):
-    # STACK.md: H200 VM, both on bus 0, told apart only by PCI device 6 / 7; NVML lists 7 first.
+    # docs/design.md: H200 VM, both on bus 0, told apart only by PCI device 6 / 7; NVML lists 7 first.
     FakeNvml([FakeNvmlDevice(0, 0, 7, gen_max=5, width_max=16),
               FakeNvmlDevice(0, 0, 6, gen_max=3, width_max=8)]).install(monkeypatch)
     FakeCuda([cuda_props("H200", 0, 0, 6), cuda_props("H200", 0, 0, 7)]).install(monkeypatch)

@@ -3,7 +3,7 @@
 A chunk of n queries at position p attends to keys [0, p+n): all p prefix keys, and the n
 keys of its own chunk causally.  Asked as one call with a lower-right causal mask, PyTorch
 runs the flash/efficient kernels (about 345 TFLOP/s on H200); cuDNN's fused attention runs
-plain causal and non-causal blocks at 600-660 (shared/STACK.md, "Attention on H200").  So on
+plain causal and non-causal blocks at 650-660 (docs/design.md, "Attention on H200").  So on
 CUDA the chunk's attention is split in two cuDNN calls — the prefix block (non-causal) and
 the diagonal block (causal, square) — each returning its log-sum-exp, merged exactly:
 
