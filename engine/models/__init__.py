@@ -11,6 +11,7 @@ from engine.models.registry import (
     family,
     family_of,
     names,
+    new_layer,
     new_states,
     register,
     states_bytes,
@@ -23,4 +24,4 @@ for _module in (qwen3moe, qwen3, qwen2, llama, qwen3vlmoe):
     register(_module.FAMILY)
 
 __all__ = ["FULL_ATTENTION", "Family", "KVState", "LayerKind", "ModelSpec", "Part", "SpecSource", "StateKind",
-           "UnknownFamily", "family", "family_of", "names", "new_states", "register", "states_bytes", "unregister"]
+           "UnknownFamily", "family", "family_of", "names", "new_layer", "new_states", "register", "states_bytes", "unregister"]
