@@ -11,7 +11,6 @@ from engine.models.registry import (
     family,
     family_of,
     names,
-    new_layer,
     new_states,
     register,
     states_bytes,
@@ -24,4 +23,4 @@ for _module in (qwen3moe, qwen3, qwen2, llama, qwen3vlmoe):
     register(_module.FAMILY)
 
 __all__ = ["FULL_ATTENTION", "Family", "KVState", "LayerKind", "ModelSpec", "Part", "SpecSource", "StateKind",
-           "UnknownFamily", "family", "family_of", "names", "new_layer", "new_states", "register", "states_bytes", "unregister"]
+           "UnknownFamily", "family", "family_of", "names", "new_states", "register", "states_bytes", "unregister"]

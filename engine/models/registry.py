@@ -6,7 +6,7 @@ one place an architecture name is looked up.  Nothing outside `engine/models/` b
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine.models.family import Family
 from engine.models.spec import ModelSpec
@@ -57,11 +57,6 @@ def family(arch: str) -> Family:
 
 def family_of(spec: ModelSpec) -> Family:
     return family(spec.arch)
-
-
-def new_layer(spec: ModelSpec, i: int, weights: Any, rope: Any, cache: Any = None) -> Any:
-    """Layer i, computed by the class its family's layer kind names (the runtime's one call)."""
-    return family_of(spec).layer_kind(spec, i).layer()(spec, i, weights, rope, cache=cache)
 
 
 def new_states(spec: ModelSpec, layers: Iterable[int], capacity: int, device: torch.device | str,

@@ -118,7 +118,7 @@ class StageRuntime:
                 before(i)
             w = alloc(f"the weights of layer {i}", self.device, nbytes, LAYER_ADVICE,
                       lambda: load_layer_weights(source, i, self.device, self.dtype, experts=not streamed))  # noqa: B023  (alloc calls it now)
-            out.append(models.new_layer(spec, i, w, rope, cache=self.cache if streamed else None))
+            out.append(Layer(spec, i, w, rope, cache=self.cache if streamed else None))
             if after is not None:
                 after(i)
         for a, b in zip(out, out[1:]):
