@@ -161,8 +161,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def convert(src: Path, hf_dir: Path, out: Path, *extra: str) -> None:
-    env = dict(os.environ, NO_LOCAL_GGUF="")
-    env.pop("NO_LOCAL_GGUF")
+    env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}  # the converter's own gguf-py
     subprocess.run([sys.executable, "-c", SHIM, str(src), str(hf_dir), "--outtype", "f32", "--outfile", str(out), *extra],
                    check=True, env=env)
 

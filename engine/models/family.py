@@ -59,6 +59,9 @@ class Family:
     qk_norm: bool = False
     qkv_bias: bool = False
     rope_style: str = "neox"  # "neox" (rotate halves) or "norm" (adjacent pairs: llama's permuted q/k)
+    # metadata keys (after "{arch}.") this family reads and checks itself, so the shared table of
+    # refused keys (gguf_keys) leaves them to it; e.g. qwen3vlmoe's rope.dimension_sections
+    own_keys: tuple[str, ...] = ()
 
     # --------------------------------------------------------------- the spec
     def spec_from_metadata(self, m: SpecSource) -> ModelSpec:
@@ -86,7 +89,8 @@ class Family:
         context_length = m.read_int(f"{a}.context_length", 4096)
         try:
             scaling = rope_scaling(m.values, a, context_length)
-            check_refused(m.values, a, head_dim, scaling)
+            own = {f"{a}.{k}" for k in self.own_keys}
+            check_refused({k: v for k, v in m.values.items() if k not in own}, a, head_dim, scaling)
         except KeyProblem as exc:
             raise m.problem(str(exc)) from None
         expert_ffn = m.read_int(f"{a}.expert_feed_forward_length", 0) if self.moe else 0

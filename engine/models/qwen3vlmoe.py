@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from engine.models.family import Family, SpecSource
 from engine.models.spec import ModelSpec
@@ -20,45 +19,12 @@ from engine.models.spec import ModelSpec
 log = logging.getLogger(__name__)
 
 
-class _Without:
-    """A file's facts with some keys taken out (the ones this family has handled itself)."""
-
-    def __init__(self, m: SpecSource, keys: set[str]) -> None:
-        self._m, self._keys = m, keys
-        self.n_tensors = m.n_tensors
-
-    def read_int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
-        return self._m.read_int(key, default, minimum)
-
-    def read_float(self, key: str, default: float, positive: bool = True) -> float:
-        return self._m.read_float(key, default, positive)
-
-    def has(self, key: str) -> bool:
-        return key not in self._keys and self._m.has(key)
-
-    def get(self, key: str) -> Any:
-        return None if key in self._keys else self._m.get(key)
-
-    def has_tensor(self, name: str) -> bool:
-        return self._m.has_tensor(name)
-
-    def vocab(self) -> int:
-        return self._m.vocab()
-
-    def problem(self, text: str) -> Exception:
-        return self._m.problem(text)
-
-    @property
-    def values(self) -> dict[str, Any]:
-        return {k: v for k, v in self._m.values.items() if k not in self._keys}
-
-
 @dataclass(frozen=True)
 class Qwen3VLMoe(Family):
     def spec_from_metadata(self, m: SpecSource) -> ModelSpec:
         a = self.arch
         skey, dkey = f"{a}.rope.dimension_sections", f"{a}.n_deepstack_layers"
-        spec = super().spec_from_metadata(_Without(m, {skey, dkey}))
+        spec = super().spec_from_metadata(m)
         sections = m.get(skey)
         if sections is not None:
             try:  # an array is left undecoded in the mapped file until asked
@@ -74,4 +40,4 @@ class Qwen3VLMoe(Family):
         return spec
 
 
-FAMILY = Qwen3VLMoe("qwen3vlmoe", moe=True, qk_norm=True)
+FAMILY = Qwen3VLMoe("qwen3vlmoe", moe=True, qk_norm=True, own_keys=("rope.dimension_sections",))

@@ -480,7 +480,7 @@ if triton is not None:
 else:
     _TABLE = {}
 
-# the code books a type's kernel takes after its row stride, by engine.quant.dequant's table names
+# the code books a type's kernel takes after its row stride, by engine.quant.code_books' names
 CODE_BOOKS: dict[T, tuple[str, ...]] = {
     T.IQ3_XXS: ("IQ3_XXS", "ksigns"), T.IQ3_S: ("IQ3_S",), T.MXFP4: ("e8m0_half", "e2m1"),
     T.IQ2_XXS: ("IQ2_XXS", "ksigns"), T.IQ2_XS: ("IQ2_XS", "ksigns"), T.IQ2_S: ("IQ2_S",),
