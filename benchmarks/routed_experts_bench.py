@@ -27,7 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.io import synth  # noqa: E402
 from engine.models import routed_experts
-from engine.models.layers import Layer, Rope, _grouped_mm_ok, load_layer_weights  # noqa: E402
+from engine.models.layers import Layer, Rope, _grouped_mm_ok  # noqa: E402
+from engine.models.loading import load_layer_weights  # noqa: E402
 
 CPU_SHAPES = dict(hidden=1024, n_heads=8, n_kv_heads=4, head_dim=128, n_experts=16, n_experts_used=4, expert_ffn=512)
 CUDA_SHAPES = dict(hidden=2048, n_heads=32, n_kv_heads=4, head_dim=128, n_experts=128, n_experts_used=8,

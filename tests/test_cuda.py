@@ -611,7 +611,8 @@ def test_cuda_compact_experts_match_full_and_replay_in_a_graph(monkeypatch):
     (engine/models/routed_experts.py) gives the full expansion's output for a decode token and small
     chunks, and a CUDA graph captured at one token replays it correctly for other routings."""
     from engine.models import routed_experts
-    from engine.models.layers import Layer, Rope, load_layer_weights
+    from engine.models.layers import Layer, Rope
+    from engine.models.loading import load_layer_weights
     from engine.quant.qtensor import QTensor
 
     src = _q4_k_m_source("cuda:0")

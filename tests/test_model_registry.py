@@ -16,6 +16,7 @@ from engine.io import gguf_model, synth
 from engine.io.prompt import synthetic
 from engine.models.blocks import KVState, LayerKind, attention_parts
 from engine.models.kv import LayerKV, receive_state, send_state
+from engine.models.layers import Layer
 from engine.pipeline.session import Session
 from engine.plan.memory_plan import plan_memory
 
@@ -91,12 +92,24 @@ class TaggedState(KVState):
         raise AssertionError("the family makes its states with their layer index")
 
 
+BUILT: list[int] = []  # the layers the runtime built through the family's own class
+
+
+class ToyLayer(Layer):
+    """Full attention's arithmetic, built through the family's layer kind (as a recurrent or
+    latent-attention family names its own class)."""
+
+    def __init__(self, spec, index, *args, **kwargs) -> None:
+        super().__init__(spec, index, *args, **kwargs)
+        BUILT.append(index)
+
+
 @dataclass(frozen=True)
 class ToyFamily(models.Family):
     """Experts with q/k norm AND q/k/v biases: a combination none of the four families has."""
 
     def layer_kind(self, spec, i):
-        return LayerKind("attention", attention_parts, TaggedState())
+        return LayerKind("attention", attention_parts, TaggedState(), layer=lambda: ToyLayer)
 
     def new_state(self, spec, i, capacity, device, dtype):
         return TaggedKV(i, capacity, spec.n_kv_heads, spec.head_dim, device, dtype)
@@ -130,8 +143,10 @@ def test_a_registered_family_is_loaded_and_run_through_the_pipeline(toy_model):
     s = toy_model.spec
     assert (s.arch, s.is_moe, s.qk_norm, s.qkv_bias) == (TOY, True, True, True)
     assert toy_model.has("blk.3.attn_q.bias") and toy_model.has("blk.3.attn_k_norm.weight")
+    BUILT.clear()
     one, states = _run(toy_model, ["cpu"])
     assert [type(kv) for kv in states] == [TaggedKV] * 4 and [kv.layer for kv in states] == [0, 1, 2, 3]
+    assert BUILT == [0, 1, 2, 3]  # every layer built by the class the family's kind names
     for depth in (0, 1):
         two, states = _run(toy_model, ["cpu", "cpu"], pipeline_depth=depth)
         assert (two.digest, two.generated) == (one.digest, one.generated)

@@ -9,7 +9,8 @@ from engine.config import EngineConfig
 from engine.io import synth
 from engine.io.prompt import synthetic
 from engine.models import routed_experts
-from engine.models.layers import Layer, Rope, load_layer_weights
+from engine.models.layers import Layer, Rope
+from engine.models.loading import load_layer_weights
 from engine.pipeline.session import Session
 from engine.quant.qtensor import QTensor
 

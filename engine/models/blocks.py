@@ -4,7 +4,7 @@ the state it carries from chunk to chunk.
 Today one kind, `FULL_ATTENTION`: RMSNorm, q/k/v (with the spec's q/k norm and biases), causal
 attention over every earlier token (its state: `LayerKV`), then a dense SwiGLU FFN or routed
 experts.  A recurrent layer (gated DeltaNet), a sliding-window or a latent-attention layer is
-another `LayerKind` with its own parts and `StateKind`.
+another `LayerKind` with its own parts, `StateKind` and layer class.
 """
 from __future__ import annotations
 
@@ -60,11 +60,24 @@ class KVState:
         return LayerKV.bytes_for(tokens, spec.n_kv_heads, spec.head_dim, dtype)
 
 
+def attention_layer() -> type:
+    """The class that computes a full-attention layer (`engine.models.layers.Layer`; imported
+    when a layer is built, so the registry stays free of torch)."""
+    from engine.models.layers import Layer
+
+    return Layer
+
+
 @dataclass(frozen=True)
 class LayerKind:
+    """A kind of layer: its tensors, the state it carries, and the class that computes it
+    (`layer()` returns it; built as `cls(spec, index, weights, rope, cache=...)` from
+    `cls.weights_type(**parts)`)."""
+
     name: str
     parts: Callable[[ModelSpec], tuple[Part, ...]]
     state: StateKind
+    layer: Callable[[], type] = attention_layer
 
 
 def attention_parts(s: ModelSpec) -> tuple[Part, ...]:

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
-from engine import models
 from engine.kernels import moe_kernels
 from engine.kernels.attention import chunk_attention, kernel_for
 from engine.kernels.qk_rope import qk_norm_rope
@@ -163,27 +162,6 @@ class LayerWeights:
                    for t in vars(self).values() if isinstance(t, (torch.Tensor, QTensor)))
 
 
-def load_layer_weights(src: WeightSource, i: int, device: torch.device, dtype: torch.dtype,
-                       experts: bool = True) -> LayerWeights:
-    """One block's weights on a device, part by part as its family names them (engine/models/);
-    experts=False leaves the MoE experts to an ExpertCache."""
-    s = src.spec
-    b = f"blk.{i}."
-    values: dict[str, torch.Tensor | QTensor] = {}
-    expert_parts = []
-    for part in models.family_of(s).layer_parts(s, i):
-        if part.expert:
-            expert_parts.append(part)
-        else:
-            values[part.field] = dense_weight(src, b + part.name, device, torch.float32 if part.fp32 else dtype)
-    if experts and expert_parts:  # quantized: kept as stored and expanded right before their GEMMs
-        if all(_float_stored(src, b + p.name) for p in expert_parts):  # floats: expanded once, as dense
-            values.update((p.field, dense_weight(src, b + p.name, device, dtype)) for p in expert_parts)
-        else:
-            values.update((p.field, stored(src, b + p.name, device)) for p in expert_parts)
-    return LayerWeights(**values)
-
-
 def _grouped_mm_ok(x: torch.Tensor) -> bool:
     return (x.device.type == "cuda" and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
             and torch.cuda.get_device_capability(x.device)[0] >= 9)
@@ -227,6 +205,8 @@ def fuse_weights(spec: ModelSpec, w: LayerWeights) -> FusedWeights:
 
 class Layer:
     """One transformer block on one device."""
+
+    weights_type = LayerWeights  # what `loading.load_layer_weights` fills from the kind's parts
 
     def __init__(self, spec: ModelSpec, index: int, weights: LayerWeights, rope: Rope,
                  cache: ExpertCache | None = None) -> None:

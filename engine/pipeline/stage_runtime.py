@@ -29,7 +29,8 @@ from engine.hw import nvtx
 from engine.hw.gpu_timing import DeferredTimer, DeviceClock, GpuInterval, timing_event
 from engine.models.experts import ExpertCache, ExpertStats, HostArena
 from engine.models.kv import LayerKV
-from engine.models.layers import Head, Layer, Rope, WeightSource, load_head, load_layer_weights
+from engine.models.layers import Head, Layer, Rope, WeightSource, load_head
+from engine.models.loading import load_layer_weights, new_layer
 from engine.pipeline.stage_graphs import StageGraphs
 from engine.pipeline.stage_output import StageOutput
 
@@ -118,7 +119,7 @@ class StageRuntime:
                 before(i)
             w = alloc(f"the weights of layer {i}", self.device, nbytes, LAYER_ADVICE,
                       lambda: load_layer_weights(source, i, self.device, self.dtype, experts=not streamed))  # noqa: B023  (alloc calls it now)
-            out.append(Layer(spec, i, w, rope, cache=self.cache if streamed else None))
+            out.append(new_layer(spec, i, w, rope, cache=self.cache if streamed else None))
             if after is not None:
                 after(i)
         for a, b in zip(out, out[1:]):
