@@ -496,17 +496,18 @@ if triton is not None:
 
     # type -> (kernel, blocks per program, warps): ~2K values a program for the 32-value types,
     # 4K-8K for K-quants, the fastest measured on an H200 (benchmarks/dequant_bench.py --launch).
-    # The lattice kernels (IQ1/IQ2/IQ3) gather from code books and are fastest at 1-2 blocks a
-    # program on one warp (IQ3_XXS 1.72 -> 1.15 ms a layer, IQ3_S 1.50 -> 0.90, IQ2_XXS 1.92 ->
-    # 1.23, IQ1_M 1.78 -> 1.43; docs/bench/2026-12-02-dequant-launch-shapes-nvidia-h200.txt);
-    # IQ2_XS and IQ1_S take their siblings' shapes unmeasured, NVFP4 and TQ the old ones
+    # The lattice kernels (IQ1/IQ2/IQ3) are fastest at 1-4 blocks a program on 1-2 warps.  With
+    # packed code-book words and computed signs (session 9): IQ3_XXS 1.15 -> 0.72 ms a layer,
+    # IQ3_S 0.90 -> 0.72 (2:1), IQ2_XXS 1.23 -> 0.60, IQ2_XS -> 0.45, IQ2_S 1.41 -> 0.45 (4:2);
+    # IQ1_M 1.43 (1:1, before); IQ1_S takes its sibling's shape unmeasured, NVFP4 and TQ the old
+    # ones (docs/benchmarks.md, "The lattice kernels' code books")
     _TABLE: dict[T, tuple[Any, int, int]] = {
         T.Q8_0: (_q8_0, 64, NUM_WARPS), T.Q4_0: (_q4_0, 64, NUM_WARPS), T.Q4_1: (_q4_1, 64, NUM_WARPS),
         T.Q5_0: (_q5_0, 64, NUM_WARPS), T.Q5_1: (_q5_1, 64, NUM_WARPS), T.IQ4_NL: (_iq4_nl, 64, NUM_WARPS),
         T.Q4_K: (_q4_k, 16, NUM_WARPS), T.Q5_K: (_q5_k, 32, NUM_WARPS), T.Q6_K: (_q6_k, 16, NUM_WARPS),
         T.Q2_K: (_q2_k, 16, NUM_WARPS), T.Q3_K: (_q3_k, 16, NUM_WARPS), T.IQ4_XS: (_iq4_xs, 32, NUM_WARPS),
         T.IQ3_XXS: (_iq3_xxs, 2, 1), T.IQ3_S: (_iq3_s, 2, 1), T.MXFP4: (_mxfp4, 64, NUM_WARPS),
-        T.IQ2_XXS: (_iq2_xxs, 2, 1), T.IQ2_XS: (_iq2_xs, 2, 1), T.IQ2_S: (_iq2_s, 2, 1),
+        T.IQ2_XXS: (_iq2_xxs, 4, 2), T.IQ2_XS: (_iq2_xs, 4, 2), T.IQ2_S: (_iq2_s, 4, 2),
         T.IQ1_S: (_iq1_s, 2, 1), T.IQ1_M: (_iq1_m, 1, 1), T.NVFP4: (_nvfp4, 32, NUM_WARPS),
         T.TQ2_0: (_tq2_0, 16, NUM_WARPS), T.TQ1_0: (_tq1_0, 16, NUM_WARPS),
     }
