@@ -1,0 +1,120 @@
+"""gpt-oss proven against its authors' code (issue 35): a tiny random GptOssForCausalLM (a sliding
+layer with window 8, then a full one; sinks, q/k/v/o, router and expert biases, gate/up weights
+large enough to hit SwiGLU's clamp, YaRN with `truncate: false`), converted by llama.cpp's
+convert_hf_to_gguf.py twice (scripts/family_files.py): from the float folder (F32 experts, what
+the converter writes for an unquantised checkpoint) and from the same weights in the published
+MXFP4 form (the converter repacks them into ggml MXFP4 blocks).  Both files run against
+transformers on the float folder, fp32 on CPU, over a prompt longer than the window and than a
+chunk, at chunk sizes below and above the window."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.io import gguf_model
+from engine.io.prompt import synthetic
+from engine.kernels import sink_attention as sa
+from engine.pipeline.session import Session
+
+DATA = Path(__file__).parent / "data" / "families"
+FILES = {"f32": "gpt-oss.gguf", "mxfp4": "gpt-oss-mxfp4.gguf"}
+TOKENS = 48  # window 8, chunks 5 and 16
+
+
+@pytest.fixture(scope="module")
+def reference():
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(DATA / "gpt-oss"), dtype=torch.float32).eval()
+    cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def logits(ids: list[int]) -> torch.Tensor:
+        if tuple(ids) not in cache:
+            with torch.no_grad():
+                cache[tuple(ids)] = model(input_ids=torch.tensor([ids])).logits[0]
+        return cache[tuple(ids)]
+    return logits
+
+
+@pytest.mark.parametrize("kind", sorted(FILES))
+def test_the_files_are_the_converters(kind):
+    model = gguf_model.load(DATA / FILES[kind])
+    s = model.spec
+    assert s.arch == "gpt-oss" and (s.n_experts, s.n_experts_used, s.expert_ffn) == (4, 2, 32)
+    assert s.sliding_window == 8 and s.sliding == (True, False)  # llama.cpp's pattern 2: even layers slide
+    assert s.rope_scaling.kind == "yarn" and s.rope_scaling.factor == 32 and not s.rope_scaling.truncate
+    want = "MXFP4" if kind == "mxfp4" else "F32"
+    assert {model.qtype(f"blk.{i}.ffn_{p}_exps.weight").name for i in (0, 1) for p in ("gate", "up", "down")} == {want}
+
+
+def _run(model, ids: list[int], **settings) -> torch.Tensor:
+    sess = Session(model, EngineConfig(dtype="float32", **settings))
+    try:
+        return sess.run(ids, decode_tokens=0, logits_all=True).logits
+    finally:
+        sess.close()
+
+
+@pytest.mark.parametrize("kind", sorted(FILES))
+@pytest.mark.parametrize("devices,chunk,depth,main", [(["cpu"], 5, 1, False), (["cpu", "cpu"], 16, 0, False),
+                                                      (["cpu", "cpu"], 16, 1, True)])
+def test_logits_equal_transformers_on_the_weights_the_files_came_from(reference, kind, devices, chunk, depth, main):
+    model = gguf_model.load(DATA / FILES[kind])
+    ids = synthetic(TOKENS, model.spec.vocab, nonce=3)
+    ours = _run(model, ids, devices=devices, chunk_tokens=chunk, pipeline_depth=depth, prefill_main=main)
+    assert (ours - reference(ids)).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("chunk", [5, 16])
+def test_digest_is_the_same_over_stages_depths_executors_and_prefill_main(chunk):
+    """Per chunk size (another chunk size changes the arithmetic's order in the last bits, as
+    for every family: the logits test covers chunk sizes)."""
+    model = gguf_model.load(DATA / FILES["mxfp4"])
+    ids = synthetic(TOKENS, model.spec.vocab, nonce=4)
+    digests, generated = set(), set()
+    for cfg in (dict(devices=["cpu"]), dict(devices=["cpu", "cpu"]), dict(devices=["cpu", "cpu"], pipeline_depth=0),
+                dict(devices=["cpu", "cpu"], prefill_main=True),
+                dict(devices=["cpu", "cpu"], executor="processes")):
+        sess = Session(model, EngineConfig(chunk_tokens=chunk, **cfg))
+        try:
+            rep = sess.run(ids, decode_tokens=2).report
+        finally:
+            sess.close()
+        digests.add(rep.digest)
+        generated.add(tuple(rep.generated))
+    assert len(digests) == 1 and len(generated) == 1
+
+
+def _eager_reference(q, k, v, sinks, window):
+    """transformers' GptOss eager attention over the whole sequence, with its sliding mask."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    T, H, hd = q.shape
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.sinks = H // k.shape[1], sinks
+    i = torch.arange(T).view(-1, 1)
+    j = torch.arange(T).view(1, -1)
+    seen = (j <= i) & ((i - j < window) if window else True)
+    mask = torch.zeros(T, T).masked_fill(~seen, float("-inf")).view(1, 1, T, T)
+    out, _ = eager_attention_forward(module, q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                     v.transpose(0, 1)[None], mask, scaling=hd ** -0.5)
+    return out[0].reshape(T, H * hd)
+
+
+@pytest.mark.parametrize("window", [None, 1, 6, 40])
+@pytest.mark.parametrize("chunk,score_bytes", [(7, sa.SCORE_BYTES), (16, 3000), (1, sa.SCORE_BYTES)])
+def test_sink_attention_over_chunks_equals_transformers_eager(monkeypatch, window, chunk, score_bytes):
+    """Chunk by chunk over the cache (small score budgets cut a chunk into query blocks; chunk 1
+    is decode) against one eager call over the whole sequence: sinks, window, GQA."""
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(sa, "SCORE_BYTES", score_bytes)
+    g = torch.Generator().manual_seed(1)
+    T, H, KV, hd = 37, 4, 2, 8
+    q, k, v = (torch.randn(T, h, hd, generator=g) for h in (H, KV, KV))
+    sinks = torch.randn(H, generator=g) * 2
+    want = _eager_reference(q, k, v, sinks, window)
+    got = torch.cat([sa.sink_attention(q[p:p + chunk], k[:min(T, p + chunk)], v[:min(T, p + chunk)], p, sinks, window)
+                     for p in range(0, T, chunk)])
+    assert (got - want).abs().max().item() <= 1e-5
