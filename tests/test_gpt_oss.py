@@ -118,3 +118,41 @@ def test_sink_attention_over_chunks_equals_transformers_eager(monkeypatch, windo
     got = torch.cat([sa.sink_attention(q[p:p + chunk], k[:min(T, p + chunk)], v[:min(T, p + chunk)], p, sinks, window)
                      for p in range(0, T, chunk)])
     assert (got - want).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("window,chunk", [(1, 3), (4, 1), (4, 3), (8, 10), (40, 7)])
+def test_a_sliding_cache_holds_the_window_and_attends_as_the_full_one(window, chunk):
+    """SlidingKV keeps window - 1 tokens, yet each chunk's attention equals the one over every
+    token; a hand-off mid-sequence moves only the window's rows and the receiver carries on."""
+    from engine.models.kv import LayerKV, copy_state
+    from engine.models.sliding_kv import SlidingKV
+
+    g = torch.Generator().manual_seed(2)
+    T, H, KV, hd = 29, 4, 2, 8
+    q, k, v = (torch.randn(T, h, hd, generator=g) for h in (H, KV, KV))
+    sinks = torch.randn(H, generator=g)
+    full = LayerKV(T, KV, hd, torch.device("cpu"), torch.float32)
+    sliding = SlidingKV(T, window, KV, hd, torch.device("cpu"), torch.float32)
+    assert sliding.nbytes == SlidingKV.bytes_for(T, window, KV, hd, torch.float32) == 2 * min(T, window - 1) * KV * hd * 4
+    for p in range(0, T, chunk):
+        e = min(T, p + chunk)
+        if p == chunk:  # prefill-main's hand-off after the first chunk: into a fresh cache
+            fresh = SlidingKV(T, window, KV, hd, torch.device("cpu"), torch.float32)
+            assert copy_state(fresh, sliding) == 2 * min(p, window - 1) * KV * hd * 4
+            sliding = fresh
+        want = sa.sink_attention(q[p:e], *full.append(k[p:e], v[p:e], p), p, sinks, window)
+        got = sa.sink_attention(q[p:e], *sliding.append(k[p:e], v[p:e], p), p, sinks, window)
+        assert torch.equal(got, want)
+
+
+def test_the_memory_plan_counts_the_window_on_sliding_layers_and_every_token_on_full_ones():
+    from engine import models
+    from engine.models.kv import LayerKV
+
+    spec = gguf_model.load(DATA / FILES["mxfp4"]).spec
+    per_token = LayerKV.bytes_for(1, spec.n_kv_heads, spec.head_dim, torch.float32)
+    assert models.states_bytes(spec, [0], 1000, torch.float32) == 7 * per_token  # window 8: 7 kept
+    assert models.states_bytes(spec, [1], 1000, torch.float32) == 1000 * per_token
+    assert models.states_bytes(spec, [0, 1], 5, torch.float32) == 10 * per_token
+    states = models.new_states(spec, [0, 1], 1000, "cpu", torch.float32)
+    assert [s.nbytes for s in states] == [7 * per_token, 1000 * per_token]

@@ -30,25 +30,29 @@ def _block_rows(n_heads: int, keys_per_row: int, n: int) -> int:
 
 def sink_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int, sinks: torch.Tensor,
                    window: int | None = None) -> torch.Tensor:
-    """q [n, H, hd] of tokens [pos, pos+n); keys/values [pos+n, KV, hd] (every token so far);
-    sinks [H]; window: keys a query sees, its own included (None: all earlier ones).
+    """q [n, H, hd] of tokens [pos, pos+n); keys/values [L, KV, hd] of tokens [pos+n-L, pos+n):
+    every token so far, or (a sliding layer's cache) at least the window of the chunk's first
+    query; sinks [H]; window: keys a query sees, its own included (None: all earlier ones).
     Returns [n, H*hd] in q's dtype."""
     n, H, hd = q.shape
     total, KV = keys.shape[0], keys.shape[1]
-    if total != pos + n:
-        raise ValueError(f"attention over {total} keys for a chunk of {n} at position {pos}")
+    first = pos + n - total  # the position of keys[0]
+    need = 0 if window is None else max(0, pos - window + 1)
+    if first < 0 or first > need:
+        raise ValueError(f"attention of a chunk of {n} at position {pos} over keys from position {first}: "
+                         f"it needs every key from position {need}")
     rep = H // KV
     scale = hd ** -0.5
     out = torch.empty(n, H, hd, device=q.device, dtype=q.dtype)
     sink = sinks.float().view(KV, 1, rep, 1)  # head h = kv * rep + r (transformers' repeat_kv order)
-    reach = total if window is None else min(total, window + n)
+    reach = total if window is None else min(total, window + n - 1)
     step = _block_rows(H, reach, n)
     for a in range(0, n, step):
         b = min(n, a + step)
-        lo = 0 if window is None else max(0, pos + a - window + 1)
+        lo = first if window is None else max(first, pos + a - window + 1)
         hi = pos + b
-        k = keys[lo:hi].permute(1, 2, 0)  # [KV, hd, L]
-        v = values[lo:hi].transpose(0, 1)  # [KV, L, hd]
+        k = keys[lo - first:hi - first].permute(1, 2, 0)  # [KV, hd, L]
+        v = values[lo - first:hi - first].transpose(0, 1)  # [KV, L, hd]
         qb = q[a:b].view(b - a, KV, rep, hd).permute(1, 0, 2, 3).reshape(KV, (b - a) * rep, hd)
         s = torch.bmm(qb, k).float().mul_(scale).view(KV, b - a, rep, hi - lo)
         qpos = torch.arange(pos + a, pos + b, device=q.device).view(-1, 1)

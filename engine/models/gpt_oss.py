@@ -5,9 +5,8 @@ Which layers slide: llama.cpp's rule, `attention.sliding_window_pattern` n (defa
 layer i slide when i % n < n - 1 (gpt-oss: the even layers, as transformers' `layer_types`
 default); an array of flags, where a file carries one, names them layer by layer.  The window
 (`attention.sliding_window`, 128 in the published models) counts the query's own token.
-Sliding layers keep every token's keys and values (`KVState`, as full layers): correct and the
-simplest; the attention reads only the window's.  So the memory plan and prefill-main's
-hand-off count a sliding layer's KV at full length (an overestimate for prompts above the window).
+A sliding layer keeps only its last window - 1 tokens' keys and values (`SlidingKV`), so the
+memory plan and prefill-main's hand-off count those on sliding layers, every token on full ones.
 
 YaRN: the published config says `truncate: false` (the authors' code leaves the ramp's ends
 unrounded; llama.cpp rounds them): the family follows the authors' code.  `rope.freq_base_swa`,
@@ -20,12 +19,17 @@ experts).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.models.blocks import KVState, LayerKind, Part
 from engine.models.family import Family, SpecSource
 from engine.models.gguf_keys import RopeScaling
 from engine.models.spec import ModelSpec
+
+if TYPE_CHECKING:  # the registry imports no torch
+    import torch
+
+    from engine.models.sliding_kv import SlidingKV
 
 DEFAULT_WINDOW = 128  # the published models' (recipes: make-model, synthetic presets)
 DEFAULT_PATTERN = 2  # llama.cpp's for gpt-oss: every other layer slides, the first included
@@ -82,13 +86,30 @@ def gpt_oss_parts(s: ModelSpec) -> tuple[Part, ...]:
     )
 
 
+@dataclass(frozen=True)
+class SlidingState:
+    """A sliding layer's state: the window's keys and values (engine/models/sliding_kv.py)."""
+
+    name: str = "sliding-kv"
+
+    def new(self, spec: ModelSpec, capacity: int, device: torch.device, dtype: torch.dtype) -> SlidingKV:
+        from engine.models.sliding_kv import SlidingKV
+
+        return SlidingKV(capacity, spec.sliding_window, spec.n_kv_heads, spec.head_dim, device, dtype)  # type: ignore[attr-defined]
+
+    def nbytes(self, spec: ModelSpec, tokens: int, dtype: torch.dtype) -> int:
+        from engine.models.sliding_kv import SlidingKV
+
+        return SlidingKV.bytes_for(tokens, spec.sliding_window, spec.n_kv_heads, spec.head_dim, dtype)  # type: ignore[attr-defined]
+
+
 def gpt_oss_layer() -> type:
     from engine.models.gpt_oss_layer import GptOssLayer
 
     return GptOssLayer
 
 
-SLIDING = LayerKind("sliding-attention", gpt_oss_parts, KVState(), layer=gpt_oss_layer)
+SLIDING = LayerKind("sliding-attention", gpt_oss_parts, SlidingState(), layer=gpt_oss_layer)
 FULL = LayerKind("attention", gpt_oss_parts, KVState(), layer=gpt_oss_layer)
 
 
