@@ -8,6 +8,7 @@ transformers on the float folder, fp32 on CPU, over a prompt longer than the win
 chunk, at chunk sizes below and above the window."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,73 @@ def test_the_memory_plan_counts_the_window_on_sliding_layers_and_every_token_on_
     assert models.states_bytes(spec, [0, 1], 5, torch.float32) == 10 * per_token
     states = models.new_states(spec, [0, 1], 1000, "cpu", torch.float32)
     assert [s.nbytes for s in states] == [7 * per_token, 1000 * per_token]
+
+
+def test_the_presets_have_gpt_oss_shapes():
+    """openai's published sizes: 20.9B and 116.8B parameters (embedding and head included)."""
+    from engine.io import synth
+
+    for preset, billions in (("gpt-oss-20b", 20.91), ("gpt-oss-120b", 116.83)):
+        s = synth.recipe_from_args(preset).spec()
+        total = s.n_layers * s.layer_params() + 2 * s.vocab * s.hidden + s.hidden
+        assert round(total / 1e9, 2) == billions
+        assert s.sliding_window == 128 and s.sliding[:4] == (True, False, True, False)
+    assert synth.recipe_from_args("gpt-oss-20b", n_layers=2).spec().n_layers == 2
+
+
+def test_a_made_file_reads_back_as_its_recipe_and_keeps_biases_as_floats(tmp_path):
+    """make-model --arch gpt-oss: the spec read from the file is the recipe's (window, pattern,
+    YaRN); experts MXFP4, the 2-D expert biases F32 (llama.cpp quantises only weights)."""
+    from engine.io import synth
+
+    recipe = synth.recipe_from_args("demo", arch="gpt-oss", quant="mxfp4", n_layers=3)
+    model = gguf_model.load(synth.write_model(tmp_path / "g.gguf", recipe))
+    assert replace(model.spec, rms_eps=recipe.rms_eps) == recipe.spec()  # (the file's eps is a float32)
+    assert model.qtype("blk.0.ffn_up_exps.weight").name == "MXFP4"
+    assert model.qtype("blk.0.ffn_up_exps.bias").name == "F32"
+
+
+def test_the_file_names_which_layers_slide(tmp_path):
+    from engine.io import synth
+
+    recipe = synth.recipe_from_args("demo", arch="gpt-oss", n_layers=4)
+    flags = [False, True, True, False]  # an array: llama.cpp reads it flag by flag
+    for pattern, sliding in ((3, (True, True, False, True)), (0, (True,) * 4), (1, (False,) * 4),
+                             (flags, tuple(flags))):
+        path = synth.write_model(tmp_path / f"p{len(str(pattern))}{sliding}.gguf", recipe,
+                                 metadata={"{a}.attention.sliding_window_pattern": pattern})
+        assert gguf_model.load(path).spec.sliding == sliding
+    short = synth.write_model(tmp_path / "short.gguf", recipe, metadata={"{a}.attention.sliding_window_pattern": flags[:3]})
+    with pytest.raises(gguf_model.GGUFError, match=r"sliding_window_pattern holds 3 entries: one flag per layer \(4\)"):
+        gguf_model.load(short)
+
+
+def test_another_rope_base_on_sliding_layers_is_refused_by_name(tmp_path):
+    from engine.io import synth
+
+    recipe = synth.recipe_from_args("demo", arch="gpt-oss", n_layers=2)
+    path = synth.write_model(tmp_path / "b.gguf", recipe, metadata={"{a}.rope.freq_base_swa": 10000.0})
+    with pytest.raises(gguf_model.GGUFError, match=r"gpt-oss\.rope\.freq_base_swa is 10000"):
+        gguf_model.load(path)
+    same = synth.write_model(tmp_path / "s.gguf", recipe, metadata={"{a}.rope.freq_base_swa": recipe.rope_base})
+    assert gguf_model.load(same).spec.rope_base == recipe.rope_base
+
+
+def test_streamed_experts_give_transformers_logits_and_the_resident_digest(reference):
+    """Experts from an ExpertCache of 2 slots (half a layer's), biases resident with the layer."""
+    model = gguf_model.load(DATA / FILES["mxfp4"])
+    layer = sum(model.nbytes(f"blk.0.ffn_{p}_exps.weight") for p in ("gate", "up", "down")) / 2**30
+    ids = synthetic(TOKENS, model.spec.vocab, nonce=3)
+    streamed = _run(model, ids, devices=["cpu"], chunk_tokens=16, expert_cache=0.5 * layer)
+    assert (streamed - reference(ids)).abs().max().item() <= 1e-4
+    digests = set()
+    for cache in ("all", 0.5 * layer):
+        sess = Session(model, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16, expert_cache=cache))
+        try:
+            rep = sess.run(ids, decode_tokens=2).report
+        finally:
+            sess.close()
+        digests.add(rep.digest)
+        st = rep.expert_stats[0]
+        assert st["resident"] == (cache == "all") and (cache == "all" or (st["slots"] == 2 and st["misses"] > 0))
+    assert len(digests) == 1

@@ -157,14 +157,15 @@ class GptOss(Family):
                        rope_scaling=RopeScaling("yarn", 32.0, 4096, truncate=False))
         return _as_gpt_oss(spec, DEFAULT_WINDOW, swa_flags(r.n_layers, DEFAULT_PATTERN))
 
-    def file_metadata(self, s: ModelSpec) -> list[tuple[str, int | float]]:
+    def file_metadata(self, s: ModelSpec) -> list[tuple[str, int | float | str]]:
+        """The shared keys, then the window and the YaRN scaling (read back by spec_from_metadata)."""
         a = self.arch
-        keys = super().file_metadata(s) + [(f"{a}.attention.sliding_window", s.sliding_window)]  # type: ignore[attr-defined]
+        keys: list[tuple[str, int | float | str]] = list(super().file_metadata(s))
+        keys.append((f"{a}.attention.sliding_window", s.sliding_window))  # type: ignore[attr-defined]
         sc = s.rope_scaling
         if sc is not None:
-            keys += [(f"{a}.rope.scaling.factor", float(sc.factor)),
+            keys += [(f"{a}.rope.scaling.type", sc.kind), (f"{a}.rope.scaling.factor", float(sc.factor)),
                      (f"{a}.rope.scaling.original_context_length", sc.original_context)]
         return keys
-
 
 FAMILY = GptOss("gpt-oss", moe=True, qkv_bias=True)
