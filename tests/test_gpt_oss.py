@@ -227,3 +227,35 @@ def test_streamed_experts_give_transformers_logits_and_the_resident_digest(refer
         st = rep.expert_stats[0]
         assert st["resident"] == (cache == "all") and (cache == "all" or (st["slots"] == 2 and st["misses"] > 0))
     assert len(digests) == 1
+
+
+def _cudnn_stand_in(q, k, v, causal):
+    """What `attention._cudnn` returns (output [1, H, n, hd], natural log-sum-exp [1, H, n]),
+    computed in torch: the CUDA split's merge runs on the CPU with it."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+@pytest.mark.parametrize("native_gqa", [True, False])
+@pytest.mark.parametrize("pos", [0, 13])
+def test_the_cuda_splits_sink_merge_equals_the_reference(monkeypatch, native_gqa, pos):
+    """The full layers' CUDA path (prefix and diagonal blocks merged with the sink through their
+    log-sum-exps), with cuDNN's call stood in for: the merge and the GQA expansion are the
+    reference's arithmetic.  (The cuDNN call itself is checked on the GPU, against the reference,
+    before a device uses it.)"""
+    from engine.kernels import attention
+
+    monkeypatch.setattr(attention, "_cudnn", _cudnn_stand_in)
+    monkeypatch.setattr(attention, "kernel_for",
+                        lambda *a: attention.AttentionKernel(attention.CUDNN_SPLIT, native_gqa=native_gqa))
+    g = torch.Generator().manual_seed(3)
+    n, H, KV, hd = 9, 4, 2, 8
+    q, k, v = (torch.randn(t, h, hd, generator=g) for t, h in ((n, H), (pos + n, KV), (pos + n, KV)))
+    sinks = 2 * torch.randn(H, generator=g)
+    got = sa._split(q, k, v, pos, sinks)
+    want = sa._reference(q, k, v, pos, sinks, None, 0)
+    assert (got - want).abs().max().item() <= 1e-5

@@ -9,16 +9,32 @@ column with no value: it takes a share of the probability mass and returns nothi
 A sliding window of w tokens lets the query at position p see keys (p - w, p] (its own
 included: llama.cpp's LLAMA_SWA_TYPE_STANDARD, transformers' sliding-window mask).
 
-One path for every device: the chunk's queries in blocks whose fp32 score tensor fits
+The reference path, every device: the chunk's queries in blocks whose fp32 score tensor fits
 `SCORE_BYTES`, each against only the keys its window can reach (a sliding layer's block costs
 O(block * (block + w)) whatever the prefix), scores and products in the input's dtype as
 transformers' eager path computes them, the softmax in fp32.  Grouped-query heads are batched
-per KV head (no repeated K/V).  No flash kernel takes sinks and a window today; on CUDA this is
-a materialised-score path (docs/architecture.md names what its GPU check covers).
+per KV head (no repeated K/V).
+
+On CUDA a full (not sliding) layer's chunk takes the cuDNN split of `engine.kernels.attention`
+where that device chose it: the prefix block and the causal diagonal each return their
+log-sum-exp, and the sink joins the merge as a third block with no value,
+
+    o = (e^lse_pre o_pre + e^lse_diag o_diag) / (e^lse_pre + e^lse_diag + e^sink)
+
+(fp32, from the maximum of the three).  Decided once per shape and device by a self-check
+against the reference path (sinks of size 2, a chunk behind a prefix); a failure or an answer
+off by more than bf16's tolerance keeps the reference path, logged.
 """
 from __future__ import annotations
 
+import logging
+import threading
+
 import torch
+
+from engine.kernels import attention
+
+log = logging.getLogger(__name__)
 
 SCORE_BYTES = 64 << 20  # fp32 scores of one query block (bounded scratch on any device)
 
@@ -41,6 +57,15 @@ def sink_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
     if first < 0 or first > need:
         raise ValueError(f"attention of a chunk of {n} at position {pos} over keys from position {first}: "
                          f"it needs every key from position {need}")
+    if window is None and n > 1 and q.is_cuda and _split_ok(q.device, H, KV, hd, q.dtype):
+        return _split(q, keys, values, pos, sinks)
+    return _reference(q, keys, values, pos, sinks, window, first)
+
+
+def _reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int, sinks: torch.Tensor,
+               window: int | None, first: int) -> torch.Tensor:
+    n, H, hd = q.shape
+    total, KV = keys.shape[0], keys.shape[1]
     rep = H // KV
     scale = hd ** -0.5
     out = torch.empty(n, H, hd, device=q.device, dtype=q.dtype)
@@ -65,3 +90,65 @@ def sink_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
         o = torch.bmm(p.to(v.dtype).reshape(KV, (b - a) * rep, hi - lo), v)  # [KV, rows*rep, hd]
         out[a:b] = o.view(KV, b - a, rep, hd).permute(1, 0, 2, 3).reshape(b - a, H, hd)
     return out.reshape(n, H * hd)
+
+
+_SPLIT_OK: dict[tuple, bool] = {}
+_LOCK = threading.Lock()
+
+
+def _split_ok(device: torch.device, H: int, KV: int, hd: int, dtype: torch.dtype) -> bool:
+    """Whether full layers of this shape take the cuDNN split on this device (decided once)."""
+    key = (str(device), H, KV, hd, dtype)
+    ok = _SPLIT_OK.get(key)
+    if ok is None:
+        with _LOCK:
+            ok = _SPLIT_OK.get(key)
+            if ok is None:
+                ok = _SPLIT_OK[key] = _check_split(device, H, KV, hd, dtype)
+    return ok
+
+
+def _check_split(device: torch.device, H: int, KV: int, hd: int, dtype: torch.dtype) -> bool:
+    if attention.kernel_for(device, H, KV, hd, dtype).name != attention.CUDNN_SPLIT:
+        return False
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    n, pos = 64, 192
+    q = torch.randn(n, H, hd, generator=gen).to(device, dtype)
+    k = torch.randn(pos + n, KV, hd, generator=gen).to(device, dtype)
+    v = torch.randn(pos + n, KV, hd, generator=gen).to(device, dtype)
+    sinks = (2 * torch.randn(H, generator=gen)).to(device)
+    try:
+        err = 0.0
+        for p in (pos, 0):
+            got = _split(q, k[:p + n], v[:p + n], p, sinks)
+            want = _reference(q, k[:p + n], v[:p + n], p, sinks, None, 0)
+            err = max(err, float((got.float() - want.float()).abs().max()))
+    except Exception as exc:  # a build or GPU where the split fails: the reference path
+        log.info("attention with sinks on %s: the reference path (the cuDNN split failed: %s: %s)", device,
+                 type(exc).__name__, str(exc).splitlines()[0][:120] if str(exc) else "")
+        return False
+    ok = err < 2e-2
+    log.info("attention with sinks on %s (%d/%d heads of %d): %s (max error %.3g against the reference)", device, H,
+             KV, hd, "cuDNN split + sink merge" if ok else "the reference path", err)
+    return ok
+
+
+def _split(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int, sinks: torch.Tensor) -> torch.Tensor:
+    """A full layer's chunk over every earlier key: cuDNN's prefix and diagonal blocks, merged
+    with the sink through their log-sum-exps (fp32)."""
+    n, H, hd = q.shape
+    kern = attention.kernel_for(q.device, H, keys.shape[1], hd, q.dtype)
+    qt = q.transpose(0, 1).unsqueeze(0).contiguous()  # [1, H, n, hd]
+    kt = keys.transpose(0, 1).unsqueeze(0)  # [1, KV, L, hd]
+    vt = values.transpose(0, 1).unsqueeze(0)
+    if not kern.native_gqa and kt.shape[1] != H:
+        kt, vt = kt.repeat_interleave(H // kt.shape[1], dim=1), vt.repeat_interleave(H // vt.shape[1], dim=1)
+    blocks = [attention._cudnn(qt, kt[:, :, pos:].contiguous(), vt[:, :, pos:].contiguous(), causal=True)]
+    if pos:
+        blocks.append(attention._cudnn(qt, kt[:, :, :pos].contiguous(), vt[:, :, :pos].contiguous(), causal=False))
+    sink = sinks.float().view(1, H, 1).expand(1, H, n)
+    top = torch.stack([lse for _, lse in blocks] + [sink]).amax(0)
+    weights = [torch.exp(lse - top) for _, lse in blocks]
+    total = sum(weights) + torch.exp(sink - top)
+    o = sum(b.float() * (w / total).unsqueeze(-1) for (b, _), w in zip(blocks, weights))
+    return o.to(q.dtype).squeeze(0).transpose(0, 1).reshape(n, H * hd)
