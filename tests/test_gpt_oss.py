@@ -259,3 +259,13 @@ def test_the_cuda_splits_sink_merge_equals_the_reference(monkeypatch, native_gqa
     got = sa._split(q, k, v, pos, sinks)
     want = sa._reference(q, k, v, pos, sinks, None, 0)
     assert (got - want).abs().max().item() <= 1e-5
+
+
+def test_the_report_names_the_sink_attention():
+    model = gguf_model.load(DATA / FILES["f32"])
+    sess = Session(model, EngineConfig(devices=["cpu"], chunk_tokens=16))
+    try:
+        rep = sess.run(synthetic(20, model.spec.vocab, nonce=1), decode_tokens=0).report
+    finally:
+        sess.close()
+    assert rep.attention == "cpu: torch with sinks, window 8 on sliding layers"

@@ -92,6 +92,14 @@ def _reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: i
     return out.reshape(n, H * hd)
 
 
+def describe(device: torch.device, H: int, KV: int, hd: int, dtype: torch.dtype, window: int | None) -> str:
+    """The run report's line for a model of this attention on `device`."""
+    ref = f"torch with sinks{f', window {window} on sliding layers' if window else ''}"
+    if device.type == "cuda" and _split_ok(device, H, KV, hd, dtype):
+        return f"cuDNN prefix+diagonal split with the sink merged (full layers' chunks); {ref} (the rest)"
+    return ref
+
+
 _SPLIT_OK: dict[tuple, bool] = {}
 _LOCK = threading.Lock()
 

@@ -148,6 +148,15 @@ class GptOss(Family):
             return tuple(bool(v) for v in value)
         return swa_flags(n_layers, m.read_int(key, DEFAULT_PATTERN, minimum=0))
 
+    def attention_kernel(self, spec: ModelSpec, device: Any, dtype: torch.dtype) -> str:
+        import torch
+
+        from engine.kernels import sink_attention
+
+        window = spec.sliding_window if any(spec.sliding) else None  # type: ignore[attr-defined]
+        return sink_attention.describe(torch.device(device), spec.n_heads, spec.n_kv_heads, spec.head_dim, dtype,
+                                       window)
+
     def layer_kind(self, spec: ModelSpec, i: int) -> LayerKind:
         return SLIDING if spec.sliding[i] else FULL  # type: ignore[attr-defined]  # a GptOssSpec
 
