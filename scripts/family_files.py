@@ -7,8 +7,9 @@ the family's own transformers class, `save_pretrained`, then llama.cpp's own
 Writes DIR/<family>/ (the transformers model: config, safetensors, tokenizer) and
 DIR/<family>.gguf (F32), both committed so the oracle tests need neither the network nor the
 source package; gpt-oss also DIR/gpt-oss-mxfp4.gguf, the same weights converted from the
-published MXFP4 form (experts as blocks and scales), as every published gpt-oss file is made.  --source (or LLAMA_CPP_SOURCE) names the vendor/llama.cpp folder; without it the
-sdist is downloaded from PyPI (pip download).  The tokenizer is a byte-level BPE trained here on a
+published MXFP4 form (experts as blocks and scales), as every published gpt-oss file is made.
+--source (or LLAMA_CPP_SOURCE) names the vendor/llama.cpp folder; without it the sdist is
+downloaded from PyPI (pip download).  The tokenizer is a byte-level BPE trained here on a
 few sentences; the converter knows BPE pre-tokenizers by the hash of their output, so the script
 tells it "default" for this one (no pre-tokenizer of a published model applies to it).
 """
