@@ -23,7 +23,7 @@ from engine.models.experts import EXPAND_SCRATCH_BYTES
 from engine.models.gguf_keys import RopeScaling
 from engine.models.kv import LayerKV
 from engine.models.spec import ModelSpec
-from engine.quant.qtensor import QTensor, has_blocks, stored
+from engine.quant.qtensor import QTensor, has_blocks
 
 if TYPE_CHECKING:
     from engine.models.experts import ExpertCache
@@ -155,6 +155,11 @@ class LayerWeights:
     gate: torch.Tensor | None = None
     up: torch.Tensor | None = None
     down: torch.Tensor | None = None
+    # the shared expert (spec.shared_ffn) and its sigmoid gate [1, d] (spec.shared_gate)
+    gate_shexp: torch.Tensor | None = None
+    up_shexp: torch.Tensor | None = None
+    down_shexp: torch.Tensor | None = None
+    gate_inp_shexp: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
@@ -246,7 +251,7 @@ class Layer:
         """Output projection, residual, FFN norm, experts (resident) or dense FFN, residual."""
         x = x + F.linear(o, self.w.wo)
         h = F.rms_norm(x, (self.spec.hidden,), self.fused.ffn_norm, self.spec.rms_eps)
-        return x + (self.moe(h) if self.spec.is_moe else self.dense(h))
+        return x + self.ffn(h)
 
     def graphable(self, x: torch.Tensor) -> bool:
         """Whether this layer's GPU path holds no host synchronisation (streamed experts do)."""
@@ -275,6 +280,19 @@ class Layer:
         return F.linear(self._attend(q, keys, values, n, pos), w.wo)
 
     # ------------------------------------------------------------------------ FFN
+    def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        """The FFN of the normed h: routed experts plus the shared expert where the spec has one,
+        or the dense SwiGLU."""
+        if not self.spec.is_moe:
+            return self.dense(h)
+        return self.moe(h) + self.shared_expert(h) if self.spec.shared_ffn else self.moe(h)
+
+    def shared_expert(self, h: torch.Tensor) -> torch.Tensor:
+        """The shared expert's SwiGLU, scaled per token by sigmoid(gate_inp_shexp . h) where gated."""
+        w = self.w
+        y = F.linear(F.silu(F.linear(h, w.gate_shexp)) * F.linear(h, w.up_shexp), w.down_shexp)
+        return y if w.gate_inp_shexp is None else y * torch.sigmoid(F.linear(h, w.gate_inp_shexp))
+
     def moe(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 softmax router -> top-k -> renormalise -> SiLU-gated experts, weighted sum.
 
@@ -441,7 +459,7 @@ class Layer:
             return self.post_attention(x, self._attend(q, keys, values, x.shape[0], pos))
         x = x + self.attention(x, kv, pos)
         h = rms_norm(x, self.w.ffn_norm, self.spec.rms_eps)
-        return x + (self.moe(h) if self.spec.is_moe else self.dense(h))
+        return x + self.ffn(h)
 
     __call__ = forward
 

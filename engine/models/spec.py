@@ -30,6 +30,8 @@ class ModelSpec:
     rope_style: str  # "neox" (rotate halves) or "norm" (rotate adjacent pairs, llama GGUF)
     tied_embeddings: bool = False
     rope_scaling: RopeScaling | None = None  # linear or YaRN stretching of the RoPE frequencies
+    shared_ffn: int = 0  # the shared expert's FFN size, beside the routed ones (0: none)
+    shared_gate: bool = False  # the shared expert's output scaled by sigmoid(a per-token gate) (Qwen3-Next)
 
     @property
     def is_moe(self) -> bool:
@@ -42,13 +44,18 @@ class ModelSpec:
             ffn = self.n_experts * 3 * self.hidden * self.expert_ffn + self.n_experts * self.hidden
         else:
             ffn = 3 * self.hidden * self.ffn
-        return attn + ffn + 2 * self.hidden
+        return attn + ffn + self.shared_params() + 2 * self.hidden
+
+    def shared_params(self) -> int:
+        """Parameters of one layer's shared expert and its gate (0 without one)."""
+        return 3 * self.hidden * self.shared_ffn + (self.hidden if self.shared_gate else 0) if self.shared_ffn else 0
 
     def active_flops_per_token(self, context: int) -> float:
         """Forward FLOPs of one token per layer at a given attention context (2 per MAC)."""
         proj = self.hidden * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
         if self.is_moe:
             ffn = self.n_experts_used * 3 * self.hidden * self.expert_ffn + self.n_experts * self.hidden
+            ffn += self.shared_params()
         else:
             ffn = 3 * self.hidden * self.ffn
         attn = 2 * self.n_heads * self.head_dim * context  # QK^T and PV
