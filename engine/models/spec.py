@@ -30,6 +30,12 @@ class ModelSpec:
     rope_style: str  # "neox" (rotate halves) or "norm" (rotate adjacent pairs, llama GGUF)
     tied_embeddings: bool = False
     rope_scaling: RopeScaling | None = None  # linear or YaRN stretching of the RoPE frequencies
+    rope_dim: int = 0  # partial rotary: RoPE turns each head's first rope_dim dimensions, the rest pass (0: all)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dimensions of each head RoPE turns (the first ones; `rope.dimension_count`)."""
+        return self.rope_dim or self.head_dim
 
     @property
     def is_moe(self) -> bool:
