@@ -363,7 +363,8 @@ def test_balanced_chunks_are_graphed_and_match_eager(demo_path):
 
 
 @cuda
-def test_qk_norm_rope_kernel_matches_torch_and_lays_q_out_heads_first(monkeypatch):
+@pytest.mark.parametrize("rot", [128, 64])  # full RoPE; partial rotary (GLM-4.5, MiniMax-M2: half the head)
+def test_qk_norm_rope_kernel_matches_torch_and_lays_q_out_heads_first(monkeypatch, rot):
     from engine.kernels import qk_rope
     from engine.models.layers import Rope
 
@@ -375,7 +376,7 @@ def test_qk_norm_rope_kernel_matches_torch_and_lays_q_out_heads_first(monkeypatc
     qkv = torch.randn(n, (H + 2 * KV) * hd, device=dev, generator=gen).to(torch.bfloat16)
     qk = qkv[:, : (H + KV) * hd].view(n, H + KV, hd)
     w = (1 + 0.1 * torch.randn(H + KV, hd, device=dev, generator=gen)).to(torch.bfloat16)
-    cos, sin = Rope(hd, 1e6, "neox", dev).lowp_tables(1000, n, torch.bfloat16)
+    cos, sin = Rope(hd, 1e6, "neox", dev, rot_dim=rot).lowp_tables(1000, n, torch.bfloat16)
     q, k = qk_rope.qk_norm_rope(qk, w, cos, sin, 1e-6, H)
     assert q.shape == (n, H, hd) and q.transpose(0, 1).is_contiguous() and k.is_contiguous()
     rq, rk = qk_rope._torch(qk.float(), w.float(), cos.float(), sin.float(), 1e-6, H)  # fp32 reference

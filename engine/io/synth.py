@@ -49,6 +49,7 @@ class ModelRecipe:
     seed: int = 0
     quant: str = "q8_0"  # quant_recipe.FTYPES (llama.cpp's mixes: q4_k_m ... iq3_xxs ... mxfp4), f16 or f32
     tied: bool = False
+    rope_dim: int = 0  # partial rotary (families with Family.partial_rotary): RoPE's part of a head; 0: all
 
     def spec(self) -> ModelSpec:
         """The spec its family makes of these shapes (engine/models/); vocab 0: the byte vocabulary's."""
@@ -89,6 +90,9 @@ def check_recipe(recipe: ModelRecipe) -> None:
             raise RecipeError(name, v, "an integer >= 1")
     if r.head_dim % 2:
         raise RecipeError("head_dim", r.head_dim, "an even integer (RoPE rotates pairs of dimensions)")
+    if r.rope_dim and (r.rope_dim % 2 or not 0 < r.rope_dim <= r.head_dim or not models.family(r.arch).partial_rotary):
+        raise RecipeError("rope_dim", r.rope_dim, f"0, or an even number up to head_dim={r.head_dim} for a family with "
+                                                  f"partial rotary")
     if r.n_heads % r.n_kv_heads:
         raise RecipeError("n_kv_heads", r.n_kv_heads, f"a divisor of n_heads={r.n_heads}")
     if models.family(r.arch).moe:

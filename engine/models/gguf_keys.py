@@ -46,7 +46,9 @@ TABLE: dict[str, str] = {
     "{a}.attention.value_length": REFUSED,  # must equal key_length
     "{a}.attention.layer_norm_rms_epsilon": USED,
     "{a}.rope.freq_base": USED,
-    "{a}.rope.dimension_count": REFUSED,  # partial rotary: must equal key_length (llama.cpp asserts it too)
+    # partial rotary: a family with Family.partial_rotary reads it; the others' graphs in llama.cpp
+    # assert it equals key_length, and the engine refuses another value for them
+    "{a}.rope.dimension_count": REFUSED,
     "{a}.rope.dimension_sections": REFUSED,  # multi-section (vision) RoPE; qwen3vlmoe checks and uses its own
     "{a}.rope.scaling.type": USED,
     "{a}.rope.scaling.factor": USED,

@@ -80,25 +80,28 @@ class Rope:
     takes these tables (eager, CUDA graphs, the Triton q/k-norm+RoPE kernel) applies it unchanged."""
 
     def __init__(self, head_dim: int, base: float, style: str, device: torch.device,
-                 scaling: RopeScaling | None = None) -> None:
-        if head_dim % 2:
-            raise ValueError(f"RoPE needs an even head dimension, not {head_dim}")
+                 scaling: RopeScaling | None = None, rot_dim: int = 0) -> None:
+        rot = rot_dim or head_dim  # partial rotary: the first `rot` dimensions turn, the rest pass
+        if head_dim % 2 or rot % 2 or rot > head_dim:
+            raise ValueError(f"RoPE needs an even head dimension and rotary part, not {head_dim} / {rot}")
         self.head_dim, self.base, self.style, self.device = head_dim, base, style, device
+        self.rot = rot
         self.scaling = scaling
-        if scaling is None:
-            inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        if scaling is None:  # frequencies over the rotated part (llama.cpp's n_rot, transformers' dim)
+            inv = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
             self.mscale = 1.0
         else:
-            inv = torch.from_numpy(scaling.inv_freq(head_dim, base))
+            inv = torch.from_numpy(scaling.inv_freq(rot, base))
             self.mscale = scaling.attention_factor
         self.inv_freq = inv.to(device)
-        self.cos = torch.empty(0, head_dim // 2, device=device)
-        self.sin = torch.empty(0, head_dim // 2, device=device)
+        self.cos = torch.empty(0, rot // 2, device=device)
+        self.sin = torch.empty(0, rot // 2, device=device)
 
     @classmethod
     def for_spec(cls, spec: ModelSpec, device: torch.device) -> Rope:
-        """The tables a model's layers need on `device` (its head size, base, style and scaling)."""
-        return cls(spec.head_dim, spec.rope_base, spec.rope_style, device, spec.rope_scaling)
+        """The tables a model's layers need on `device` (its head size, rotary part, base, style
+        and scaling)."""
+        return cls(spec.head_dim, spec.rope_base, spec.rope_style, device, spec.rope_scaling, spec.rope_dim)
 
     def _ensure(self, n: int) -> None:
         if n <= self.cos.shape[0]:
@@ -109,7 +112,7 @@ class Rope:
         self.cos, self.sin = (ang.cos() * self.mscale).float(), (ang.sin() * self.mscale).float()
 
     def lowp_tables(self, pos: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of positions pos..pos+n-1 in `dtype`, shaped [n, 1, head_dim] (neox)."""
+        """cos and sin of positions pos..pos+n-1 in `dtype`, shaped [n, 1, rotary dims] (neox)."""
         self._ensure(pos + n)
         key = (dtype, self.cos.shape[0])
         if getattr(self, "_lowp_key", None) != key:
@@ -119,7 +122,10 @@ class Rope:
         return self._cos_full[pos:pos + n], self._sin_full[pos:pos + n]
 
     def apply(self, x: torch.Tensor, pos: int) -> torch.Tensor:
-        """x: [n, heads, head_dim] at positions pos..pos+n-1."""
+        """x: [n, heads, head_dim] at positions pos..pos+n-1 (partial rotary: the first `rot`
+        dimensions turn, paired within them; the others are returned as they are)."""
+        if self.rot < x.shape[-1]:
+            return torch.cat((self.apply(x[..., :self.rot], pos), x[..., self.rot:]), dim=-1)
         n = x.shape[0]
         self._ensure(pos + n)
         cos = self.cos[pos:pos + n, None, :]

@@ -32,6 +32,12 @@ class ModelSpec:
     rope_scaling: RopeScaling | None = None  # linear or YaRN stretching of the RoPE frequencies
     shared_ffn: int = 0  # the shared expert's FFN size, beside the routed ones (0: none)
     shared_gate: bool = False  # the shared expert's output scaled by sigmoid(a per-token gate) (Qwen3-Next)
+    rope_dim: int = 0  # partial rotary: RoPE turns each head's first rope_dim dimensions, the rest pass (0: all)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dimensions of each head RoPE turns (the first ones; `rope.dimension_count`)."""
+        return self.rope_dim or self.head_dim
 
     @property
     def is_moe(self) -> bool:
