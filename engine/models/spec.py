@@ -33,6 +33,11 @@ class ModelSpec:
     shared_ffn: int = 0  # the shared expert's FFN size, beside the routed ones (0: none)
     shared_gate: bool = False  # the shared expert's output scaled by sigmoid(a per-token gate) (Qwen3-Next)
     rope_dim: int = 0  # partial rotary: RoPE turns each head's first rope_dim dimensions, the rest pass (0: all)
+    # routing (engine/models/routing.py): the defaults are softmax top-k renormalised, no bias, no scale
+    expert_gating: str = "softmax"  # the router's scores: "softmax" over experts or "sigmoid" per expert
+    expert_bias: bool = False  # a per-expert score-correction bias (exp_probs_b) that only selects
+    expert_weights_norm: bool = True  # the top k weights renormalised to sum 1
+    expert_weights_scale: float = 1.0  # the routed experts' weights multiplied by it
 
     @property
     def rotary_dim(self) -> int:
@@ -48,6 +53,7 @@ class ModelSpec:
         attn = self.hidden * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
         if self.is_moe:
             ffn = self.n_experts * 3 * self.hidden * self.expert_ffn + self.n_experts * self.hidden
+            ffn += self.n_experts if self.expert_bias else 0
         else:
             ffn = 3 * self.hidden * self.ffn
         return attn + ffn + self.shared_params() + 2 * self.hidden
