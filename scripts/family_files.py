@@ -88,7 +88,22 @@ def qwen3next(seed: int):
     return Qwen3NextForCausalLM(cfg)
 
 
-FAMILIES: dict[str, Callable] = {"mixtral": mixtral, "qwen3vlmoe": qwen3vlmoe, "qwen3next": qwen3next}
+def minimax_m2(seed: int):
+    """MiniMax-M2: q/k RMSNorm over the whole projection (not per head), partial RoPE (rotary_dim
+    of head_dim), a sigmoid router whose score-correction bias picks the experts (issue 35)."""
+    from transformers import MiniMaxM2Config, MiniMaxM2ForCausalLM
+
+    cfg = MiniMaxM2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=24, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, rotary_dim=8,
+                          num_local_experts=4, num_experts_per_tok=2, scoring_func="sigmoid",
+                          max_position_embeddings=4096, rms_norm_eps=1e-6,
+                          rope_parameters={"rope_type": "default", "rope_theta": 5e6},
+                          tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    return MiniMaxM2ForCausalLM(cfg)
+
+
+FAMILIES: dict[str, Callable] = {"mixtral": mixtral, "qwen3vlmoe": qwen3vlmoe, "qwen3next": qwen3next,
+                                 "minimax-m2": minimax_m2}
 # the converter's flags a family's file needs: Qwen3-Next's MTP block is a draft model, left out
 CONVERT_ARGS: dict[str, tuple[str, ...]] = {"qwen3next": ("--no-mtp",)}
 
@@ -137,6 +152,9 @@ def _scaled(model, seed: int) -> None:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * (1.0 / max(p.shape[-1], 1)) ** 0.5)
+        for name, b in model.named_buffers():  # the router's score-correction bias (a buffer, zero at init)
+            if name.endswith("e_score_correction_bias"):  # as large as the sigmoid scores: it changes the choice
+                b.copy_(0.3 * torch.randn(b.shape, generator=g))
 
 
 def source(given: str | None, scratch: Path) -> Path:

@@ -16,7 +16,10 @@ from engine.pipeline.session import Session
 
 DATA = Path(__file__).parent / "data" / "families"
 # family -> (transformers auto class, the architecture the file says)
-FAMILIES = {"mixtral": ("AutoModelForCausalLM", "llama"), "qwen3vlmoe": ("AutoModelForImageTextToText", "qwen3vlmoe")}
+FAMILIES = {"mixtral": ("AutoModelForCausalLM", "llama"), "qwen3vlmoe": ("AutoModelForImageTextToText", "qwen3vlmoe"),
+            "minimax-m2": ("AutoModelForCausalLM", "minimax-m2")}
+# what each file's spec must say beyond the shapes: the features its oracle test proves
+FEATURES = {"minimax-m2": dict(rope_dim=8, expert_gating="sigmoid", expert_bias=True, expert_weights_norm=True)}
 TOKENS = 48
 
 
@@ -37,6 +40,7 @@ def test_the_file_is_the_converters(family):
     model = gguf_model.load(DATA / f"{family}.gguf")
     assert model.spec.arch == FAMILIES[family][1]
     assert model.spec.n_experts == 4 and model.spec.n_experts_used == 2
+    assert {k: getattr(model.spec, k) for k in FEATURES.get(family, {})} == FEATURES.get(family, {})
 
 
 @pytest.mark.parametrize("devices,chunk,depth,main", [(["cpu"], 16, 1, False), (["cpu", "cpu"], 16, 0, False),
