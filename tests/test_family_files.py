@@ -17,9 +17,13 @@ from engine.pipeline.session import Session
 DATA = Path(__file__).parent / "data" / "families"
 # family -> (transformers auto class, the architecture the file says)
 FAMILIES = {"mixtral": ("AutoModelForCausalLM", "llama"), "qwen3vlmoe": ("AutoModelForImageTextToText", "qwen3vlmoe"),
-            "minimax-m2": ("AutoModelForCausalLM", "minimax-m2")}
+            "minimax-m2": ("AutoModelForCausalLM", "minimax-m2"), "glm4moe": ("AutoModelForCausalLM", "glm4moe")}
 # what each file's spec must say beyond the shapes: the features its oracle test proves
-FEATURES = {"minimax-m2": dict(rope_dim=8, expert_gating="sigmoid", expert_bias=True, expert_weights_norm=True)}
+FEATURES = {"minimax-m2": dict(rope_dim=8, expert_gating="sigmoid", expert_bias=True, expert_weights_norm=True),
+            # block_count 4 counts the MTP block; the model is the other 3, the first with a dense FFN
+            "glm4moe": dict(n_layers=3, dense_lead=1, ffn=96, shared_ffn=24, rope_dim=8, qk_norm=True, qkv_bias=True,
+                            expert_gating="sigmoid", expert_bias=True, expert_weights_norm=True,
+                            expert_weights_scale=2.5)}
 TOKENS = 48
 
 

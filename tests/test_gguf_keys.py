@@ -20,7 +20,8 @@ LLAMA_CPP_COMMON = [
     "{a}.rope.scaling.finetuned", "{a}.rope.scaling.original_context_length", "{a}.rope.freq_base",
     "{a}.rope.scaling.type", "{a}.rope.scaling.factor", "{a}.rope.scale_linear", "{a}.rope.scaling.attn_factor",
     "{a}.rope.scaling.alpha", "{a}.attention.key_length", "{a}.attention.value_length", "{a}.rope.dimension_count",
-    "{a}.vocab_size", "tokenizer.ggml.tokens", "{a}.nextn_predict_layers",
+    "{a}.vocab_size", "tokenizer.ggml.tokens", "{a}.nextn_predict_layers", "{a}.expert_group_count",
+    "{a}.expert_group_used_count",
 ]
 # each family's own
 LLAMA_CPP_FAMILY = {
@@ -32,6 +33,9 @@ LLAMA_CPP_FAMILY = {
                    "{a}.attention.layer_norm_rms_epsilon"],  # src/models/qwen3vlmoe.cpp
     "minimax-m2": ["{a}.attention.layer_norm_rms_epsilon", "{a}.expert_feed_forward_length",
                    "{a}.expert_gating_func"],  # src/models/minimax-m2.cpp
+    "glm4moe": ["{a}.expert_feed_forward_length", "{a}.attention.layer_norm_rms_epsilon",
+                "{a}.rope.dimension_sections", "{a}.expert_shared_count", "{a}.leading_dense_block_count",
+                "{a}.expert_weights_scale", "{a}.expert_weights_norm", "{a}.expert_gating_func"],  # src/models/glm4-moe.cpp
 }
 # the YaRN keys llama.cpp reads for other families (grok, laguna …): refused here unless default,
 # so a file that carries them for a supported family is not run with them ignored
@@ -66,7 +70,8 @@ NOT_DEFAULT = {
     "{a}.rope.scaling.yarn_attn_factor": 2.0, "{a}.rope.scaling.yarn_beta_fast": 8.0,
     "{a}.rope.scaling.yarn_beta_slow": 2.0, "{a}.rope.scaling.yarn_log_multiplier": 0.1,
     "{a}.expert_gating_func": 2, "{a}.expert_weights_norm": False, "{a}.expert_weights_scale": 2.5,
-    "{a}.leading_dense_block_count": 1, "{a}.nextn_predict_layers": 1,
+    "{a}.leading_dense_block_count": 1, "{a}.nextn_predict_layers": 1, "{a}.expert_shared_count": 1,
+    "{a}.expert_group_count": 8, "{a}.expert_group_used_count": 4,
 }
 
 

@@ -420,6 +420,10 @@ class SyntheticSource:
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
 
+    def has(self, name: str) -> bool:
+        """Whether the recipe makes this tensor (as a file's `has`: a leading dense layer has no experts)."""
+        return name in self._shapes
+
     def tensor_names(self) -> list[str]:
         """Every tensor the recipe makes (as a file's tensor_names)."""
         return list(self._shapes)

@@ -63,6 +63,12 @@ class ExpertLayout:
 
     @staticmethod
     def of(source, spec: ModelSpec, layer: int) -> ExpertLayout:
+        """(A layer without experts, a leading dense layer: an empty row.  The file holds every
+        tensor its family's layer kinds name — `gguf_model.load` checked — so a missing expert
+        tensor is such a layer.)"""
+        has = getattr(source, "has", None)
+        if has is not None and not has(f"blk.{layer}.{EXPERT_PARTS[0]}.weight"):
+            return ExpertLayout(())  # type: ignore[arg-type]
         f, d, e = spec.expert_ffn, spec.hidden, spec.n_experts
         parts, offset = [], 0
         for part, shape in zip(EXPERT_PARTS, ((f, d), (f, d), (d, f))):
@@ -215,6 +221,8 @@ class HostArena:
         failed = False
         for layer in self.layers:
             rb, E = self.layouts[layer].row_bytes, self.spec.n_experts
+            if not rb:  # a layer without experts
+                continue
             want = min(left // rb, E)  # whole experts of this layer
             if want <= 0 or failed:
                 break

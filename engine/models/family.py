@@ -120,10 +120,10 @@ class Family:
                             f"be even and at most the key length {head_dim}")
         return 0 if rot == head_dim else rot
 
-    def routing_from_metadata(self, m: SpecSource, gating: str = "softmax") -> dict[str, Any]:
+    def routing_from_metadata(self, m: SpecSource, gating: str = "softmax", norm: bool = True) -> dict[str, Any]:
         """The routing variant's `ModelSpec` fields from the keys this family names in `own_keys`
         (`expert_gating_func`, `expert_weights_norm`, `expert_weights_scale`; engine/models/
-        routing.py), each absent key at `gating` / renormalised / unscaled as llama.cpp reads it."""
+        routing.py), an absent key at `gating` / `norm` / unscaled as llama.cpp reads it for the family."""
         a, out = self.arch, {}
         if "expert_gating_func" in self.own_keys and m.has(f"{a}.expert_gating_func"):
             key = f"{a}.expert_gating_func"
@@ -132,7 +132,7 @@ class Family:
                 raise m.problem(f"metadata key {key} is {value}: the engine computes "
                                 f"{', '.join(f'{k} ({v})' for k, v in GATINGS.items())}")
             gating = GATINGS.get(value, gating)  # 0 (none): the family's own
-        out["expert_gating"] = gating
+        out["expert_gating"], out["expert_weights_norm"] = gating, norm
         if "expert_weights_norm" in self.own_keys and m.has(f"{a}.expert_weights_norm"):
             norm = m.get(f"{a}.expert_weights_norm")
             if not isinstance(norm, (bool, int)):

@@ -71,6 +71,9 @@ TABLE: dict[str, str] = {
     "{a}.expert_weights_scale": REFUSED,
     "{a}.leading_dense_block_count": REFUSED,
     "{a}.nextn_predict_layers": REFUSED,  # llama.cpp reads it for every family
+    "{a}.expert_shared_count": REFUSED,
+    "{a}.expert_group_count": REFUSED,  # grouped top-k (DeepSeek-V3); 0 or 1: none
+    "{a}.expert_group_used_count": REFUSED,
     "{a}.n_deepstack_layers": HARMLESS,  # qwen3vlmoe: layers that take image features (text runs without)
     "{a}.vocab_size": HARMLESS,  # llama.cpp names the model's size with it; the engine takes token_embd's
     "tokenizer.ggml.tokens": HARMLESS,  # the vocabulary's length, same use
@@ -89,6 +92,9 @@ _DEFAULTS: dict[str, float | bool] = {
     "{a}.expert_weights_scale": 1.0,
     "{a}.leading_dense_block_count": 0.0,
     "{a}.nextn_predict_layers": 0.0,
+    "{a}.expert_shared_count": 0.0,
+    "{a}.expert_group_count": 1.0,  # (0 too: no groups)
+    "{a}.expert_group_used_count": 1.0,
 }
 
 ROPE_TYPES = ("none", "linear", "yarn")
@@ -209,5 +215,7 @@ def check_refused(meta: Mapping[str, Any], arch: str, head_dim: int, scaling: Ro
                 raise KeyProblem(key, f"is {value:g}: only the default ({auto:g} for this scaling) is implemented")
             continue
         default = _DEFAULTS[pattern]
+        if pattern in ("{a}.expert_group_count", "{a}.expert_group_used_count") and value in (0.0, 1.0):
+            continue  # one group, or none: plain top-k
         if value != default:
             raise KeyProblem(key, f"is {value:g}: only the default {default:g} is implemented")
