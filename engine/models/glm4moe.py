@@ -86,11 +86,12 @@ class Glm4Moe(Family):
         return Glm4MoeSpec(**fields)
 
     def spec_from_recipe(self, r: Any) -> ModelSpec:
-        """A synthetic GLM: one dense lead layer of `ffn`, a shared expert of the expert size,
-        sigmoid routing with the bias, renormalised, routed scale 2.5 (GLM-4.5-Air's config)."""
+        """A synthetic GLM as GLM-4.5-Air is made: one dense lead layer of `ffn`, one shared expert
+        of the expert size, q/k/v biases, no q/k norm, sigmoid routing with the bias, renormalised,
+        routed scale 1 (Air's routed_scaling_factor; GLM-4.5's 2.5 is the oracle file's)."""
         spec = super().spec_from_recipe(r)
         return Glm4MoeSpec(**{**vars(spec), "ffn": r.ffn, "dense_lead": min(1, r.n_layers), "expert_bias": True,
-                              "shared_ffn": r.expert_ffn, "expert_gating": "sigmoid", "expert_weights_scale": 2.5})
+                              "shared_ffn": r.expert_ffn, "expert_gating": "sigmoid"})
 
     def file_metadata(self, s: ModelSpec) -> list[tuple[str, int | float | bool]]:
         a = self.arch

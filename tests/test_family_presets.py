@@ -1,0 +1,60 @@
+"""The synthetic presets at the published shapes of MiniMax-M2 and GLM-4.5-Air (`synthetic:
+minimax-m2-230b-a10b`, `synthetic:glm-4.5-air`, n_layers= to cut them) and `make-model --arch` for both
+families: the shapes each layer kind draws, and small files made by the CLI that load and run
+with the same digest over stages and with streamed experts."""
+from __future__ import annotations
+
+import pytest
+
+from engine.cli import bench
+from engine.config import EngineConfig
+from engine.io import gguf_model
+from engine.io.gguf_model import expected_shapes
+from engine.io.prompt import synthetic
+from engine.pipeline.session import Session
+
+
+def test_glm_45_air_preset_has_its_dense_lead_shared_expert_and_partial_rotary():
+    spec = bench.synthetic_recipe("synthetic:glm-4.5-air:n_layers=4").spec()
+    assert (spec.arch, spec.n_layers, spec.dense_lead, spec.rotary_dim, spec.head_dim) == ("glm4moe", 4, 1, 64, 128)
+    assert (spec.expert_gating, spec.expert_bias, spec.expert_weights_norm, spec.qkv_bias, spec.qk_norm) == \
+        ("sigmoid", True, True, True, False)
+    shapes = expected_shapes(spec)
+    assert shapes["blk.0.ffn_gate.weight"] == (10944, 4096) and "blk.0.ffn_gate_exps.weight" not in shapes
+    assert shapes["blk.1.ffn_gate_exps.weight"] == (128, 1408, 4096) and "blk.1.ffn_gate.weight" not in shapes
+    assert shapes["blk.3.ffn_up_shexp.weight"] == (1408, 4096) and shapes["blk.3.exp_probs_b.bias"] == (128,)
+    assert shapes["blk.2.attn_q.bias"] == (96 * 128,) and shapes["blk.2.post_attention_norm.weight"] == (4096,)
+
+
+def test_minimax_m2_preset_has_its_whole_projection_qk_norm():
+    spec = bench.synthetic_recipe("synthetic:minimax-m2-230b-a10b:n_layers=2").spec()
+    assert (spec.arch, spec.n_layers, spec.rotary_dim, spec.n_experts, spec.expert_gating) == \
+        ("minimax-m2", 2, 64, 256, "sigmoid")
+    shapes = expected_shapes(spec)
+    assert shapes["blk.1.attn_q_norm.weight"] == (48 * 128,) and shapes["blk.1.attn_k_norm.weight"] == (8 * 128,)
+    assert shapes["blk.0.exp_probs_b.bias"] == (256,) and shapes["blk.0.ffn_down_exps.weight"] == (256, 3072, 1536)
+
+
+@pytest.mark.parametrize("arch", ["minimax-m2", "glm4moe"])
+def test_make_model_arch_writes_a_file_that_runs(tmp_path, arch, capsys):
+    path = tmp_path / f"{arch}.gguf"
+    assert bench.main(["make-model", str(path), "--arch", arch, "--layers", "3", "--rope-dim", "16",
+                       "--quant", "q4_k_m"]) == 0
+    model = gguf_model.load(path)
+    assert model.spec.arch == arch and model.spec.rope_dim == 16 and model.spec.expert_bias
+    ids = synthetic(40, model.spec.vocab, nonce=1)
+    digests = set()
+    for cfg in (dict(devices=["cpu"]), dict(devices=["cpu", "cpu"], prefill_main=True),
+                dict(devices=["cpu"], expert_cache=0.0003)):
+        sess = Session(model, EngineConfig(chunk_tokens=16, **cfg))
+        try:
+            digests.add(sess.run(ids, decode_tokens=2).report.digest)
+            if "expert_cache" in cfg:
+                assert sess.expert_plan.streamed
+        finally:
+            sess.close()
+    assert len(digests) == 1
+
+
+def test_a_rotary_count_for_a_family_without_partial_rotary_is_refused(tmp_path):
+    assert bench.main(["make-model", str(tmp_path / "x.gguf"), "--arch", "qwen3moe", "--rope-dim", "16"]) == 2
