@@ -45,7 +45,7 @@ def test_make_model_arch_writes_a_file_that_runs(tmp_path, arch, capsys):
     ids = synthetic(40, model.spec.vocab, nonce=1)
     digests = set()
     for cfg in (dict(devices=["cpu"]), dict(devices=["cpu", "cpu"], prefill_main=True),
-                dict(devices=["cpu"], expert_cache=0.0003)):
+                dict(devices=["cpu"], expert_cache=0.0002)):
         sess = Session(model, EngineConfig(chunk_tokens=16, **cfg))
         try:
             digests.add(sess.run(ids, decode_tokens=2).report.digest)
@@ -54,6 +54,16 @@ def test_make_model_arch_writes_a_file_that_runs(tmp_path, arch, capsys):
         finally:
             sess.close()
     assert len(digests) == 1
+
+
+def test_the_memory_plan_counts_no_expert_slots_for_the_dense_lead_layer(tmp_path):
+    from engine.plan.memory_plan import plan_memory
+
+    path = tmp_path / "glm.gguf"
+    assert bench.main(["make-model", str(path), "--arch", "glm4moe", "--layers", "4", "--experts", "8"]) == 0
+    model = gguf_model.load(path)
+    plan = plan_memory(model, EngineConfig(devices=["cpu", "cpu"]), 64)
+    assert [d.expert_slots for d in plan.devices] == [1 * 8, 2 * 8]  # layers 0-1 (0 dense), 2-3
 
 
 def test_a_rotary_count_for_a_family_without_partial_rotary_is_refused(tmp_path):

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 class Glm4MoeSpec(ModelSpec):
     dense_lead: int = 0  # the leading layers with a dense FFN (of `ffn` wide); experts in the rest
 
+    def has_experts(self, i: int) -> bool:
+        return i >= self.dense_lead
+
 
 def _post_attention_norm(parts: tuple[Part, ...]) -> tuple[Part, ...]:
     """GLM's FFN norm is stored as post_attention_norm."""

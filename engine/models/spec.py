@@ -48,6 +48,14 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.n_experts > 0
 
+    def has_experts(self, i: int) -> bool:
+        """Whether layer i routes experts (a family with leading dense layers says otherwise for them)."""
+        return self.is_moe
+
+    def expert_layers(self, first: int, end: int) -> int:
+        """How many of layers [first, end) route experts (the expert slots and arena count these)."""
+        return sum(self.has_experts(i) for i in range(first, end))
+
     def layer_params(self) -> int:
         """Parameters of one layer (all experts counted)."""
         attn = self.hidden * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
