@@ -26,6 +26,17 @@ def test_glm_45_air_preset_has_its_dense_lead_shared_expert_and_partial_rotary()
     assert shapes["blk.2.attn_q.bias"] == (96 * 128,) and shapes["blk.2.post_attention_norm.weight"] == (4096,)
 
 
+def test_glm_prefill_flops_count_the_dense_lead_layer_at_its_own_cost():
+    from dataclasses import replace
+
+    spec = bench.synthetic_recipe("synthetic:glm-4.5-air:n_layers=4").spec()
+    n, d = 1000, spec.hidden
+    moe_layer = replace(spec, n_layers=1, dense_lead=0)
+    dense_ffn = 2.0 * n * 3 * d * 10944  # the lead layer's FFN: three GEMMs of hidden x 10944
+    routed = 2.0 * n * (8 * 3 * d * 1408 + 128 * d + 3 * d * 1408)  # top 8 + router + shared expert
+    assert spec.prefill_flops(n) == pytest.approx(4 * moe_layer.prefill_flops(n) - routed + dense_ffn)
+
+
 def test_minimax_m2_preset_has_its_whole_projection_qk_norm():
     spec = bench.synthetic_recipe("synthetic:minimax-m2-230b-a10b:n_layers=2").spec()
     assert (spec.arch, spec.n_layers, spec.rotary_dim, spec.n_experts, spec.expert_gating) == \

@@ -33,6 +33,14 @@ class Glm4MoeSpec(ModelSpec):
     def has_experts(self, i: int) -> bool:
         return i >= self.dense_lead
 
+    def prefill_flops(self, n_tokens: int) -> float:
+        """The dense lead layers at a dense FFN's cost, the others at the expert layers' (the
+        report's TFLOP/s divides by this)."""
+        lead = min(self.dense_lead, self.n_layers)
+        dense = replace(self, n_layers=lead, n_experts=0, n_experts_used=0, shared_ffn=0, dense_lead=0)
+        moe = replace(self, n_layers=self.n_layers - lead, dense_lead=0)
+        return ModelSpec.prefill_flops(dense, n_tokens) + ModelSpec.prefill_flops(moe, n_tokens)
+
 
 def _post_attention_norm(parts: tuple[Part, ...]) -> tuple[Part, ...]:
     """GLM's FFN norm is stored as post_attention_norm."""
