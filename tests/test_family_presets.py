@@ -79,3 +79,22 @@ def test_the_memory_plan_counts_no_expert_slots_for_the_dense_lead_layer(tmp_pat
 
 def test_a_rotary_count_for_a_family_without_partial_rotary_is_refused(tmp_path):
     assert bench.main(["make-model", str(tmp_path / "x.gguf"), "--arch", "qwen3moe", "--rope-dim", "16"]) == 2
+
+
+def test_glm_reads_grouped_top_k_and_refuses_groups_the_experts_cannot_form(tmp_path):
+    from engine.io import synth
+
+    recipe = synth.recipe_from_args("demo", arch="glm4moe", n_layers=2, n_experts=8, n_experts_used=2)
+    path = synth.write_model(tmp_path / "g.gguf", recipe,
+                             metadata={"{a}.expert_group_count": 4, "{a}.expert_group_used_count": 2})
+    model = gguf_model.load(path)
+    assert (model.spec.expert_groups, model.spec.expert_groups_used) == (4, 2)
+    sess = Session(model, EngineConfig(devices=["cpu"], chunk_tokens=16))
+    try:
+        assert sess.run(synthetic(24, model.spec.vocab), decode_tokens=1).report.digest
+    finally:
+        sess.close()
+    bad = synth.write_model(tmp_path / "b.gguf", recipe,
+                            metadata={"{a}.expert_group_count": 3, "{a}.expert_group_used_count": 1})
+    with pytest.raises(gguf_model.GGUFError, match=r"glm4moe\.expert_group_count 3"):
+        gguf_model.load(bad)
