@@ -18,16 +18,18 @@ from engine.models.layers import Rope  # noqa: E402
 
 
 @pytest.mark.parametrize("norm", [True, False])
-def test_qk_norm_rope_kernel(norm):
+@pytest.mark.parametrize("rot", [16, 8, 6])  # full RoPE, and partial rotary (the first rot dimensions)
+def test_qk_norm_rope_kernel(norm, rot):
     torch.manual_seed(0)
     n, H, KV, hd = 7, 4, 2, 16
     qkv = torch.randn(n, (H + 2 * KV) * hd)
     qk = qkv[:, : (H + KV) * hd].view(n, H + KV, hd)  # strided rows, as the fused projection gives
     w = torch.randn(H + KV, hd) if norm else None
-    cos, sin = Rope(hd, 10000.0, "neox", torch.device("cpu")).lowp_tables(3, n, torch.float32)
+    cos, sin = Rope(hd, 10000.0, "neox", torch.device("cpu"), rot_dim=rot).lowp_tables(3, n, torch.float32)
+    assert cos.shape == (n, 1, rot)
     q, k = torch.empty(H, n, hd), torch.empty(n, KV, hd)
     qk_rope._compiled()[(n, H + KV)](qk, qk.stride(0), w if norm else qk, cos, sin, q, k, n, H, KV, 1e-6,
-                                   HD=hd, HAS_NORM=norm)
+                                   HD=hd, HAS_NORM=norm, ROT=rot)
     rq, rk = qk_rope._torch(qk, w, cos, sin, 1e-6, H)
     assert torch.allclose(q.transpose(0, 1), rq, atol=1e-5) and torch.allclose(k, rk, atol=1e-5)
 

@@ -49,6 +49,7 @@ class ModelRecipe:
     seed: int = 0
     quant: str = "q8_0"  # quant_recipe.FTYPES (llama.cpp's mixes: q4_k_m ... iq3_xxs ... mxfp4), f16 or f32
     tied: bool = False
+    rope_dim: int = 0  # partial rotary (families with Family.partial_rotary): RoPE's part of a head; 0: all
 
     def spec(self) -> ModelSpec:
         """The spec its family makes of these shapes (engine/models/); vocab 0: the byte vocabulary's."""
@@ -71,8 +72,23 @@ GPT_OSS_20B = ModelRecipe(arch="gpt-oss", n_layers=24, hidden=2880, n_heads=64, 
                           rope_base=150000.0, rms_eps=1e-5, quant="mxfp4")
 GPT_OSS_120B = replace(GPT_OSS_20B, n_layers=36, n_experts=128)
 
+# MiniMax-M2 (230B-A10B): transformers' MiniMaxM2Config defaults (hidden 3072, 62 layers, 48/8
+# heads of 128, 256 experts of 1536, top 8, vocab 200064, 196608 context, rope theta 5e6) with the
+# checkpoint's rotary_dim 64 (llama.cpp's minimax-m2.cpp: "head_dim = 128, n_rot = 64")
+MINIMAX_M2 = ModelRecipe(arch="minimax-m2", n_layers=62, hidden=3072, n_heads=48, n_kv_heads=8, head_dim=128,
+                         n_experts=256, n_experts_used=8, expert_ffn=1536, vocab=200064, context_length=196608,
+                         rope_base=5_000_000.0, rope_dim=64, quant="f16")
+# GLM-4.5-Air (106B-A12B, llama.cpp's 46-layer glm4moe): transformers' Glm4MoeConfig defaults
+# (hidden 4096, 46 layers, 96/8 heads, 128 experts of 1408, top 8, one shared expert, the first
+# layer dense of 10944, vocab 151552, 131072 context, rms eps 1e-5), heads of 128 with half of
+# them rotated (partial_rotary_factor 0.5), rope theta 1e6; the family's recipe adds the dense
+# lead layer, the shared expert and sigmoid routing (glm4moe.spec_from_recipe)
+GLM_45_AIR = ModelRecipe(arch="glm4moe", n_layers=46, hidden=4096, n_heads=96, n_kv_heads=8, head_dim=128,
+                         n_experts=128, n_experts_used=8, expert_ffn=1408, ffn=10944, vocab=151552,
+                         context_length=131072, rope_base=1_000_000.0, rms_eps=1e-5, rope_dim=64, quant="f16")
+
 PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B, "gpt-oss-20b": GPT_OSS_20B,
-           "gpt-oss-120b": GPT_OSS_120B}
+           "gpt-oss-120b": GPT_OSS_120B, "minimax-m2-230b-a10b": MINIMAX_M2, "glm-4.5-air": GLM_45_AIR}
 
 
 class RecipeError(ValueError):
@@ -96,6 +112,9 @@ def check_recipe(recipe: ModelRecipe) -> None:
             raise RecipeError(name, v, "an integer >= 1")
     if r.head_dim % 2:
         raise RecipeError("head_dim", r.head_dim, "an even integer (RoPE rotates pairs of dimensions)")
+    if r.rope_dim and (r.rope_dim % 2 or not 0 < r.rope_dim <= r.head_dim or not models.family(r.arch).partial_rotary):
+        raise RecipeError("rope_dim", r.rope_dim, f"0, or an even number up to head_dim={r.head_dim} for a family with "
+                                                  f"partial rotary")
     if r.n_heads % r.n_kv_heads:
         raise RecipeError("n_kv_heads", r.n_kv_heads, f"a divisor of n_heads={r.n_heads}")
     if models.family(r.arch).moe:
@@ -424,6 +443,10 @@ class SyntheticSource:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
+
+    def has(self, name: str) -> bool:
+        """Whether the recipe makes this tensor (as a file's `has`: a leading dense layer has no experts)."""
+        return name in self._shapes
 
     def tensor_names(self) -> list[str]:
         """Every tensor the recipe makes (as a file's tensor_names)."""

@@ -51,12 +51,15 @@ def _compiled():
 
     @triton.jit
     def qk_norm_rope_kernel(qkv_ptr, row_stride, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, n, H, KV, eps,
-                            HD: tl.constexpr, HAS_NORM: tl.constexpr):
+                            HD: tl.constexpr, HAS_NORM: tl.constexpr, ROT: tl.constexpr):
+        # ROT: the rotated dimensions (the first ones; HD for full RoPE): pairs (i, i + ROT/2)
+        # within them, the rest pass through (cos 1, sin 0: x * 1 + x * 0 is x exactly)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         offs = tl.arange(0, HD)
-        half: tl.constexpr = HD // 2
-        partner = (offs + half) % HD
+        half: tl.constexpr = ROT // 2
+        turned = offs < ROT
+        partner = tl.where(turned, (offs + half) % ROT, offs)
         row = qkv_ptr + t * row_stride + h * HD
         x = tl.load(row + offs).to(tl.float32)
         xp = tl.load(row + partner).to(tl.float32)
@@ -64,8 +67,8 @@ def _compiled():
             inv = tl.rsqrt(tl.sum(x * x, axis=0) / HD + eps)
             x = x * inv * tl.load(w_ptr + h * HD + offs).to(tl.float32)
             xp = xp * inv * tl.load(w_ptr + h * HD + partner).to(tl.float32)
-        c = tl.load(cos_ptr + t * HD + offs).to(tl.float32)
-        s = tl.load(sin_ptr + t * HD + offs).to(tl.float32)
+        c = tl.load(cos_ptr + t * ROT + offs, mask=turned, other=1.0).to(tl.float32)
+        s = tl.load(sin_ptr + t * ROT + offs, mask=turned, other=0.0).to(tl.float32)
         out = x * c + tl.where(offs < half, -xp, xp) * s
         if h < H:  # q heads-first: [H, n, HD]
             tl.store(q_ptr + (h.to(tl.int64) * n + t) * HD + offs, out.to(q_ptr.dtype.element_ty))
@@ -85,8 +88,12 @@ def status() -> tuple[str, str]:
 
 
 def rotate_lowp(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox RoPE of x [n, heads, head_dim] with cos/sin tables [n, 1, head_dim]: five kernels,
-    no position argument, so a CUDA graph can hold it with the tables as its inputs."""
+    """Neox RoPE of x [n, heads, head_dim] with cos/sin tables [n, 1, rot]: five kernels, no
+    position argument, so a CUDA graph can hold it with the tables as its inputs.  rot below
+    head_dim (partial rotary): the first rot dimensions turn, the rest pass through."""
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat((rotate_lowp(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
     half = x.shape[-1] // 2
     rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rot * sin
@@ -105,15 +112,16 @@ def qk_norm_rope(qk: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tenso
                  eps: float, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """q [n, H, hd] and k [n, KV, hd] from qk [n, H + KV, hd] (rows of the fused projection):
     per-head RMSNorm with `weight` [H + KV, hd] (None: no norm), then neox RoPE with cos/sin
-    [n, 1, hd]."""
+    [n, 1, rot] over each head's first rot dimensions (rot < hd: partial rotary)."""
     n, heads, hd = qk.shape
     kern = _kernel() if qk.is_cuda else None
     if (kern is None or qk.stride(2) != 1 or qk.stride(1) != hd or hd & (hd - 1) or n == 0
-            or not cos.is_contiguous() or not sin.is_contiguous()):
+            or not cos.is_contiguous() or not sin.is_contiguous() or cos.shape[-1] % 2 or cos.shape[-1] > hd):
         return _torch(qk, weight, cos, sin, eps, n_heads)
     kv = heads - n_heads
     q = torch.empty(n_heads, n, hd, device=qk.device, dtype=qk.dtype)
     k = torch.empty(n, kv, hd, device=qk.device, dtype=qk.dtype)
     w = weight.contiguous() if weight is not None else qk  # unused without the norm
-    kern[(n, heads)](qk, qk.stride(0), w, cos, sin, q, k, n, n_heads, kv, eps, HD=hd, HAS_NORM=weight is not None)
+    kern[(n, heads)](qk, qk.stride(0), w, cos, sin, q, k, n, n_heads, kv, eps, HD=hd, HAS_NORM=weight is not None,
+                     ROT=cos.shape[-1])
     return q.transpose(0, 1), k

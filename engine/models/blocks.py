@@ -102,10 +102,24 @@ def attention_parts(s: ModelSpec) -> tuple[Part, ...]:
 
 def moe_parts(s: ModelSpec) -> tuple[Part, ...]:
     e, f, d = s.n_experts, s.expert_ffn, s.hidden
-    return (Part("router", "ffn_gate_inp.weight", (e, d), fp32=True),
+    bias = (Part("router_bias", "exp_probs_b.bias", (e,), fp32=True),) if s.expert_bias else ()
+    return (Part("router", "ffn_gate_inp.weight", (e, d), fp32=True), *bias,
             Part("gate_exps", "ffn_gate_exps.weight", (e, f, d), expert=True),
             Part("up_exps", "ffn_up_exps.weight", (e, f, d), expert=True),
-            Part("down_exps", "ffn_down_exps.weight", (e, d, f), expert=True))
+            Part("down_exps", "ffn_down_exps.weight", (e, d, f), expert=True)) + shared_expert_parts(s)
+
+
+def shared_expert_parts(s: ModelSpec) -> tuple[Part, ...]:
+    """The shared expert beside the routed ones (a dense SwiGLU every token takes), in the
+    converter's order; Qwen3-Next's sigmoid gate is a [1, hidden] projection (the converter
+    writes transformers' Linear(hidden, 1) as it is).  Resident, never streamed."""
+    if not s.shared_ffn:
+        return ()
+    f, d = s.shared_ffn, s.hidden
+    parts = (Part("down_shexp", "ffn_down_shexp.weight", (d, f)),
+             Part("gate_shexp", "ffn_gate_shexp.weight", (f, d)),
+             Part("up_shexp", "ffn_up_shexp.weight", (f, d)))
+    return parts + ((Part("gate_inp_shexp", "ffn_gate_inp_shexp.weight", (1, d)),) if s.shared_gate else ())
 
 
 def dense_ffn_parts(s: ModelSpec) -> tuple[Part, ...]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.models.blocks import FULL_ATTENTION, LayerKind, Part
-from engine.models.gguf_keys import KeyProblem, check_refused, rope_scaling
+from engine.models.gguf_keys import GATINGS, KeyProblem, check_refused, rope_scaling
 from engine.models.spec import ModelSpec
 
 if TYPE_CHECKING:  # the registry imports no torch: the CLI lists the families before torch loads
@@ -62,6 +62,10 @@ class Family:
     # metadata keys (after "{arch}.") this family reads and checks itself, so the shared table of
     # refused keys (gguf_keys) leaves them to it; e.g. qwen3vlmoe's rope.dimension_sections
     own_keys: tuple[str, ...] = ()
+    # RoPE over the first `rope.dimension_count` dimensions of each head (the rest pass through),
+    # as llama.cpp runs this family; the others refuse a count below the head size, as its graphs
+    # of them assert
+    partial_rotary: bool = False
 
     # --------------------------------------------------------------- the spec
     def spec_from_metadata(self, m: SpecSource) -> ModelSpec:
@@ -89,7 +93,7 @@ class Family:
         context_length = m.read_int(f"{a}.context_length", 4096)
         try:
             scaling = rope_scaling(m.values, a, context_length)
-            own = {f"{a}.{k}" for k in self.own_keys}
+            own = {f"{a}.{k}" for k in self.own_keys + (("rope.dimension_count",) if self.partial_rotary else ())}
             check_refused({k: v for k, v in m.values.items() if k not in own}, a, head_dim, scaling)
         except KeyProblem as exc:
             raise m.problem(str(exc)) from None
@@ -102,7 +106,42 @@ class Family:
             rms_eps=m.read_float(f"{a}.attention.layer_norm_rms_epsilon", 1e-6, positive=False),
             vocab=vocab, context_length=context_length, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias,
             rope_style=self.rope_style, tied_embeddings=not m.has_tensor("output.weight"), rope_scaling=scaling,
+            rope_dim=self._rope_dim(m, head_dim),
         )
+
+    def _rope_dim(self, m: SpecSource, head_dim: int) -> int:
+        """The rotated part of each head (`ModelSpec.rope_dim`: 0 for all of it)."""
+        key = f"{self.arch}.rope.dimension_count"
+        if not self.partial_rotary or not m.has(key):
+            return 0  # (a family without partial rotary has refused any other count above)
+        rot = m.read_int(key)
+        if rot % 2 or rot > head_dim:
+            raise m.problem(f"metadata key {key} is {rot}: RoPE turns pairs of a head's first dimensions, so it must "
+                            f"be even and at most the key length {head_dim}")
+        return 0 if rot == head_dim else rot
+
+    def routing_from_metadata(self, m: SpecSource, gating: str = "softmax", norm: bool = True) -> dict[str, Any]:
+        """The routing variant's `ModelSpec` fields from the keys this family names in `own_keys`
+        (`expert_gating_func`, `expert_weights_norm`, `expert_weights_scale`; engine/models/
+        routing.py), an absent key at `gating` / `norm` / unscaled as llama.cpp reads it for the family."""
+        a, out = self.arch, {}
+        if "expert_gating_func" in self.own_keys and m.has(f"{a}.expert_gating_func"):
+            key = f"{a}.expert_gating_func"
+            value = m.read_int(key, minimum=0)
+            if value and value not in GATINGS:
+                raise m.problem(f"metadata key {key} is {value}: the engine computes "
+                                f"{', '.join(f'{k} ({v})' for k, v in GATINGS.items())}")
+            gating = GATINGS.get(value, gating)  # 0 (none): the family's own
+        out["expert_gating"], out["expert_weights_norm"] = gating, norm
+        if "expert_weights_norm" in self.own_keys and m.has(f"{a}.expert_weights_norm"):
+            norm = m.get(f"{a}.expert_weights_norm")
+            if not isinstance(norm, (bool, int)):
+                raise m.problem(f"metadata key {a}.expert_weights_norm is not a flag ({type(norm).__name__})")
+            out["expert_weights_norm"] = bool(norm)
+        if "expert_weights_scale" in self.own_keys:
+            scale = m.read_float(f"{a}.expert_weights_scale", 1.0, positive=False)
+            out["expert_weights_scale"] = scale if scale > 0 else 1.0  # 0: none, as llama.cpp reads it
+        return out
 
     def _experts(self, m: SpecSource) -> tuple[int, int]:
         """(experts, experts used) as the file says them; a dense family refuses experts."""
@@ -129,19 +168,22 @@ class Family:
             expert_ffn=r.expert_ffn if moe else 0, ffn=0 if moe else r.ffn,
             rope_base=r.rope_base, rms_eps=r.rms_eps, vocab=r.vocab, context_length=r.context_length,
             qk_norm=self.qk_norm, qkv_bias=self.qkv_bias, rope_style=self.rope_style, tied_embeddings=r.tied,
+            rope_dim=r.rope_dim if self.partial_rotary and r.rope_dim != r.head_dim else 0,
         )
 
-    def file_metadata(self, s: ModelSpec) -> list[tuple[str, int | float]]:
+    def file_metadata(self, s: ModelSpec) -> list[tuple[str, int | float | bool]]:
         """The `{arch}.*` keys a file of this spec carries, in the order make-model writes them
         (an int is written as uint32, a float as float32): what `spec_from_metadata` reads back."""
         a = self.arch
-        keys: list[tuple[str, int | float]] = [
+        keys: list[tuple[str, int | float | bool]] = [
             (f"{a}.block_count", s.n_layers), (f"{a}.context_length", s.context_length),
             (f"{a}.embedding_length", s.hidden), (f"{a}.attention.head_count", s.n_heads),
             (f"{a}.attention.head_count_kv", s.n_kv_heads), (f"{a}.attention.key_length", s.head_dim),
             (f"{a}.attention.value_length", s.head_dim), (f"{a}.rope.freq_base", float(s.rope_base)),
             (f"{a}.attention.layer_norm_rms_epsilon", float(s.rms_eps)),
         ]
+        if s.rope_dim:
+            keys.append((f"{a}.rope.dimension_count", s.rope_dim))
         if s.is_moe:
             return keys + [(f"{a}.feed_forward_length", s.expert_ffn), (f"{a}.expert_count", s.n_experts),
                            (f"{a}.expert_used_count", s.n_experts_used),

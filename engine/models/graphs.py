@@ -79,8 +79,8 @@ class GraphedLayers:
         with torch.cuda.device(device):
             self.pool = torch.cuda.graph_pool_handle()
             self.x_in = torch.zeros(n, spec.hidden, device=device, dtype=dtype)
-            self.cos = torch.zeros(n, 1, spec.head_dim, device=device, dtype=dtype)
-            self.sin = torch.zeros(n, 1, spec.head_dim, device=device, dtype=dtype)
+            self.cos = torch.zeros(n, 1, spec.rotary_dim, device=device, dtype=dtype)  # RoPE's part of a head
+            self.sin = torch.zeros(n, 1, spec.rotary_dim, device=device, dtype=dtype)
         self.graphs: list[_LayerGraph] = []
         self.reserved_bytes = 0  # what capturing added to the device's reserved memory
 

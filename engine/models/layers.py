@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from engine.kernels import moe_kernels
 from engine.kernels.attention import chunk_attention, kernel_for
 from engine.kernels.qk_rope import qk_norm_rope
-from engine.models import routed_experts, routed_matvec
+from engine.models import routed_experts, routed_matvec, routing
 from engine.models.experts import EXPAND_SCRATCH_BYTES
 from engine.models.gguf_keys import RopeScaling
 from engine.models.kv import LayerKV
@@ -80,25 +80,28 @@ class Rope:
     takes these tables (eager, CUDA graphs, the Triton q/k-norm+RoPE kernel) applies it unchanged."""
 
     def __init__(self, head_dim: int, base: float, style: str, device: torch.device,
-                 scaling: RopeScaling | None = None) -> None:
-        if head_dim % 2:
-            raise ValueError(f"RoPE needs an even head dimension, not {head_dim}")
+                 scaling: RopeScaling | None = None, rot_dim: int = 0) -> None:
+        rot = rot_dim or head_dim  # partial rotary: the first `rot` dimensions turn, the rest pass
+        if head_dim % 2 or rot % 2 or rot > head_dim:
+            raise ValueError(f"RoPE needs an even head dimension and rotary part, not {head_dim} / {rot}")
         self.head_dim, self.base, self.style, self.device = head_dim, base, style, device
+        self.rot = rot
         self.scaling = scaling
-        if scaling is None:
-            inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        if scaling is None:  # frequencies over the rotated part (llama.cpp's n_rot, transformers' dim)
+            inv = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
             self.mscale = 1.0
         else:
-            inv = torch.from_numpy(scaling.inv_freq(head_dim, base))
+            inv = torch.from_numpy(scaling.inv_freq(rot, base))
             self.mscale = scaling.attention_factor
         self.inv_freq = inv.to(device)
-        self.cos = torch.empty(0, head_dim // 2, device=device)
-        self.sin = torch.empty(0, head_dim // 2, device=device)
+        self.cos = torch.empty(0, rot // 2, device=device)
+        self.sin = torch.empty(0, rot // 2, device=device)
 
     @classmethod
     def for_spec(cls, spec: ModelSpec, device: torch.device) -> Rope:
-        """The tables a model's layers need on `device` (its head size, base, style and scaling)."""
-        return cls(spec.head_dim, spec.rope_base, spec.rope_style, device, spec.rope_scaling)
+        """The tables a model's layers need on `device` (its head size, rotary part, base, style
+        and scaling)."""
+        return cls(spec.head_dim, spec.rope_base, spec.rope_style, device, spec.rope_scaling, spec.rope_dim)
 
     def _ensure(self, n: int) -> None:
         if n <= self.cos.shape[0]:
@@ -109,7 +112,7 @@ class Rope:
         self.cos, self.sin = (ang.cos() * self.mscale).float(), (ang.sin() * self.mscale).float()
 
     def lowp_tables(self, pos: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of positions pos..pos+n-1 in `dtype`, shaped [n, 1, head_dim] (neox)."""
+        """cos and sin of positions pos..pos+n-1 in `dtype`, shaped [n, 1, rotary dims] (neox)."""
         self._ensure(pos + n)
         key = (dtype, self.cos.shape[0])
         if getattr(self, "_lowp_key", None) != key:
@@ -119,7 +122,10 @@ class Rope:
         return self._cos_full[pos:pos + n], self._sin_full[pos:pos + n]
 
     def apply(self, x: torch.Tensor, pos: int) -> torch.Tensor:
-        """x: [n, heads, head_dim] at positions pos..pos+n-1."""
+        """x: [n, heads, head_dim] at positions pos..pos+n-1 (partial rotary: the first `rot`
+        dimensions turn, paired within them; the others are returned as they are)."""
+        if self.rot < x.shape[-1]:
+            return torch.cat((self.apply(x[..., :self.rot], pos), x[..., self.rot:]), dim=-1)
         n = x.shape[0]
         self._ensure(pos + n)
         cos = self.cos[pos:pos + n, None, :]
@@ -148,6 +154,7 @@ class LayerWeights:
     bk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
     router: torch.Tensor | None = None  # [E, d]
+    router_bias: torch.Tensor | None = None  # [E]: selects experts, weighs nothing (engine/models/routing.py)
     # resident experts: QTensor (as stored; expanded per call) or expanded tensors
     gate_exps: torch.Tensor | QTensor | None = None  # [E, f, d]
     up_exps: torch.Tensor | QTensor | None = None  # [E, f, d]
@@ -155,6 +162,11 @@ class LayerWeights:
     gate: torch.Tensor | None = None
     up: torch.Tensor | None = None
     down: torch.Tensor | None = None
+    # the shared expert (spec.shared_ffn) and its sigmoid gate [1, d] (spec.shared_gate)
+    gate_shexp: torch.Tensor | None = None
+    up_shexp: torch.Tensor | None = None
+    down_shexp: torch.Tensor | None = None
+    gate_inp_shexp: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
@@ -246,7 +258,7 @@ class Layer:
         """Output projection, residual, FFN norm, experts (resident) or dense FFN, residual."""
         x = x + F.linear(o, self.w.wo)
         h = F.rms_norm(x, (self.spec.hidden,), self.fused.ffn_norm, self.spec.rms_eps)
-        return x + (self.moe(h) if self.spec.is_moe else self.dense(h))
+        return x + self.ffn(h)
 
     def graphable(self, x: torch.Tensor) -> bool:
         """Whether this layer's GPU path holds no host synchronisation (streamed experts do)."""
@@ -275,8 +287,21 @@ class Layer:
         return F.linear(self._attend(q, keys, values, n, pos), w.wo)
 
     # ------------------------------------------------------------------------ FFN
+    def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        """The FFN of the normed h: routed experts plus the shared expert where the spec has one,
+        or the dense SwiGLU."""
+        if not self.spec.is_moe:
+            return self.dense(h)
+        return self.moe(h) + self.shared_expert(h) if self.spec.shared_ffn else self.moe(h)
+
+    def shared_expert(self, h: torch.Tensor) -> torch.Tensor:
+        """The shared expert's SwiGLU, scaled per token by sigmoid(gate_inp_shexp . h) where gated."""
+        w = self.w
+        y = F.linear(F.silu(F.linear(h, w.gate_shexp)) * F.linear(h, w.up_shexp), w.down_shexp)
+        return y if w.gate_inp_shexp is None else y * torch.sigmoid(F.linear(h, w.gate_inp_shexp))
+
     def moe(self, h: torch.Tensor) -> torch.Tensor:
-        """fp32 softmax router -> top-k -> renormalise -> SiLU-gated experts, weighted sum.
+        """fp32 router scores -> top-k (engine/models/routing.py) -> SiLU-gated experts, weighted sum.
 
         Only experts that received tokens are computed.  Tokens are sorted by expert once; the
         per-(token, slot) outputs are put back in order and summed over slots, which keeps the
@@ -284,12 +309,13 @@ class Layer:
         s, w = self.spec, self.w
         n, k = h.shape[0], s.n_experts_used
         fast = self.fused is not None
-        if fast:  # router in bf16 as HF runs it, softmax in fp32
-            probs = torch.softmax(F.linear(h, self.fused.router), dim=-1, dtype=torch.float32)
+        # the GPU's softmax router in bf16 as HF runs qwen3moe's (scores in fp32); a sigmoid router
+        # in fp32 as GLM-4.5's and llama.cpp's: its bias picks between close scores
+        if fast and s.expert_gating == "softmax":
+            logits = F.linear(h, self.fused.router)
         else:
-            probs = torch.softmax(F.linear(h.float(), w.router), dim=-1)
-        top_w, top_i = torch.topk(probs, k, dim=-1)
-        top_w = top_w / top_w.sum(-1, keepdim=True)
+            logits = F.linear(h.float(), w.router)
+        top_w, top_i = routing.route(logits, s, w.router_bias)
         flat = top_i.reshape(-1)
         order = torch.argsort(flat, stable=True)
         token_of = order // k
@@ -443,7 +469,7 @@ class Layer:
             return self.post_attention(x, self._attend(q, keys, values, x.shape[0], pos))
         x = x + self.attention(x, kv, pos)
         h = rms_norm(x, self.w.ffn_norm, self.spec.rms_eps)
-        return x + (self.moe(h) if self.spec.is_moe else self.dense(h))
+        return x + self.ffn(h)
 
     __call__ = forward
 
