@@ -7,7 +7,12 @@ weights — the variants llama.cpp's `build_moe_ffn` takes from a file (src/llam
   e_score_correction_bias) added to the scores to *select* the top k only: the weights are
   the unbiased scores of the selected experts;
 * the k weights renormalised to sum 1 or not (`expert_weights_norm`);
-* then scaled (`expert_weights_scale`, GLM's routed_scaling_factor).
+* then scaled (`expert_weights_scale`, GLM's routed_scaling_factor);
+* group-limited top-k (`expert_group_count` / `expert_group_used_count`, DeepSeek-V3's n_group /
+  topk_group): the experts are in equal consecutive groups, a group scores the sum of its best two
+  selection scores (biased where there is a bias), and the top k are chosen only from the best
+  `expert_groups_used` groups (the others masked to -inf, as llama.cpp's build_moe_ffn and
+  transformers' DeepseekV3TopkRouter do).
 
 The spec's defaults (softmax, no bias, renormalised, scale 1) are the routing of the families
 the engine ran before these fields existed, computed by the same torch calls.  The same code
@@ -27,13 +32,27 @@ def route(logits: torch.Tensor, spec: ModelSpec, bias: torch.Tensor | None = Non
         probs = torch.sigmoid(logits.float())
     else:
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    if bias is None:
+    if bias is None and spec.expert_groups <= 1:
         top_w, top_i = torch.topk(probs, k, dim=-1)
-    else:  # the bias chooses; the weights stay the unbiased scores
-        top_i = torch.topk(probs + bias.float(), k, dim=-1).indices
+    else:  # the bias (and the groups) choose; the weights stay the unbiased scores
+        choice = probs if bias is None else probs + bias.float()
+        if spec.expert_groups > 1:
+            choice = limit_to_groups(choice, spec.expert_groups, spec.expert_groups_used)
+        top_i = torch.topk(choice, k, dim=-1).indices
         top_w = probs.gather(-1, top_i)
     if spec.expert_weights_norm:
         top_w = top_w / top_w.sum(-1, keepdim=True)
     if spec.expert_weights_scale != 1.0:
         top_w = top_w * spec.expert_weights_scale
     return top_w, top_i
+
+
+def limit_to_groups(choice: torch.Tensor, groups: int, used: int) -> torch.Tensor:
+    """The selection scores [n, E] with every expert outside each token's best `used` groups at
+    -inf; a group's score is the sum of its two best experts' (its only one, in groups of one)."""
+    n, e = choice.shape
+    grouped = choice.view(n, groups, e // groups)
+    score = grouped.topk(min(2, e // groups), dim=-1).values.sum(-1)  # [n, groups]
+    best = score.topk(used, dim=-1).indices
+    masked = torch.ones(n, groups, dtype=torch.bool, device=choice.device).scatter_(1, best, False)
+    return grouped.masked_fill(masked.unsqueeze(-1), float("-inf")).view(n, e)

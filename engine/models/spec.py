@@ -38,6 +38,8 @@ class ModelSpec:
     expert_bias: bool = False  # a per-expert score-correction bias (exp_probs_b) that only selects
     expert_weights_norm: bool = True  # the top k weights renormalised to sum 1
     expert_weights_scale: float = 1.0  # the routed experts' weights multiplied by it
+    expert_groups: int = 0  # group-limited top-k (DeepSeek-V3's n_group): the experts in this many groups (0/1: none)
+    expert_groups_used: int = 0  # ... of which the best this many groups are chosen from (topk_group)
 
     @property
     def rotary_dim(self) -> int:
