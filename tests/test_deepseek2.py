@@ -190,3 +190,29 @@ def test_grouped_routing_is_deepseek_v3s_router(groups, used, biased):
     plain = routing.route(torch.nn.functional.linear(h, router.weight), replace(spec, expert_groups=0),
                           router.e_score_correction_bias if biased else None)[1].sort(-1).values
     assert not torch.equal(plain, o1.values)  # the groups changed some token's experts
+
+
+def test_streamed_experts_give_the_resident_digest():
+    """Experts from a cache smaller than one layer's (the leading dense layer has none to stream)."""
+    from engine.models.experts import EXPERT_PARTS
+
+    model = gguf_model.load(FILE)
+    ids = synthetic(TOKENS, model.spec.vocab, nonce=7)
+    layer = model.spec.dense_lead  # the first expert layer
+    tiny = 0.4 * sum(model.nbytes(f"blk.{layer}.{p}.weight") for p in EXPERT_PARTS) / 2**30
+    resident = run(model, ids, decode=3, devices=["cpu", "cpu"], chunk_tokens=16, expert_cache="all").report
+    streamed = run(model, ids, decode=3, devices=["cpu", "cpu"], chunk_tokens=16, expert_cache=tiny).report
+    assert (streamed.digest, streamed.generated) == (resident.digest, resident.generated)
+    assert any(st["misses"] > 0 and not st["resident"] for st in streamed.expert_stats)
+
+
+def test_a_plain_q_without_rope_scaling_or_groups():
+    """The other layout (V2-Lite's): attn_q without a q LoRA, no YaRN (softmax scale head_dim^-0.5),
+    no expert groups, every layer routed, the top k not renormalised, two shared experts."""
+    model = gguf_model.load(DATA / "deepseek3-lite.gguf")
+    s = model.spec
+    assert (s.q_lora_rank, s.rope_scaling, s.kq_factor, s.expert_groups, s.dense_lead) == (0, None, 1.0, 0, 0)
+    assert (s.head_dim, s.v_head_dim, s.shared_ffn, s.expert_weights_norm) == (16, 16, 32, False)
+    ids = synthetic(TOKENS, s.vocab, nonce=3)
+    ours = run(model, ids, devices=["cpu", "cpu"], chunk_tokens=16).logits
+    assert (ours - reference_logits(ids, DATA / "deepseek3-lite")).abs().max().item() <= 1e-4
