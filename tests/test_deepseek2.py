@@ -15,7 +15,7 @@ import torch
 
 from engine import models
 from engine.config import EngineConfig
-from engine.io import gguf_model
+from engine.io import gguf_model, synth
 from engine.io.prompt import synthetic
 from engine.models import loading, routing
 from engine.models.layers import Rope, load_head
@@ -216,3 +216,30 @@ def test_a_plain_q_without_rope_scaling_or_groups():
     ids = synthetic(TOKENS, s.vocab, nonce=3)
     ours = run(model, ids, devices=["cpu", "cpu"], chunk_tokens=16).logits
     assert (ours - reference_logits(ids, DATA / "deepseek3-lite")).abs().max().item() <= 1e-4
+
+
+SMALL = dict(n_layers=3, hidden=64, n_heads=4, n_kv_heads=4, head_dim=48, rope_dim=16, q_lora_rank=32,
+             kv_lora_rank=32, v_head_dim=32, n_experts=8, expert_ffn=32, ffn=96, dense_lead=1, expert_groups=4,
+             expert_groups_used=2, vocab=0, context_length=4096, quant="q8_0")
+
+
+def test_the_presets_are_deepseek_v3_and_kimi_k2_at_full_shapes():
+    for preset, heads, experts in (("deepseek-v3", 128, 256), ("kimi-k2", 64, 384)):
+        s = synth.recipe_from_args(preset, n_layers=16).spec()
+        assert (s.n_layers, s.hidden, s.n_heads, s.n_experts, s.n_experts_used) == (16, 7168, heads, experts, 8)
+        assert (s.q_lora_rank, s.kv_lora_rank, s.head_dim, s.rope_dim, s.v_head_dim) == (1536, 512, 192, 64, 128)
+        # the latent cache: 576 values a token and layer, against 128 x (192 + 128) expanded
+        assert models.states_bytes(s, range(16), 1000, torch.bfloat16) == 16 * 1000 * 576 * 2
+
+
+def test_a_written_recipe_reads_back_and_runs_and_so_does_its_synthetic_source(tmp_path):
+    """make-model's file (the MLA form the converter writes) reads back as the recipe's spec and
+    runs alike on one stage and two; the in-memory source of the recipe runs too."""
+    recipe = synth.recipe_from_args("deepseek-v3", **SMALL)
+    model = gguf_model.load(synth.write_model(tmp_path / "ds.gguf", recipe))
+    assert replace(model.spec, rms_eps=1e-6) == recipe.spec()  # (eps is written as float32)
+    ids = synthetic(40, model.spec.vocab, nonce=2)
+    one = run(model, ids, decode=2, chunk_tokens=16)
+    two = run(model, ids, decode=2, devices=["cpu", "cpu"], chunk_tokens=16)
+    assert (one.report.digest, one.report.generated) == (two.report.digest, two.report.generated)
+    assert torch.isfinite(run(synth.SyntheticSource(recipe), ids, chunk_tokens=16).logits).all()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.models.blocks import LayerKind, Part, dense_ffn_parts, moe_parts
@@ -221,6 +221,48 @@ class DeepSeek2(Family):
         scaling, kq = _yarn(m, a, spec.rope_scaling)
         return DeepSeek2Spec(**{**vars(spec), **routing, **_attention_sizes(m, a, spec),
                                 **_routing_layout(m, a, spec), "rope_scaling": scaling, "kq_factor": kq})
+
+    def spec_from_recipe(self, r: Any) -> ModelSpec:
+        """A synthetic DeepSeek (`synth.ModelRecipe`): head_dim is nope + rope, rope_dim the rope part
+        (0: a quarter of the head), the MLA ranks and routing from the recipe's own fields
+        (kv_lora_rank 0: twice the head), every head its own KV head; sigmoid routing with the
+        bias, renormalised."""
+        rope = r.rope_dim or max(2, r.head_dim // 8 * 2)
+        rank, dv = r.kv_lora_rank or 2 * r.head_dim, r.v_head_dim or r.head_dim - rope
+        spec = super().spec_from_recipe(replace(r, rope_dim=0, n_kv_heads=r.n_heads))
+        if not 0 < rope < r.head_dim or rope % 2:
+            raise ValueError(f"rope_dim {rope} for deepseek2: an even number below head_dim {r.head_dim} (nope + rope)")
+        if not 0 <= r.dense_lead < r.n_layers or (r.expert_groups > 1 and (
+                r.n_experts % r.expert_groups or not 0 < r.expert_groups_used < r.expert_groups)):
+            raise ValueError(f"deepseek2's dense_lead {r.dense_lead} must leave expert layers of the {r.n_layers}, "
+                             f"and its expert_groups {r.expert_groups} divide the experts with 1..groups-1 used")
+        grouped = r.expert_groups > 1
+        return DeepSeek2Spec(**{**vars(spec), "rope_dim": rope, "q_lora_rank": r.q_lora_rank, "kv_lora_rank": rank,
+                                "qk_nope_dim": r.head_dim - rope, "v_head_dim": dv, "dense_lead": r.dense_lead,
+                                "ffn": r.ffn if r.dense_lead else 0, "shared_ffn": r.shared_experts * r.expert_ffn,
+                                "expert_gating": "sigmoid", "expert_bias": True,
+                                "expert_weights_scale": r.expert_weights_scale,
+                                "expert_groups": r.expert_groups if grouped else 0,
+                                "expert_groups_used": r.expert_groups_used if grouped else 0})
+
+    def file_metadata(self, s: ModelSpec) -> list[tuple[str, int | float | bool]]:
+        """The MLA form llama.cpp's converter writes (the latent as one KV head); no RoPE scaling."""
+        a = self.arch
+        mine = {f"{a}.attention.head_count_kv", f"{a}.attention.key_length", f"{a}.attention.value_length",
+                f"{a}.feed_forward_length", f"{a}.rope.dimension_count"}
+        keys = [k for k in super().file_metadata(s) if k[0] not in mine]
+        return keys + [
+            (f"{a}.attention.head_count_kv", 1), (f"{a}.attention.key_length", s.kv_lora_rank + s.rope_dim),
+            (f"{a}.attention.value_length", s.kv_lora_rank), (f"{a}.attention.key_length_mla", s.head_dim),
+            (f"{a}.attention.value_length_mla", s.v_head_dim), (f"{a}.attention.kv_lora_rank", s.kv_lora_rank),
+            (f"{a}.rope.dimension_count", s.rope_dim), (f"{a}.feed_forward_length", s.ffn or s.expert_ffn),
+            (f"{a}.leading_dense_block_count", s.dense_lead),
+            (f"{a}.expert_shared_count", s.shared_ffn // s.expert_ffn),
+            (f"{a}.expert_group_count", s.expert_groups), (f"{a}.expert_group_used_count", s.expert_groups_used),
+            (f"{a}.expert_gating_func", 2 if s.expert_gating == "sigmoid" else 1),
+            (f"{a}.expert_weights_norm", s.expert_weights_norm),
+            (f"{a}.expert_weights_scale", float(s.expert_weights_scale)),
+        ] + ([(f"{a}.attention.q_lora_rank", s.q_lora_rank)] if s.q_lora_rank else [])
 
     def layer_kind(self, spec: ModelSpec, i: int) -> LayerKind:
         return DENSE_LAYER if i < getattr(spec, "dense_lead", 0) else MOE_LAYER
