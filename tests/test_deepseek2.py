@@ -17,7 +17,7 @@ from engine import models
 from engine.config import EngineConfig
 from engine.io import gguf_model, synth
 from engine.io.prompt import synthetic
-from engine.models import loading, routing
+from engine.models import loading, mla, routing
 from engine.models.layers import Rope, load_head
 from engine.models.mla import LatentCache
 from engine.pipeline.session import Session
@@ -53,9 +53,17 @@ def test_the_file_is_the_converters():
     assert s.kq_factor == pytest.approx((1 + 0.1 * np.log(4.0)) ** 2, rel=1e-6)  # mscale_all_dim 1, factor 4
 
 
+@pytest.fixture(params=["expanded", "absorbed"])
+def attention_form(request, monkeypatch):
+    """Each of MLA's two forms (per-head k/v from the latents, or attention in the latent space)
+    for every chunk, whatever mla.absorbed_wanted would pick (the tiny file's ranks pick absorbed)."""
+    monkeypatch.setattr(mla, "absorbed_wanted", lambda s, n: request.param == "absorbed")
+    return request.param
+
+
 @pytest.mark.parametrize("devices,chunk,depth,main", [(["cpu"], 16, 1, False), (["cpu", "cpu"], 16, 0, False),
                                                       (["cpu", "cpu"], 32, 1, True)])
-def test_logits_equal_transformers_on_the_weights_the_file_came_from(devices, chunk, depth, main):
+def test_logits_equal_transformers_on_the_weights_the_file_came_from(attention_form, devices, chunk, depth, main):
     model = gguf_model.load(FILE)
     ids = synthetic(TOKENS, model.spec.vocab, nonce=3)
     ours = run(model, ids, devices=devices, chunk_tokens=chunk, pipeline_depth=depth, prefill_main=main).logits
@@ -81,7 +89,7 @@ def test_digest_is_the_same_over_stages_depths_executors_and_prefill_main():
     assert len(digests) == 1
 
 
-def test_latent_attention_is_the_same_over_chunk_sizes():
+def test_latent_attention_is_the_same_over_chunk_sizes(attention_form):
     """Each layer's attention over a prompt in chunks of 16, 32 and 48 tokens, bit for bit: the
     cache gives every chunk the same latents and RoPE keys of the tokens before it.  (Chunks of
     12 or 24 rows differ in the last bit: the CPU's GEMMs block rows by 16, for every family.)"""
@@ -154,7 +162,7 @@ def _unsplit(src: Path, dst: Path) -> None:
     w.close()
 
 
-def test_an_older_files_unsplit_kv_b_runs_the_same_model(tmp_path):
+def test_an_older_files_unsplit_kv_b_runs_the_same_model(attention_form, tmp_path):
     path = tmp_path / "legacy.gguf"
     _unsplit(FILE, path)
     model = gguf_model.load(path)
@@ -206,7 +214,7 @@ def test_streamed_experts_give_the_resident_digest():
     assert any(st["misses"] > 0 and not st["resident"] for st in streamed.expert_stats)
 
 
-def test_a_plain_q_without_rope_scaling_or_groups():
+def test_a_plain_q_without_rope_scaling_or_groups(attention_form):
     """The other layout (V2-Lite's): attn_q without a q LoRA, no YaRN (softmax scale head_dim^-0.5),
     no expert groups, every layer routed, the top k not renormalised, two shared experts."""
     model = gguf_model.load(DATA / "deepseek3-lite.gguf")

@@ -9,6 +9,8 @@ token — (kv_lora_rank + rope) values a token instead of heads x (k + v) head d
 expands the cached latents of [0, pos+n) into per-head keys (k_nope from `attn_k_b`, then the
 shared RoPE key) and values (`attn_v_b`), then runs causal attention over them; v heads may be
 narrower than q/k heads (padded with zeros to the q/k width for the attention call, sliced after).
+A decode step or a short chunk attends in the latent space instead (`absorbed_wanted`: q_nope
+through k_b onto the latent, the mix of latents through v_b), making no per-head k/v.
 Files from older converters hold the unsplit `attn_kv_b` ([heads x (nope + v), kv_lora_rank]);
 newer ones the split `attn_k_b` / `attn_v_b`, joined into that matrix when the layer is built, so
 the expansion is one GEMM over the latents either way.
@@ -23,6 +25,7 @@ This layer runs one path on every device (device-agnostic torch; no fused q/k/v,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +112,15 @@ class LatentCache:
         return copy_state(self, other)
 
 
+def absorbed_wanted(s: Any, n: int) -> bool:
+    """Whether a chunk of n queries attends in the latent space (fewer multiply-adds a cached
+    token: n x heads x (2 kv_lora_rank + rope), against expanding the token's k and v, heads x
+    kv_lora_rank x (nope + v), plus n x heads x (q/k + v) for the attention itself): decode steps
+    and short chunks."""
+    r = s.kv_lora_rank
+    return n * (2 * r + s.rope_dim) < r * (s.qk_nope_dim + s.v_head_dim) + n * (s.head_dim + s.v_head_dim)
+
+
 class MLALayer(Layer):
     """A DeepSeek-V2/V3 block: multi-head latent attention, then the layer's FFN (a dense SwiGLU
     in the leading dense layers, routed experts plus the shared ones in the rest)."""
@@ -135,7 +147,7 @@ class MLALayer(Layer):
 
     def attention(self, x: torch.Tensor, cache: LatentCache, pos: int) -> torch.Tensor:
         s, w = self.spec, self.w
-        n, H, nope, rope, dv = x.shape[0], s.n_heads, s.qk_nope_dim, s.rope_dim, s.v_head_dim
+        n, H, nope, dv = x.shape[0], s.n_heads, s.qk_nope_dim, s.v_head_dim
         h = rms_norm(x, w.attn_norm, s.rms_eps)
         q = self._query(h)
         q_nope, q_pe = q[..., :nope], self.rope.apply(q[..., nope:], pos)
@@ -143,18 +155,45 @@ class MLALayer(Layer):
         latent = rms_norm(kv[:, : s.kv_lora_rank], w.kv_a_norm, s.rms_eps)
         k_pe = self.rope.apply(kv[:, s.kv_lora_rank:].unsqueeze(1), pos)[:, 0]
         lat, kpe = cache.append(latent, k_pe, pos)
-        L = lat.shape[0]
+        if absorbed_wanted(s, n):
+            o = self._absorbed(q_nope, q_pe, lat, kpe, pos)
+        else:
+            o = self._expanded(q_nope, q_pe, lat, kpe, pos)
+        return F.linear(o.reshape(n, H * dv), w.wo)
+
+    def _expanded(self, q_nope: torch.Tensor, q_pe: torch.Tensor, lat: torch.Tensor, kpe: torch.Tensor,
+                  pos: int) -> torch.Tensor:
+        """Per-head keys and values of [0, pos+n) from the latents, then causal attention: [n, H, v]."""
+        s, w = self.spec, self.w
+        n, L, H, nope, dv = q_nope.shape[0], lat.shape[0], s.n_heads, s.qk_nope_dim, s.v_head_dim
         # one GEMM over the cached latents (row by row the same whatever the chunk: digests agree)
         kv_heads = F.linear(lat, w.kv_b).view(L, H, nope + dv)
-        keys = torch.cat((kv_heads[..., :nope], kpe.unsqueeze(1).expand(L, H, rope)), dim=-1)
+        keys = torch.cat((kv_heads[..., :nope], kpe.unsqueeze(1).expand(L, H, s.rope_dim)), dim=-1)
         values = kv_heads[..., nope:]
         if dv < s.head_dim:  # one attention call on every kernel: v padded to the q/k width
             values = F.pad(values, (0, s.head_dim - dv))
         query = torch.cat((q_nope, q_pe), dim=-1)
         if s.kq_factor != 1.0:  # the softmax scale's factor beyond (nope + rope)^-0.5
             query = query * s.kq_factor
-        o = self._attend(query, keys, values, n, pos)
-        return F.linear(o.view(n, H, s.head_dim)[..., :dv].reshape(n, H * dv), w.wo)
+        return self._attend(query, keys, values, n, pos).view(n, H, s.head_dim)[..., :dv]
+
+    def _absorbed(self, q_nope: torch.Tensor, q_pe: torch.Tensor, lat: torch.Tensor, kpe: torch.Tensor,
+                  pos: int) -> torch.Tensor:
+        """The same attention in the latent space (DeepSeek's absorbed form, llama.cpp's MLA graph):
+        q_nope taken through each head's k half of kv_b onto the latent, scores against the
+        latents plus the RoPE part's, the softmax's mix of latents through the v half: [n, H, v].
+        No per-head keys or values of the prefix are made — a decode step's cost."""
+        s, w = self.spec, self.w
+        n, L, H, nope = q_nope.shape[0], lat.shape[0], s.n_heads, s.qk_nope_dim
+        kv_b = w.kv_b.view(H, nope + s.v_head_dim, s.kv_lora_rank)
+        q_lat = torch.einsum("nhd,hdr->nhr", q_nope, kv_b[:, :nope])
+        scores = torch.einsum("nhr,lr->nhl", q_lat, lat) + torch.einsum("nhe,le->nhl", q_pe, kpe)
+        scores = scores.float() * (s.kq_factor / s.head_dim ** 0.5)
+        if n > 1:  # causal within the chunk: query i sees keys up to pos + i
+            later = torch.arange(L, device=lat.device) > (pos + torch.arange(n, device=lat.device)).unsqueeze(1)
+            scores = scores.masked_fill(later.unsqueeze(1), float("-inf"))
+        p = torch.softmax(scores, dim=-1).to(lat.dtype)
+        return torch.einsum("nhr,hdr->nhd", torch.einsum("nhl,lr->nhr", p, lat), kv_b[:, nope:])
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         """The leading dense layers' SwiGLU, else routed experts plus the shared ones."""
