@@ -251,3 +251,16 @@ def test_a_written_recipe_reads_back_and_runs_and_so_does_its_synthetic_source(t
     two = run(model, ids, decode=2, devices=["cpu", "cpu"], chunk_tokens=16)
     assert (one.report.digest, one.report.generated) == (two.report.digest, two.report.generated)
     assert torch.isfinite(run(synth.SyntheticSource(recipe), ids, chunk_tokens=16).logits).all()
+
+
+def test_the_plan_counts_the_expanded_keys_and_values_where_a_chunk_expands():
+    from engine.plan.memory_plan import plan_memory
+
+    model = gguf_model.load(FILE)
+    s = model.spec
+    expanded = 1000 * s.n_heads * (s.qk_nope_dim + s.v_head_dim + 2 * s.head_dim) * 4
+    base = plan_memory(model, EngineConfig(devices=["cpu"], chunk_tokens=16), tokens=1000).devices[0].scratch
+    big = plan_memory(model, EngineConfig(devices=["cpu"], chunk_tokens=512), tokens=1000).devices[0].scratch
+    assert mla.absorbed_wanted(s, 16) and not mla.absorbed_wanted(s, 512) and big - base == expanded
+    v3 = synth.recipe_from_args("deepseek-v3", n_layers=4).spec()
+    assert mla.absorbed_wanted(v3, 1) and mla.absorbed_wanted(v3, 128) and not mla.absorbed_wanted(v3, 512)

@@ -66,6 +66,16 @@ class DeepSeek2Spec(ModelSpec):
         attn = self.n_heads * (self.head_dim + self.v_head_dim) * context  # QK^T and PV
         return 2.0 * (self.attention_params() + ffn + self.shared_params() + attn)
 
+    def attention_scratch_bytes(self, chunk: int | None, tokens: int, dsize: int) -> int:
+        """The expanded form's per-head k/v of the whole context (the kv_b GEMM's output, the keys
+        and the values padded to the q/k width) where the chunk expands (auto: assumed, as GPU
+        chunks are hundreds of tokens); the latent form makes only scores."""
+        from engine.models.mla import absorbed_wanted
+
+        if chunk is not None and absorbed_wanted(self, chunk):
+            return 0
+        return tokens * self.n_heads * (self.qk_nope_dim + self.v_head_dim + 2 * self.head_dim) * dsize
+
     def prefill_flops(self, n_tokens: int) -> float:
         attn = 1.0 * self.n_heads * (self.head_dim + self.v_head_dim) * n_tokens * (n_tokens + 1)
         return self.n_layers * (n_tokens * self.active_flops_per_token(0) + attn)
