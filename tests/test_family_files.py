@@ -77,3 +77,25 @@ def test_digest_is_the_same_over_stages_depths_executors_and_prefill_main(family
         finally:
             sess.close()
     assert len(digests) == 1
+
+
+def test_the_gpu_paths_code_run_on_the_cpu_agrees_with_transformers(family, monkeypatch):
+    """The GPU path's own code — fused q/k/v (`fuse_weights`), `pre_attention` (a family's own,
+    MiniMax-M2's wide q/k norm), `post_attention`, the fast router branch, the dense lead layer —
+    run in fp32 on the CPU by letting every layer take it (`fast_ok`), against transformers.
+    Its kernels fall back to their torch expressions here (qk_norm_rope, the MoE combine) and no
+    grouped GEMM runs: tests/test_triton_kernels.py and tests/test_cuda.py cover those."""
+    from engine.models.layers import Layer
+
+    monkeypatch.setattr(Layer, "fast_ok", lambda self, x: self.spec.rope_style == "neox")
+    model = gguf_model.load(DATA / f"{family}.gguf")
+    if model.spec.rope_style != "neox":
+        pytest.skip("llama's adjacent-pair RoPE has no GPU fast path")
+    ids = synthetic(TOKENS, model.spec.vocab, nonce=3)
+    sess = Session(model, EngineConfig(devices=["cpu"], dtype="float32", chunk_tokens=16))
+    try:
+        ours = sess.run(ids, decode_tokens=0, logits_all=True).logits
+        assert all(layer.fused is not None for st in sess.stages for layer in st.layers)  # the path ran
+    finally:
+        sess.close()
+    assert (ours - reference_logits(family, ids)).abs().max().item() <= 1e-4

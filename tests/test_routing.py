@@ -73,3 +73,24 @@ def test_softmax_without_renormalising_keeps_the_probabilities():
     logits = torch.nn.functional.linear(h, w)
     tw, ti = routing.route(logits, replace(SPEC, expert_weights_norm=False, expert_weights_scale=0.5))
     assert torch.allclose(tw, 0.5 * torch.softmax(logits, -1).gather(-1, ti))
+
+
+def test_grouped_top_k_is_glm4moes_and_deepseeks():
+    """n_group / topk_group of transformers' router (the same as DeepSeek-V3's): 16 experts in 4
+    groups, the best 2 groups by their top-2 scores, top 4 from them."""
+    glm = pytest.importorskip("transformers.models.glm4_moe.modeling_glm4_moe")
+    g = torch.Generator().manual_seed(4)
+    h, w, bias = torch.randn(N, D, generator=g), torch.randn(16, D, generator=g), torch.randn(16, generator=g)
+    cfg = SimpleNamespace(num_experts_per_tok=4, num_local_experts=16, hidden_size=D, routed_scaling_factor=1.0,
+                          n_group=4, topk_group=2, norm_topk_prob=True)
+    ref = glm.Glm4MoeTopkRouter(cfg)
+    with torch.no_grad():
+        ref.weight.copy_(w)
+        ref.e_score_correction_bias.copy_(bias)
+        _, tw, ti = ref(h)
+    spec = replace(SPEC, n_experts=16, n_experts_used=4, expert_gating="sigmoid", expert_bias=True,
+                   expert_groups=4, expert_groups_used=2)
+    ours = routing.route(torch.nn.functional.linear(h, w), spec, bias)
+    _same_choice(ours, (tw, ti))
+    ungrouped = routing.route(torch.nn.functional.linear(h, w), replace(spec, expert_groups=0), bias)
+    assert not torch.equal(ungrouped[1].sort(-1).values, ours[1].sort(-1).values)  # the groups chose

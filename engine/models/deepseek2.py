@@ -50,6 +50,9 @@ class DeepSeek2Spec(ModelSpec):
     kv_b_split: bool = True  # attn_k_b / attn_v_b (else an older file's attn_kv_b)
     kq_factor: float = 1.0  # the softmax scale's factor beyond head_dim^-0.5 (YaRN's mscale^2)
 
+    def has_experts(self, i: int) -> bool:
+        return self.is_moe and i >= self.dense_lead
+
     def attention_params(self) -> int:
         d, H, dk = self.hidden, self.n_heads, self.head_dim
         q = self.q_lora_rank * (d + 1 + H * dk) if self.q_lora_rank else d * H * dk

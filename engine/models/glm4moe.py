@@ -10,7 +10,8 @@ The MTP (nextn) block: llama.cpp's converter writes it as the last `nextn_predic
 blocks, counted in `block_count` (llama.cpp's n_layer is block_count minus them, and its main
 graph runs only those; the block is a draft model for speculative decoding).  Those blocks are
 skipped here: the model is the first block_count - nextn_predict_layers blocks, and their
-tensors are left unread.  Grouped top-k (`expert_group_count` > 1, DeepSeek-V3's) is refused.
+tensors are left unread.  Grouped top-k where the file says more than one expert group
+(`expert_group_count`, `expert_group_used_count`; engine/models/routing.py).
 Oracle: tests/test_family_files.py (transformers' Glm4MoeForCausalLM on the weights the file was
 converted from, its checkpoint holding an MTP block as published ones do)."""
 from __future__ import annotations
@@ -29,6 +30,17 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Glm4MoeSpec(ModelSpec):
     dense_lead: int = 0  # the leading layers with a dense FFN (of `ffn` wide); experts in the rest
+
+    def has_experts(self, i: int) -> bool:
+        return i >= self.dense_lead
+
+    def prefill_flops(self, n_tokens: int) -> float:
+        """The dense lead layers at a dense FFN's cost, the others at the expert layers' (the
+        report's TFLOP/s divides by this)."""
+        lead = min(self.dense_lead, self.n_layers)
+        dense = replace(self, n_layers=lead, n_experts=0, n_experts_used=0, shared_ffn=0, dense_lead=0)
+        moe = replace(self, n_layers=self.n_layers - lead, dense_lead=0)
+        return ModelSpec.prefill_flops(dense, n_tokens) + ModelSpec.prefill_flops(moe, n_tokens)
 
 
 def _post_attention_norm(parts: tuple[Part, ...]) -> tuple[Part, ...]:
@@ -73,24 +85,38 @@ class Glm4Moe(Family):
         lead = m.read_int(f"{a}.leading_dense_block_count", 0, minimum=0)
         if lead > n_layers:
             raise m.problem(f"metadata key {a}.leading_dense_block_count is {lead}: more than the {n_layers} layers")
-        groups = m.read_int(f"{a}.expert_group_count", 0, minimum=0)
-        if groups > 1:
-            raise m.problem(f"metadata key {a}.expert_group_count is {groups}: grouped top-k routing is not implemented")
+        groups, used = self._groups(m, spec)
         if not spec.expert_ffn:
             raise m.problem(f"metadata key {a}.expert_feed_forward_length is missing or 0")
         shared = m.read_int(f"{a}.expert_shared_count", 0, minimum=0)
         fields = {**vars(spec), **self.routing_from_metadata(m, gating="sigmoid", norm=False),
                   "n_layers": n_layers, "dense_lead": lead, "expert_bias": True, "shared_ffn": shared * spec.expert_ffn,
                   "ffn": m.read_int(f"{a}.feed_forward_length") if lead else 0,
-                  "qk_norm": m.has_tensor("blk.0.attn_q_norm.weight")}
+                  "qk_norm": m.has_tensor("blk.0.attn_q_norm.weight"), "expert_groups": groups,
+                  "expert_groups_used": used}
         return Glm4MoeSpec(**fields)
 
+    def _groups(self, m: SpecSource, spec: ModelSpec) -> tuple[int, int]:
+        """Grouped top-k as the file says it ((0, 0): none; GLM-4.5's files say one group)."""
+        a = self.arch
+        groups = m.read_int(f"{a}.expert_group_count", 0, minimum=0)
+        used = m.read_int(f"{a}.expert_group_used_count", 0, minimum=0)
+        if groups <= 1:
+            return 0, 0
+        e, k = spec.n_experts, spec.n_experts_used
+        if e % groups or e // groups < 2 or not 0 < used <= groups or k > used * (e // groups):
+            raise m.problem(f"metadata keys {a}.expert_group_count {groups} / expert_group_used_count {used}: the "
+                            f"{e} experts must split into groups of 2 or more, of which 1..{groups} are used and "
+                            f"hold the {k} chosen experts")
+        return groups, used
+
     def spec_from_recipe(self, r: Any) -> ModelSpec:
-        """A synthetic GLM: one dense lead layer of `ffn`, a shared expert of the expert size,
-        sigmoid routing with the bias, renormalised, routed scale 2.5 (GLM-4.5-Air's config)."""
+        """A synthetic GLM as GLM-4.5-Air is made: one dense lead layer of `ffn`, one shared expert
+        of the expert size, q/k/v biases, no q/k norm, sigmoid routing with the bias, renormalised,
+        routed scale 1 (Air's routed_scaling_factor; GLM-4.5's 2.5 is the oracle file's)."""
         spec = super().spec_from_recipe(r)
         return Glm4MoeSpec(**{**vars(spec), "ffn": r.ffn, "dense_lead": min(1, r.n_layers), "expert_bias": True,
-                              "shared_ffn": r.expert_ffn, "expert_gating": "sigmoid", "expert_weights_scale": 2.5})
+                              "shared_ffn": r.expert_ffn, "expert_gating": "sigmoid"})
 
     def file_metadata(self, s: ModelSpec) -> list[tuple[str, int | float | bool]]:
         a = self.arch

@@ -8,11 +8,9 @@ weights — the variants llama.cpp's `build_moe_ffn` takes from a file (src/llam
   the unbiased scores of the selected experts;
 * the k weights renormalised to sum 1 or not (`expert_weights_norm`);
 * then scaled (`expert_weights_scale`, GLM's routed_scaling_factor);
-* group-limited top-k (`expert_group_count` / `expert_group_used_count`, DeepSeek-V3's n_group /
-  topk_group): the experts are in equal consecutive groups, a group scores the sum of its best two
-  selection scores (biased where there is a bias), and the top k are chosen only from the best
-  `expert_groups_used` groups (the others masked to -inf, as llama.cpp's build_moe_ffn and
-  transformers' DeepseekV3TopkRouter do).
+* grouped top-k (`expert_group_count` / `expert_group_used_count`, DeepSeek-V3's n_group /
+  topk_group): the experts in equal groups, each group scored by the sum of its two best
+  (biased) scores, the top k taken only from the best `expert_groups_used` groups.
 
 The spec's defaults (softmax, no bias, renormalised, scale 1) are the routing of the families
 the engine ran before these fields existed, computed by the same torch calls.  The same code
@@ -37,7 +35,7 @@ def route(logits: torch.Tensor, spec: ModelSpec, bias: torch.Tensor | None = Non
     else:  # the bias (and the groups) choose; the weights stay the unbiased scores
         choice = probs if bias is None else probs + bias.float()
         if spec.expert_groups > 1:
-            choice = limit_to_groups(choice, spec.expert_groups, spec.expert_groups_used)
+            choice = _best_groups(choice, spec.expert_groups, spec.expert_groups_used)
         top_i = torch.topk(choice, k, dim=-1).indices
         top_w = probs.gather(-1, top_i)
     if spec.expert_weights_norm:
@@ -47,12 +45,11 @@ def route(logits: torch.Tensor, spec: ModelSpec, bias: torch.Tensor | None = Non
     return top_w, top_i
 
 
-def limit_to_groups(choice: torch.Tensor, groups: int, used: int) -> torch.Tensor:
-    """The selection scores [n, E] with every expert outside each token's best `used` groups at
-    -inf; a group's score is the sum of its two best experts' (its only one, in groups of one)."""
+def _best_groups(choice: torch.Tensor, groups: int, used: int) -> torch.Tensor:
+    """`choice` [n, E] with the experts outside each token's `used` best groups at -inf (a group's
+    score: the sum of its two best choice scores, as llama.cpp's build_moe_ffn and DeepSeek-V3)."""
     n, e = choice.shape
-    grouped = choice.view(n, groups, e // groups)
-    score = grouped.topk(min(2, e // groups), dim=-1).values.sum(-1)  # [n, groups]
-    best = score.topk(used, dim=-1).indices
-    masked = torch.ones(n, groups, dtype=torch.bool, device=choice.device).scatter_(1, best, False)
-    return grouped.masked_fill(masked.unsqueeze(-1), float("-inf")).view(n, e)
+    per_group = choice.view(n, groups, e // groups)
+    best = torch.topk(per_group.topk(2, dim=-1).values.sum(-1), used, dim=-1).indices  # [n, used]
+    keep = torch.zeros(n, groups, dtype=torch.bool, device=choice.device).scatter_(1, best, True)
+    return per_group.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(n, e)

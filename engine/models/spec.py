@@ -38,8 +38,8 @@ class ModelSpec:
     expert_bias: bool = False  # a per-expert score-correction bias (exp_probs_b) that only selects
     expert_weights_norm: bool = True  # the top k weights renormalised to sum 1
     expert_weights_scale: float = 1.0  # the routed experts' weights multiplied by it
-    expert_groups: int = 0  # group-limited top-k (DeepSeek-V3's n_group): the experts in this many groups (0/1: none)
-    expert_groups_used: int = 0  # ... of which the best this many groups are chosen from (topk_group)
+    expert_groups: int = 0  # grouped top-k: experts in this many groups (0 or 1: none) ...
+    expert_groups_used: int = 0  # ... of which the best this many (by their top-2 scores) are chosen from
 
     @property
     def rotary_dim(self) -> int:
@@ -49,6 +49,14 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
+
+    def has_experts(self, i: int) -> bool:
+        """Whether layer i routes experts (a family with leading dense layers says otherwise for them)."""
+        return self.is_moe
+
+    def expert_layers(self, first: int, end: int) -> int:
+        """How many of layers [first, end) route experts (the expert slots and arena count these)."""
+        return sum(self.has_experts(i) for i in range(first, end))
 
     def layer_params(self) -> int:
         """Parameters of one layer (all experts counted)."""
