@@ -80,7 +80,8 @@ def test_digest_is_the_same_over_stages_depths_executors_and_prefill_main():
     for cfg in (dict(devices=["cpu"], chunk_tokens=16), dict(devices=["cpu", "cpu"], chunk_tokens=16),
                 dict(devices=["cpu", "cpu"], chunk_tokens=16, pipeline_depth=0),
                 dict(devices=["cpu", "cpu"], chunk_tokens=16, prefill_main=True),
-                dict(devices=["cpu", "cpu"], chunk_tokens=16, executor="processes")):
+                dict(devices=["cpu", "cpu"], chunk_tokens=16, executor="processes"),
+                dict(devices=["cpu", "cpu"], chunk_tokens=16, executor="processes", prefill_main=True)):
         sess = Session(model, EngineConfig(**cfg))
         try:
             digests.add(sess.run(ids, decode_tokens=2).report.digest)
