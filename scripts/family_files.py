@@ -120,6 +120,46 @@ def minimax_m2(seed: int):
     return MiniMaxM2ForCausalLM(cfg)
 
 
+def deepseek3(seed: int):
+    """DeepSeek-V3 / Kimi-K2 (llama.cpp deepseek2): multi-head latent attention (q through the q
+    LoRA and its norm, the compressed KV latent and its norm plus the shared RoPE key, k/v heads
+    from the latent, v heads of another size than q/k), YaRN with mscale_all_dim, a leading dense
+    layer, routed experts in groups (2 of 8 experts, from the best 1 of 2 groups of 4) by the sigmoid router
+    with its correction bias, renormalised and scaled, and a shared expert (issue 35).  The
+    converter wants as many KV heads as heads; `scoring_func` is the published config's key (the
+    converter writes expert_gating_func from it; transformers' class always runs sigmoid)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                           num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
+                           num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16,
+                           qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, num_experts_per_tok=2,
+                           n_group=2, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5,
+                           norm_topk_prob=True, scoring_func="sigmoid", max_position_embeddings=256,
+                           rms_norm_eps=1e-6,
+                           rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                            "original_max_position_embeddings": 64, "mscale": 1.0,
+                                            "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0},
+                           tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    return DeepseekV3ForCausalLM(cfg)
+
+
+def deepseek3_lite(seed: int):
+    """DeepSeek's other layout (V2-Lite's): a plain q projection (no q LoRA), no RoPE scaling, no
+    expert groups, no dense lead layer."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                           num_hidden_layers=2, first_k_dense_replace=0, num_attention_heads=4,
+                           num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8,
+                           qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                           n_group=1, topk_group=1, n_shared_experts=2, routed_scaling_factor=1.0,
+                           norm_topk_prob=False, scoring_func="sigmoid", max_position_embeddings=4096,
+                           rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                           tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    return DeepseekV3ForCausalLM(cfg)
+
+
 def glm4moe(seed: int):
     """GLM-4.5: a leading dense layer then routed experts plus a shared expert, sigmoid routing
     with the selection bias and a routed scaling factor, q/k/v biases, per-head q/k norm (the
@@ -138,7 +178,8 @@ def glm4moe(seed: int):
 
 
 FAMILIES: dict[str, Callable] = {"mixtral": mixtral, "qwen3vlmoe": qwen3vlmoe, "qwen3next": qwen3next,
-                                 "gpt-oss": gpt_oss, "minimax-m2": minimax_m2, "glm4moe": glm4moe}
+                                 "gpt-oss": gpt_oss, "minimax-m2": minimax_m2, "glm4moe": glm4moe,
+                                 "deepseek3": deepseek3, "deepseek3-lite": deepseek3_lite}
 # special tokens a family's converter looks up by name
 SPECIALS: dict[str, tuple[str, ...]] = {"glm4moe": ("[gMASK]", "<|user|>", "<|endoftext|>", "<|observation|>")}
 # the converter's flags a family's file needs: Qwen3-Next's MTP block is a draft model, left out

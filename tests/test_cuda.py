@@ -825,3 +825,49 @@ def test_cuda_families_match_transformers_and_graphs_replay_eager(family):
     print(f"{family}: bf16 vs HF fp32: median {rel.median().item() * 100:.2f}%, max {rel.max().item() * 100:.2f}%; "
           f"top-1 agreement {agree * 100:.1f}%")
     assert rel.median().item() <= 0.03 and agree >= 0.9
+
+
+# ---- DeepSeek-V3 / Kimi-K2 (llama.cpp deepseek2, the deepseek helper): multi-head latent attention
+# on the GPU (its own layer class: one eager path, no CUDA graph; v heads padded to the q/k width
+# for the attention kernel chosen for heads of nope + rope), both attention forms, the latent
+# cache across two GPUs (prefill-main's hand-off), streamed experts beside a dense lead layer
+@cuda
+@pytest.mark.parametrize("form", ["expanded", "absorbed"])
+def test_cuda_deepseek2_matches_transformers_in_both_attention_forms(form, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "DeepseekV3ForCausalLM"):
+        pytest.skip(f"transformers {transformers.__version__} has no DeepseekV3ForCausalLM")
+    from engine.models import mla
+
+    monkeypatch.setattr(mla, "absorbed_wanted", lambda s, n: form == "absorbed")
+    model = gguf_model.load(FAMILY_FILES / "deepseek3.gguf")
+    ids = synthetic(96, model.spec.vocab, nonce=5)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(FAMILY_FILES / "deepseek3"), dtype=torch.float32)
+    with torch.no_grad():
+        ref = hf.eval()(input_ids=torch.tensor([ids])).logits[0]
+    fp32 = Session(model, EngineConfig(devices=["cuda:0"], dtype="float32", chunk_tokens=32)).run(
+        ids, decode_tokens=0, logits_all=True)
+    assert (fp32.logits - ref).abs().max().item() <= 1e-4
+    bf16 = Session(model, EngineConfig(devices=["cuda:0"], chunk_tokens=32)).run(ids, decode_tokens=4, logits_all=True)
+    rel = (bf16.logits - ref).abs().amax(-1) / ref.abs().amax(-1)
+    agree = (bf16.logits.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    print(f"deepseek2 {form}: bf16 vs HF fp32: median {rel.median().item() * 100:.2f}%, "
+          f"max {rel.max().item() * 100:.2f}%; top-1 agreement {agree * 100:.1f}%")
+    assert rel.median().item() <= 0.03 and agree >= 0.9
+
+
+@cuda
+@two_gpus
+def test_cuda_deepseek2_latent_cache_hand_off_and_streamed_experts():
+    model = gguf_model.load(FAMILY_FILES / "deepseek3.gguf")
+    ids = synthetic(96, model.spec.vocab, nonce=6)
+    base = dict(devices=["cuda:0", "cuda:1"], dtype="float32", chunk_tokens=32)
+    one = Session(model, EngineConfig(**base)).run(ids, decode_tokens=4).report
+    main = Session(model, EngineConfig(**base, prefill_main=True)).run(ids, decode_tokens=4).report
+    assert (main.digest, main.generated) == (one.digest, one.generated)
+    from engine.models.experts import EXPERT_PARTS
+
+    layer = model.spec.dense_lead
+    tiny = 0.4 * sum(model.nbytes(f"blk.{layer}.{p}.weight") for p in EXPERT_PARTS) / 2**30
+    streamed = Session(model, EngineConfig(**base, expert_cache=tiny)).run(ids, decode_tokens=4).report
+    assert (streamed.digest, streamed.generated) == (one.digest, one.generated)

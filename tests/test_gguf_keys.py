@@ -39,6 +39,11 @@ LLAMA_CPP_FAMILY = {
     "glm4moe": ["{a}.expert_feed_forward_length", "{a}.attention.layer_norm_rms_epsilon",
                 "{a}.rope.dimension_sections", "{a}.expert_shared_count", "{a}.leading_dense_block_count",
                 "{a}.expert_weights_scale", "{a}.expert_weights_norm", "{a}.expert_gating_func"],  # src/models/glm4-moe.cpp
+    "deepseek2": ["{a}.attention.layer_norm_rms_epsilon", "{a}.leading_dense_block_count", "{a}.attention.q_lora_rank",
+                  "{a}.attention.kv_lora_rank", "{a}.attention.key_length_mla", "{a}.attention.value_length_mla",
+                  "{a}.expert_feed_forward_length", "{a}.expert_shared_count", "{a}.expert_weights_scale",
+                  "{a}.expert_weights_norm", "{a}.expert_gating_func", "{a}.rope.scaling.yarn_log_multiplier",
+                  "{a}.attention.temperature_scale", "{a}.attention.temperature_length"],  # src/models/deepseek2.cpp
 }
 # the YaRN keys llama.cpp reads for other families (grok, laguna …): refused here unless default,
 # so a file that carries them for a supported family is not run with them ignored
@@ -75,6 +80,7 @@ NOT_DEFAULT = {
     "{a}.expert_gating_func": 2, "{a}.expert_weights_norm": False, "{a}.expert_weights_scale": 2.5,
     "{a}.leading_dense_block_count": 1, "{a}.nextn_predict_layers": 1, "{a}.expert_shared_count": 1,
     "{a}.expert_group_count": 8, "{a}.expert_group_used_count": 4,
+    "{a}.attention.temperature_scale": 0.5, "{a}.attention.temperature_length": 8192,
 }
 
 

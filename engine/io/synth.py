@@ -50,6 +50,15 @@ class ModelRecipe:
     quant: str = "q8_0"  # quant_recipe.FTYPES (llama.cpp's mixes: q4_k_m ... iq3_xxs ... mxfp4), f16 or f32
     tied: bool = False
     rope_dim: int = 0  # partial rotary (families with Family.partial_rotary): RoPE's part of a head; 0: all
+    # multi-head latent attention and its routing (deepseek2 reads them; 0: none / its default)
+    q_lora_rank: int = 0  # 0: a plain q projection
+    kv_lora_rank: int = 0
+    v_head_dim: int = 0  # 0: head_dim - rope_dim
+    dense_lead: int = 0  # leading layers with a dense FFN of `ffn`
+    expert_groups: int = 0  # group-limited top-k: groups, and the groups chosen from
+    expert_groups_used: int = 0
+    shared_experts: int = 0  # shared experts of expert_ffn each
+    expert_weights_scale: float = 1.0
 
     def spec(self) -> ModelSpec:
         """The spec its family makes of these shapes (engine/models/); vocab 0: the byte vocabulary's."""
@@ -87,8 +96,20 @@ GLM_45_AIR = ModelRecipe(arch="glm4moe", n_layers=46, hidden=4096, n_heads=96, n
                          n_experts=128, n_experts_used=8, expert_ffn=1408, ffn=10944, vocab=151552,
                          context_length=131072, rope_base=1_000_000.0, rms_eps=1e-5, rope_dim=64, quant="f16")
 
+# DeepSeek-V3 / R1 shapes (config.json of deepseek-ai/DeepSeek-V3; YaRN left out: the same
+# arithmetic per token), and Kimi-K2's (moonshotai/Kimi-K2-Instruct): fewer layers with n_layers=
+DEEPSEEK_V3 = ModelRecipe(arch="deepseek2", n_layers=61, hidden=7168, n_heads=128, n_kv_heads=128, head_dim=192,
+                          rope_dim=64, q_lora_rank=1536, kv_lora_rank=512, v_head_dim=128, n_experts=256,
+                          n_experts_used=8, expert_ffn=2048, ffn=18432, dense_lead=3, expert_groups=8,
+                          expert_groups_used=4, shared_experts=1, expert_weights_scale=2.5, vocab=129280,
+                          context_length=163840, rope_base=10000.0, quant="f16")
+KIMI_K2 = replace(DEEPSEEK_V3, n_heads=64, n_kv_heads=64, n_experts=384, dense_lead=1, expert_groups=0,
+                  expert_groups_used=0, expert_weights_scale=2.827, vocab=163840, context_length=131072,
+                  rope_base=50000.0)
+
 PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B, "gpt-oss-20b": GPT_OSS_20B,
-           "gpt-oss-120b": GPT_OSS_120B, "minimax-m2-230b-a10b": MINIMAX_M2, "glm-4.5-air": GLM_45_AIR}
+           "gpt-oss-120b": GPT_OSS_120B, "minimax-m2-230b-a10b": MINIMAX_M2, "glm-4.5-air": GLM_45_AIR,
+           "deepseek-v3": DEEPSEEK_V3, "kimi-k2": KIMI_K2}
 
 
 class RecipeError(ValueError):
@@ -133,6 +154,10 @@ def check_recipe(recipe: ModelRecipe) -> None:
         raise RecipeError("rope_base", r.rope_base, "a finite number above 0")
     if not 0 <= r.rms_eps < float("inf"):
         raise RecipeError("rms_eps", r.rms_eps, "a finite number >= 0")
+    try:  # what the family itself refuses of a recipe (deepseek2's MLA sizes)
+        r.spec()
+    except ValueError as exc:
+        raise RecipeError("arch", r.arch, str(exc)) from None
 
 
 def _bytes_to_unicode() -> dict[int, str]:

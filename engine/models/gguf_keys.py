@@ -77,6 +77,13 @@ TABLE: dict[str, str] = {
     "{a}.expert_shared_count": REFUSED,
     "{a}.expert_group_count": REFUSED,  # grouped top-k (DeepSeek-V3); 0 or 1: none
     "{a}.expert_group_used_count": REFUSED,
+    # multi-head latent attention (deepseek2 reads and uses them; no other family has them)
+    "{a}.attention.q_lora_rank": USED,
+    "{a}.attention.kv_lora_rank": USED,
+    "{a}.attention.key_length_mla": USED,
+    "{a}.attention.value_length_mla": USED,
+    "{a}.attention.temperature_scale": REFUSED,  # Mistral-Large-3's attention temperature tuning (deepseek2)
+    "{a}.attention.temperature_length": REFUSED,
     "{a}.n_deepstack_layers": HARMLESS,  # qwen3vlmoe: layers that take image features (text runs without)
     "{a}.vocab_size": HARMLESS,  # llama.cpp names the model's size with it; the engine takes token_embd's
     "tokenizer.ggml.tokens": HARMLESS,  # the vocabulary's length, same use
@@ -96,6 +103,8 @@ _DEFAULTS: dict[str, float | bool] = {
     "{a}.leading_dense_block_count": 0.0,
     "{a}.nextn_predict_layers": 0.0,
     "{a}.expert_shared_count": 0.0,
+    "{a}.attention.temperature_scale": 0.0,
+    "{a}.attention.temperature_length": 0.0,
     "{a}.expert_group_count": 1.0,  # (0 too: no groups)
     "{a}.expert_group_used_count": 1.0,
 }

@@ -83,6 +83,11 @@ class ModelSpec:
         attn = 2 * self.n_heads * self.head_dim * context  # QK^T and PV
         return 2.0 * (proj + ffn + attn)
 
+    def attention_scratch_bytes(self, chunk: int | None, tokens: int, dsize: int) -> int:
+        """Bytes a layer's attention makes beyond the state and the chunk's own q/k/v at a context of
+        `tokens` (chunk None: auto), for the memory plan: none for full attention."""
+        return 0
+
     def prefill_flops(self, n_tokens: int) -> float:
         """FLOPs of a causal prefill of n tokens through every layer (attention at its causal
         cost: token i attends to i keys), LM head excluded."""

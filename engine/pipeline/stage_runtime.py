@@ -130,7 +130,10 @@ class StageRuntime:
         return load_head(source, self.device, self.dtype, embed=embed, final=final)
 
     def use_cache(self, arena: HostArena, slots: int, stats: ExpertStats, alloc: Allocate) -> None:
-        """Streamed experts: this stage's ExpertCache of `slots` over `arena`."""
+        """Streamed experts: this stage's ExpertCache of `slots` over `arena` (none for a stage
+        whose layers route no experts: leading dense layers)."""
+        if not arena.spec.expert_layers(self.first, self.end):
+            return
         self.cache = alloc(f"an expert cache of {slots} slots", self.device, slots * arena.expert_bytes,
                            "lower --expert-cache", lambda: ExpertCache(arena, self.device, slots, stats))
         for layer in self.layers:

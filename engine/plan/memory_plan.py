@@ -158,6 +158,9 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
                          for p in layouts[i].parts)
             if floats and not eplan.streamed:  # float experts are expanded once at load, as dense
                 experts, scratch = spec.expert_layers(st.first, st.end) * spec.n_experts * expanded_expert, 0
+        if st.end > st.first:  # a layer kind's own transient of the last chunk (MLA's expanded k/v)
+            scratch += spec.attention_scratch_bytes(config.chunk_tokens if isinstance(config.chunk_tokens, int)
+                                                    else None, tokens, dsize)
         kv = models.states_bytes(spec, range(st.first, st.end), tokens, dtypes[st.device])
         attention = cpu_attention_bytes(spec, config, tokens) if st.device.type == "cpu" else 0
         out.append(DevicePlan(st.index, str(st.device), st.first, st.end, dense, experts, slots, kv, scratch,
