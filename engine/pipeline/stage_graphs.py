@@ -55,6 +55,11 @@ class StageGraphs:
     def active(self) -> bool:
         return self.device.type == "cuda" and bool(self.sizes)
 
+    @property
+    def decode_on(self) -> bool:
+        """Whether this run replays decode steps as graphs (engine/pipeline/stage_decode.py)."""
+        return DECODE_SIZE in self.sizes
+
     def plan(self, sizes: Iterable[int]) -> None:
         """A run's sizes: keep the graphs of these, free the others (and forget their failures)."""
         self.sizes = set(sizes) if self.device.type == "cuda" else set()
