@@ -145,7 +145,8 @@ class StageRuntime:
         """Each layer's state for `capacity` tokens (reset), as its family makes it (KV for
         attention): grown when too small, kept from run to run otherwise."""
         if not self.kvs or self.kvs[0].capacity < capacity:
-            self.kvs = []  # free before allocating the larger cache
+            self.kvs = []  # free before allocating the larger cache (the decode graphs hold it too)
+            self.decoding.drop()
             spec = self.layers[0].spec if self.layers else None
             idx = [layer.index for layer in self.layers]
             self.kvs = alloc(
