@@ -183,3 +183,15 @@ def test_a_per_layer_decode_says_why_in_the_report(monkeypatch):
     finally:
         sess.close()
     assert sum("decode on cpu: one layer at a time (the static-shape step is off)" in n for n in notes) == 1
+
+
+def test_a_step_gathers_each_rope_table_once_for_all_its_layers():
+    """Every layer of a stage shares its RoPE tables: the step's position gathers a table's row
+    once (one slice of the table or another is the same memory), a different table anew."""
+    table = torch.arange(40.0).view(10, 4)
+    other = table.clone()
+    at = DevicePos.at(torch.tensor([3]), 8)
+    first = at.row(table[:8])
+    assert at.row(table[:8]) is first and torch.equal(first, table[3:4])
+    assert at.row(other) is not first and torch.equal(at.row(other), first)
+    assert DevicePos.at(torch.tensor([3]), 8).row(table[:8]) is not first  # a new step gathers anew

@@ -18,7 +18,7 @@ step, on every device (the CPU runs it eagerly: the suite tests the same code th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,11 +42,23 @@ class DevicePos:
     index: torch.Tensor  # [1] int64: the position, on the stage's device
     span: int  # keys [0, span) are attended, the ones past `index` masked
     masked: torch.Tensor  # [span] bool: True past the position
+    # rows already gathered in this step, by table: every layer of a stage shares its RoPE tables,
+    # so a step gathers each table's row once, not once per layer (two kernels a layer fewer)
+    _rows: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def at(cls, index: torch.Tensor, span: int) -> DevicePos:
         """The position held in `index` (no host read), attending over `span` keys."""
         return cls(index, span, torch.arange(span, device=index.device) > index)
+
+    def row(self, table: torch.Tensor) -> torch.Tensor:
+        """Row `index` of `table` [rows, ...] as [1, ...], gathered once per step and table (the
+        same memory: a fresh slice of one table is the same table; tables live through the step)."""
+        key = (table.data_ptr(), tuple(table.shape), tuple(table.stride()), table.dtype, table.device)
+        got = self._rows.get(key)
+        if got is None:
+            got = self._rows[key] = (table, table.index_select(0, self.index))
+        return got[1]
 
     def append(self, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -114,7 +114,7 @@ class Rope:
         """cos and sin of positions pos..pos+n-1 in `dtype`, shaped [n, 1, head_dim] (neox)."""
         if isinstance(pos, DevicePos):  # a static-shape decode step: the row its device tensor names
             cos, sin = self.lowp_tables(0, pos.span, dtype)
-            return cos.index_select(0, pos.index), sin.index_select(0, pos.index)
+            return pos.row(cos), pos.row(sin)
         self._ensure(pos + n)
         key = (dtype, self.cos.shape[0])
         if getattr(self, "_lowp_key", None) != key:
@@ -128,7 +128,7 @@ class Rope:
         n = x.shape[0]
         if isinstance(pos, DevicePos):  # a static-shape decode step: the row its device tensor names
             self._ensure(pos.span)
-            cos, sin = (t.index_select(0, pos.index)[:, None, :] for t in (self.cos, self.sin))
+            cos, sin = pos.row(self.cos)[:, None, :], pos.row(self.sin)[:, None, :]
         else:
             self._ensure(pos + n)
             cos = self.cos[pos:pos + n, None, :]
