@@ -10,7 +10,8 @@ captured once per span and replayed per token: one launch per stage.
 `forward_layers` with a `DevicePos`, then `greedy`) runs the same calls, so a replay is
 bit-identical to it.  `static_reason` says whether layers and states take a `DevicePos` at all
 (a layer class that overrides where `Layer` reads the position, or a state other than
-`LayerKV`, keeps the per-layer decode until it declares `static_decode = True`).
+`LayerKV`, keeps the per-layer decode until it declares `static_decode = True`; such a state
+also has `LayerKV`'s `clear_from(start)` and `hold(length)`).
 """
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ int64 tensor on the stage's device (written before each step) and a host `span` 
 `span` changes only when p crosses a bucket (`span_for`: powers of two from `MIN_SPAN`, capped
 by the cache's capacity), so a short context does not attend over the whole cache and a stage
 keeps one graph per bucket.  `Rope`, `LayerKV.append` and `Layer._attend` take a `DevicePos`
-where they take a host position; `Layer.forward(x, kv, DevicePos)` is then the static-shape
+where they take a host position (`LayerKV.hold` then counts the token on the host, and
+`LayerKV.clear_from` zeroes the rows a sequence's steps will mask); `Layer.forward(x, kv, DevicePos)` is then the static-shape
 step, on every device (the CPU runs it eagerly: the suite tests the same code the graph holds).
 """
 from __future__ import annotations

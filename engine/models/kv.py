@@ -98,7 +98,7 @@ class LayerKV:
 
     def append(self, k: torch.Tensor, v: torch.Tensor, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k/v of tokens [pos, pos+n) and return views of [0, pos+n).  A `DevicePos` (a
-        static-shape decode step) writes by index and returns its span; `adopt` counts the token."""
+        static-shape decode step) writes by index and returns its span; `hold` counts the token."""
         if isinstance(pos, DevicePos):
             return pos.append(self.k, self.v, k, v)
         n = k.shape[0]
@@ -110,6 +110,11 @@ class LayerKV:
         self.v[pos:pos + n] = v
         self.length = pos + n
         return self.k[: pos + n], self.v[: pos + n]
+
+    def hold(self, length: int) -> None:
+        """The cache holds `length` tokens now: a static-shape decode step wrote its row by index
+        on the device (no `append` bookkeeping ran on the host)."""
+        self.length = length
 
     def clear_from(self, start: int) -> None:
         """Zero the rows from `start` on: a static-shape decode step attends over rows past its

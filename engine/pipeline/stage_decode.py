@@ -76,7 +76,7 @@ class StageDecode:
             elif graphed:
                 self._capture(rt, ctx, out, span)
         for kv in rt.kvs:
-            kv.adopt(pos + 1)  # the host's count of the tokens each cache holds
+            kv.hold(pos + 1)  # the host's count of the tokens each cache holds
         return out, int(tok) if tok is not None else None
 
     def _graphs_on(self, rt: StageRuntime, ctx: StageContext) -> bool:
