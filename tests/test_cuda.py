@@ -717,6 +717,53 @@ def test_cuda_graphed_decode_is_the_eager_decode_and_the_prefill_argmax(quant, d
 
 
 @cuda
+def test_cuda_split_k_decode_attention_matches_torch_and_replays_in_a_graph():
+    """engine/kernels/decode_attention.py on the GPU (Qwen3-30B-A3B's 32/4 heads of 128, bf16):
+    the Triton split-K kernels give the torch expression's output at positions across a 4224-key
+    span, skip what lies past the position (NaN there changes nothing), and a CUDA graph captured
+    at one position replays any other bit for bit."""
+    pytest.importorskip("triton")
+    from engine.kernels import decode_attention as da
+
+    dev, H, KV, hd, span = torch.device("cuda:0"), 32, 4, 128, 4224
+    g = torch.Generator(device=dev).manual_seed(3)
+    q = torch.randn(1, H, hd, device=dev, dtype=torch.bfloat16, generator=g)
+    keys = torch.randn(span, KV, hd, device=dev, dtype=torch.bfloat16, generator=g)
+    values = torch.randn(span, KV, hd, device=dev, dtype=torch.bfloat16, generator=g)
+    index = torch.zeros(1, dtype=torch.int64, device=dev)
+    assert da.status()[0].startswith("Triton")
+
+    def masked() -> torch.Tensor:
+        return torch.arange(span, device=dev) > index
+
+    for pos in (0, 127, 128, 1000, 4095, 4223):
+        index.fill_(pos)
+        m = masked()
+        want = da._torch(q, keys.masked_fill(m[:, None, None], 0), values.masked_fill(m[:, None, None], 0), m)
+        tail_k, tail_v = keys[pos + 1:].clone(), values[pos + 1:].clone()
+        keys[pos + 1:], values[pos + 1:] = float("nan"), float("nan")
+        got = da.decode_attention(q, keys, values, m, index)
+        keys[pos + 1:], values[pos + 1:] = tail_k, tail_v
+        rel = (got.float() - want.float()).abs().max().item() / want.float().abs().max().item()
+        print(f"pos {pos}: split-K vs torch {rel * 100:.3f}% of max |o|")
+        assert rel <= 1e-2, pos
+    index.fill_(7)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        da.decode_attention(q, keys, values, masked(), index)  # warm-up off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = da.decode_attention(q, keys, values, masked(), index)
+    for pos in (9, 300, 4000):
+        index.fill_(pos)
+        graph.replay()
+        assert torch.equal(out, da.decode_attention(q, keys, values, masked(), index)), pos
+    graph.reset()
+
+
+@cuda
 def test_the_report_names_triton_kernels_and_the_selftest_exercise_runs_one(demo_path):
     """engine/pipeline/kernel_report.py on a CUDA machine with triton: what the run report and the frozen
     self-test say there (issue 36)."""

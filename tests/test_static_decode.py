@@ -81,7 +81,7 @@ def test_decode_attention_is_sdpa_over_the_keys_up_to_the_position(dtype):
     keys[pos + 1:] = 0
     values[pos + 1:] = 0
     at = DevicePos.at(torch.tensor([pos]), span)
-    got = decode_attention(q, keys, values, at.masked)
+    got = decode_attention(q, keys, values, at.masked, at.index)
     ref = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys[:pos + 1].transpose(0, 1).unsqueeze(0),
                                          values[:pos + 1].transpose(0, 1).unsqueeze(0), enable_gqa=True)
     ref = ref.squeeze(0).transpose(0, 1).reshape(1, H * hd)

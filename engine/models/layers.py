@@ -265,7 +265,7 @@ class Layer:
         """Causal attention of the chunk's queries over keys/values [0, pos+n): [n, H*hd], on
         the kernel chosen for this device (engine/kernels/attention.py)."""
         if isinstance(pos, DevicePos):  # a static-shape decode step: keys [0, span), masked past it
-            return decode_attention(q, keys, values, pos.masked)
+            return decode_attention(q, keys, values, pos.masked, pos.index)
         s = self.spec
         return chunk_attention(q, keys, values, pos, kernel_for(q.device, s.n_heads, s.n_kv_heads, s.head_dim, q.dtype))
 
