@@ -46,6 +46,7 @@ class StageDecode:
         self.failed: dict[int, str] = {}  # spans that stay eager, and why
         self._run, self._said = "", set()  # the notes given in this run (each reason once per run)
         self._next = -1  # the position the next step of the same sequence is at
+        self._why: tuple | None = None  # (layers, states, their counts, static_reason of them)
 
     def step(self, rt: StageRuntime, ctx: StageContext, x: torch.Tensor,
              pos: int) -> tuple[torch.Tensor, int | None]:
@@ -54,7 +55,7 @@ class StageDecode:
         if ctx.run_id != self._run:
             self._run, self._said = ctx.run_id, set()
         self._next = pos + 1
-        why = static_reason(rt.layers, rt.kvs) if STATIC else "the static-shape step is off"
+        why = self._reason(rt) if STATIC else "the static-shape step is off"
         if why:
             self._say(ctx, f"decode on {self.name}: one layer at a time ({why})")
             x = rt.forward_layers(ctx, x, rt.layers, rt.kvs, pos, -1)
@@ -78,6 +79,14 @@ class StageDecode:
         for kv in rt.kvs:
             kv.hold(pos + 1)  # the host's count of the tokens each cache holds
         return out, int(tok) if tok is not None else None
+
+    def _reason(self, rt: StageRuntime) -> str:
+        """`static_reason` of the stage's layers and states, asked again only when they change."""
+        layers, kvs = rt.layers, rt.kvs
+        cached = self._why
+        if cached is None or cached[0] is not layers or cached[1] is not kvs or cached[2] != (len(layers), len(kvs)):
+            cached = self._why = (layers, kvs, (len(layers), len(kvs)), static_reason(layers, kvs))
+        return cached[3]
 
     def _graphs_on(self, rt: StageRuntime, ctx: StageContext) -> bool:
         """Whether this run replays decode graphs here (CUDA, graphs on, no per-layer hook or check)."""
@@ -133,6 +142,7 @@ class StageDecode:
             g.close()
         self.graphs = {}
         self.failed = {}
+        self._why = None
 
 
 def _empty_cache() -> None:
