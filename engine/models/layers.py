@@ -356,7 +356,7 @@ class Layer:
         s, w = self.spec, self.w
         slots = routed_experts.slot_bound(n, s.n_experts_used, s.n_experts)
         if isinstance(w.gate_exps, QTensor) and routed_experts.compact_wanted(slots, s.n_experts, flat.device.type):
-            cr = routed_experts.compact_routing(flat[order], slots)
+            cr = routed_experts.compact_routing(flat[order], slots, distinct=n == 1)
             return (w.gate_exps.gather(cr.experts, dtype), w.up_exps.gather(cr.experts, dtype),
                     w.down_exps.gather(cr.experts, dtype), cr.offsets)
         gate, up, down = self._resident_experts(dtype)
