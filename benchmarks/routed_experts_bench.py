@@ -2,10 +2,12 @@
 
 For chunks of 1, 2, 4, ... tokens, one layer's MoE (router, expert expansion, expert FFN) is
 timed with every expert expanded (the full path) and with only the routed experts gathered into
-a compact scratch (engine/models/routed_experts.py), best of --repeat after a warm-up.  The table shows
-the experts the chunk used (distinct; on CUDA the static bound min(n*k, E) decides), both times
-and their ratio; the last line names the first chunk where compact is not faster: the switch
-point to put into `routed_experts.COMPACT_MAX_FRACTION` for that device type.
+a compact scratch (engine/models/routed_experts.py), best of --repeat after a warm-up.  The table
+shows the experts the chunk used (distinct; on CUDA the static bound min(n*k, E) decides), both
+times and their ratio, and on CUDA the stored-block matrix-vector products of
+engine/models/routed_matvec.py (decode's path; its switch point is `MATVEC_MAX_ROWS`, the rows
+n*k up to which it is fastest).  The last line names the first chunk where compact is not
+faster: the switch point to put into `routed_experts.COMPACT_MAX_FRACTION` for that device type.
 
     python3 benchmarks/routed_experts_bench.py                       # CPU: issue 33's 129 MiB file's shapes
     python3 benchmarks/routed_experts_bench.py --device cuda:0       # Qwen3-30B-A3B shapes, bf16 grouped GEMMs
@@ -26,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.io import synth  # noqa: E402
-from engine.models import routed_experts
+from engine.models import routed_experts, routed_matvec  # noqa: E402
 from engine.models.layers import Layer, Rope, _grouped_mm_ok  # noqa: E402
 from engine.models.loading import load_layer_weights  # noqa: E402
 
@@ -73,28 +75,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# one MoE layer on {device}: {E} experts of {spec.expert_ffn}, top-{k}, hidden {spec.hidden}, "
           f"experts {ns.quant} ({w.gate_exps.qtype.name}/{w.down_exps.qtype.name}), {str(dtype)[6:]} compute, {path}; "
           f"best of {ns.repeat}")
-    print("| tokens | experts used | bound min(n·k,E) | full ms | compact ms | compact/full |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    stored = routed_matvec.wanted(w, 1, h0)  # the stored-block products (decode's path) apply here
+    print("| tokens | experts used | bound min(n·k,E) | full ms | compact ms | compact/full | stored-block ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     g = torch.Generator(device=device).manual_seed(0)
     switch = None
-    saved = dict(fractions)
+    saved, saved_rows = dict(fractions), routed_matvec.MATVEC_MAX_ROWS
     try:
         for n in sizes:
             h = torch.randn(n, spec.hidden, device=device, dtype=dtype, generator=g) * 0.5
             probs = torch.softmax(torch.nn.functional.linear(h.float(), w.router.float()), -1)
             used = int(torch.topk(probs, k, -1).indices.unique().numel())
             times = {}
+            routed_matvec.MATVEC_MAX_ROWS = 0  # the gather-and-GEMM paths
             for compact in (False, True):
                 fractions[device.type] = 2.0 if compact else 0.0
                 times[compact] = _time(lambda h=h: layer.moe(h), device, ns.repeat)
+            routed_matvec.MATVEC_MAX_ROWS = n * k
+            mv = f"{_time(lambda h=h: layer.moe(h), device, ns.repeat) * 1e3:.2f}" if stored else "—"
             ratio = times[True] / times[False]
             if switch is None and ratio >= 1.0:
                 switch = (n, used)
             print(f"| {n} | {used} | {routed_experts.slot_bound(n, k, E)} | {times[False] * 1e3:.2f} | "
-                  f"{times[True] * 1e3:.2f} | {ratio:.2f} |")
+                  f"{times[True] * 1e3:.2f} | {ratio:.2f} | {mv} |")
     finally:
         fractions.clear()
         fractions.update(saved)
+        routed_matvec.MATVEC_MAX_ROWS = saved_rows
     now = fractions.get(device.type, routed_experts.DEFAULT_FRACTION)
     if switch is None:
         print(f"compact was faster at every size measured: a threshold above the largest fraction measured "

@@ -2,12 +2,14 @@
 the family's own transformers class, `save_pretrained`, then llama.cpp's own
 `convert_hf_to_gguf.py` (vendor/llama.cpp of the llama-cpp-python source package, pure Python).
 
-    python scripts/family_files.py mixtral qwen3vlmoe qwen3next [--out tests/data/families] [--source DIR]
+    python scripts/family_files.py mixtral qwen3vlmoe qwen3next gpt-oss [--out tests/data/families] [--source DIR]
 
 Writes DIR/<family>/ (the transformers model: config, safetensors, tokenizer) and
 DIR/<family>.gguf (F32), both committed so the oracle tests need neither the network nor the
-source package.  --source (or LLAMA_CPP_SOURCE) names the vendor/llama.cpp folder; without it the
-sdist is downloaded from PyPI (pip download).  The tokenizer is a byte-level BPE trained here on a
+source package; gpt-oss also DIR/gpt-oss-mxfp4.gguf, the same weights converted from the
+published MXFP4 form (experts as blocks and scales), as every published gpt-oss file is made.
+--source (or LLAMA_CPP_SOURCE) names the vendor/llama.cpp folder; without it the sdist is
+downloaded from PyPI (pip download).  The tokenizer is a byte-level BPE trained here on a
 few sentences; the converter knows BPE pre-tokenizers by the hash of their output, so the script
 tells it "default" for this one (no pre-tokenizer of a published model applies to it).
 """
@@ -88,7 +90,22 @@ def qwen3next(seed: int):
     return Qwen3NextForCausalLM(cfg)
 
 
-FAMILIES: dict[str, Callable] = {"mixtral": mixtral, "qwen3vlmoe": qwen3vlmoe, "qwen3next": qwen3next}
+def gpt_oss(seed: int):
+    """gpt-oss: a sliding layer (window 8) then a full one, sinks, biases, YaRN as published
+    (`truncate: false`); experts whose in-dimension is a multiple of MXFP4's 32-value block."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    cfg = GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                       num_experts_per_tok=2, sliding_window=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                       rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                                        "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+                       tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    return GptOssForCausalLM(cfg)
+
+
+FAMILIES: dict[str, Callable] = {"mixtral": mixtral, "qwen3vlmoe": qwen3vlmoe, "qwen3next": qwen3next,
+                                 "gpt-oss": gpt_oss}
 # the converter's flags a family's file needs: Qwen3-Next's MTP block is a draft model, left out
 CONVERT_ARGS: dict[str, tuple[str, ...]] = {"qwen3next": ("--no-mtp",)}
 
@@ -139,6 +156,79 @@ def _scaled(model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * (1.0 / max(p.shape[-1], 1)) ** 0.5)
 
 
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+MXFP4_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def _mxfp4_blocks(w):
+    """The published checkpoints' MXFP4 form of experts [E, in, out]: blocks [E, out, in/32, 16]
+    (two E2M1 codes a byte, the even element in the low nibble) and E8M0 scales [E, out, in/32]:
+    each 32 inputs share 2^(scale-127), the largest magnitude lands in [4, 8) (6 at most)."""
+    import torch
+
+    t = w.detach().transpose(1, 2).reshape(*w.shape[0:1], w.shape[2], w.shape[1] // 32, 32).float()
+    amax = t.abs().amax(-1, keepdim=True).clamp_min(2.0 ** -100)
+    exp = torch.floor(torch.log2(amax)) - 2
+    lut = torch.tensor(FP4_VALUES[:8])
+    code = (t.abs() / torch.exp2(exp)).unsqueeze(-1).sub(lut).abs().argmin(-1)
+    code = code + 8 * (t < 0)
+    blocks = (code[..., 0::2] | (code[..., 1::2] << 4)).to(torch.uint8)
+    return blocks, (exp.squeeze(-1) + 127).to(torch.uint8)
+
+
+def _gpt_oss_prepare(model, seed: int) -> None:
+    """Gate/up weights 8x (so activations reach SwiGLU's clamp at 7), sinks of a size that takes
+    a real share of attention, and experts rounded to MXFP4 by transformers' own dequantiser of
+    their published form: the F32 and the MXFP4 file hold the same weights, one oracle serves both."""
+    import torch
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("self_attn.sinks"):
+                p.copy_(1.0 + torch.randn(p.shape, generator=g))
+            if name.endswith(MXFP4_EXPERTS):
+                if name.endswith("gate_up_proj"):
+                    p.mul_(8.0)
+                blocks, scales = _mxfp4_blocks(p)
+                p.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+
+
+def _gpt_oss_mxfp4_file(hf_dir: Path, out_dir: Path, src: Path) -> None:
+    """gpt-oss-mxfp4.gguf: the folder rewritten as the published checkpoints are (experts as
+    `*_blocks`/`*_scales`, quantization_config mxfp4), converted: the converter repacks them
+    into ggml's MXFP4 blocks, as for every published gpt-oss file."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    with tempfile.TemporaryDirectory() as scratch:
+        pub = Path(scratch) / "published"
+        shutil.copytree(hf_dir, pub)
+        tensors = load_file(pub / "model.safetensors")
+        for k in [k for k in tensors if k.endswith(MXFP4_EXPERTS)]:
+            blocks, scales = _mxfp4_blocks(tensors[k])
+            back = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+            if not torch.equal(back, tensors[k]):
+                raise SystemExit(f"{k}: not MXFP4-exact, the two files would hold different weights")
+            tensors[k + "_blocks"], tensors[k + "_scales"] = blocks, scales
+            del tensors[k]
+        save_file(tensors, pub / "model.safetensors", metadata={"format": "pt"})
+        cfg = json.loads((pub / "config.json").read_text())
+        cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+        (pub / "config.json").write_text(json.dumps(cfg, indent=2))
+        convert(src, pub, out_dir / "gpt-oss-mxfp4.gguf")
+
+
+# a family's weights changed after the spread (before saving), and files made besides the F32 one
+PREPARE: dict[str, Callable] = {"gpt-oss": _gpt_oss_prepare}
+EXTRA_FILES: dict[str, Callable[[Path, Path, Path], None]] = {"gpt-oss": _gpt_oss_mxfp4_file}
+
+
 def source(given: str | None, scratch: Path) -> Path:
     if given:
         return Path(given)
@@ -172,6 +262,8 @@ def make(family: str, out_dir: Path, src: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = FAMILIES[family](seed)
     _scaled(model, seed)
+    if family in PREPARE:
+        PREPARE[family](model, seed)
     hf_dir = out_dir / family
     model.save_pretrained(hf_dir, safe_serialization=True)
     if family in LAYOUTS:
@@ -180,6 +272,8 @@ def make(family: str, out_dir: Path, src: Path, seed: int = 0) -> Path:
     tokenizer().save_pretrained(hf_dir)
     gguf_path = out_dir / f"{family}.gguf"
     convert(src, hf_dir, gguf_path, *CONVERT_ARGS.get(family, ()))
+    if family in EXTRA_FILES:
+        EXTRA_FILES[family](hf_dir, out_dir, src)
     (hf_dir / "made_by.json").write_text(json.dumps({"script": "scripts/family_files.py", "family": family,
                                                      "seed": seed, "llama_cpp_python": LLAMA_CPP_PYTHON}) + "\n")
     return gguf_path

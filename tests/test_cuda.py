@@ -657,6 +657,50 @@ def test_cuda_compact_experts_match_full_and_replay_in_a_graph(monkeypatch):
 
 
 @cuda
+@pytest.mark.parametrize("quant", ["q4_k_m", "q6_k", "q8_0"])
+def test_cuda_stored_block_experts_match_the_scratch_path_and_replay_in_a_graph(monkeypatch, quant):
+    """Decode's routed experts from their stored blocks (engine/models/routed_matvec.py, the
+    Triton matrix-vector kernels) give the compact-scratch grouped GEMMs' output up to the order
+    of a float32 sum, and a CUDA graph captured at one token replays them for other routings."""
+    from engine.io import synth
+    from engine.models import routed_matvec
+    from engine.models.layers import Layer, Rope
+    from engine.models.loading import load_layer_weights
+
+    shapes = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
+    src = synth.SyntheticSource(synth.recipe_from_args("demo", quant=quant, n_layers=2, **shapes), "cuda:0")
+    dev, spec = torch.device("cuda:0"), src.spec
+    w = load_layer_weights(src, 1, dev, torch.bfloat16)
+    layer = Layer(spec, 1, w, Rope(spec.head_dim, spec.rope_base, spec.rope_style, dev))
+    layer.use_grouped_mm = True
+    assert routed_matvec.wanted(w, spec.n_experts_used, torch.empty(1, device=dev)), quant
+    g = torch.Generator(device=dev).manual_seed(3)
+    for n in (1, 2):
+        h = torch.randn(n, spec.hidden, device=dev, dtype=torch.bfloat16, generator=g)
+        monkeypatch.setattr(routed_matvec, "MATVEC_MAX_ROWS", 0)
+        scratch = layer.moe(h)
+        monkeypatch.setattr(routed_matvec, "MATVEC_MAX_ROWS", 64)
+        stored = layer.moe(h)
+        diff = (stored.float() - scratch.float()).abs().max().item()
+        print(f"{quant} n={n}: stored-block vs scratch max |diff| {diff:.3g}")
+        assert diff <= 2e-2 * scratch.float().abs().max().item()
+    static = torch.randn(1, spec.hidden, device=dev, dtype=torch.bfloat16, generator=g)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        layer.moe(static)  # warm-up (and Triton's compile) off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer.moe(static)
+    for _ in range(4):
+        static.copy_(torch.randn(1, spec.hidden, device=dev, dtype=torch.bfloat16, generator=g))
+        graph.replay()
+        assert torch.equal(out, layer.moe(static))
+    graph.reset()
+
+
+@cuda
 @pytest.mark.parametrize("quant,dtype", [("f16", "bfloat16"), ("q4_k_m", "bfloat16"), ("q4_k_m", "float32")])
 def test_cuda_greedy_decode_is_the_prefill_argmax(quant, dtype):
     """Greedy decode (graphed steps of one token, compact experts) equals the argmax of one

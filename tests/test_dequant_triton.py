@@ -214,12 +214,16 @@ sys.path.insert(0, sys.argv[1])
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+import torch
 from engine.quant import dequant_triton as dt
+from engine.quant.code_books import code_book
 for qt, (kernel, r, w) in sorted(dt._TABLE.items(), key=lambda kv: kv[0].name):
-    books = kernel.arg_names[6:6 + len(dt.CODE_BOOKS.get(qt, ()))]
+    names = dt.CODE_BOOKS.get(qt, ())
+    books = kernel.arg_names[6:6 + len(names)]
+    kinds = ["*i32" if code_book(n, torch.device("cpu")).dtype == torch.int32 else "*fp32" for n in names]
     for out in ("*fp32", "*bf16"):
         sig = {"src": "*u8", "out": out, "rows": "*i64", "n_blocks": "i32", "bpr": "i32", "row_stride": "i64",
-               **{b: "*fp32" for b in books}, "R": "constexpr", "GATHER": "constexpr"}
+               **dict(zip(books, kinds)), "R": "constexpr", "GATHER": "constexpr"}
         c = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs={"R": r, "GATHER": True}),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "enable_fp_fusion": False})
         ptx = c.asm["ptx"]

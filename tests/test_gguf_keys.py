@@ -30,6 +30,9 @@ LLAMA_CPP_FAMILY = {
     "qwen3moe": ["{a}.expert_feed_forward_length", "{a}.attention.layer_norm_rms_epsilon"],
     "qwen3vlmoe": ["{a}.n_deepstack_layers", "{a}.rope.dimension_sections", "{a}.expert_feed_forward_length",
                    "{a}.attention.layer_norm_rms_epsilon"],  # src/models/qwen3vlmoe.cpp
+    "gpt-oss": ["{a}.attention.layer_norm_rms_epsilon", "{a}.expert_feed_forward_length",
+                "{a}.attention.sliding_window", "{a}.attention.sliding_window_pattern",
+                "{a}.rope.freq_base_swa"],  # src/models/openai-moe.cpp
 }
 # the YaRN keys llama.cpp reads for other families (grok, laguna …): refused here unless default,
 # so a file that carries them for a supported family is not run with them ignored

@@ -65,7 +65,14 @@ QWEN3_30B_A3B = ModelRecipe(arch="qwen3moe", n_layers=48, hidden=2048, n_heads=3
                             head_dim=128, n_experts=128, n_experts_used=8, expert_ffn=768,
                             vocab=151936, context_length=131072, quant="f16")
 
-PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B}
+# gpt-oss-20b / -120b shapes (openai's config.json), experts MXFP4 as the published files store them
+GPT_OSS_20B = ModelRecipe(arch="gpt-oss", n_layers=24, hidden=2880, n_heads=64, n_kv_heads=8, head_dim=64,
+                          n_experts=32, n_experts_used=4, expert_ffn=2880, vocab=201088, context_length=131072,
+                          rope_base=150000.0, rms_eps=1e-5, quant="mxfp4")
+GPT_OSS_120B = replace(GPT_OSS_20B, n_layers=36, n_experts=128)
+
+PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B, "gpt-oss-20b": GPT_OSS_20B,
+           "gpt-oss-120b": GPT_OSS_120B}
 
 
 class RecipeError(ValueError):
@@ -243,6 +250,8 @@ def _put(w: GGUFWriter, key: str, value: Any) -> None:
         w.add_bool(key, value)
     elif isinstance(value, str):
         w.add_string(key, value)
+    elif isinstance(value, (list, tuple)):
+        w.add_array(key, list(value))
     elif isinstance(value, int):
         w.add_uint32(key, value)
     else:
@@ -286,8 +295,8 @@ def write_model(path: Path | str, recipe: ModelRecipe = DEMO_RECIPE,
     tensor's stored data or drop it (None): how tests and the fuzzer make defective files
     through the same writer (every tensor is then made before the header is written).
     `metadata`: more keys ("{a}." is the architecture's prefix), or other values for the usual
-    ones (a str is written as a string, a bool as a bool, an int as uint32, a float as float32;
-    None leaves the key out).
+    ones (a str is written as a string, a bool as a bool, an int as uint32, a float as float32,
+    a list as an array; None leaves the key out).
     checked=False writes a recipe `check_recipe` refuses (tests of the loader's refusals).
     hole_bytes: one more tensor (HOLE_TENSOR, I8, unused by the engine) of that many bytes, left
     as a hole in the file (sparse where the file system allows): a file larger than a memory

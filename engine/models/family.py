@@ -148,6 +148,12 @@ class Family:
                            (f"{a}.expert_feed_forward_length", s.expert_ffn)]
         return keys + [(f"{a}.feed_forward_length", s.ffn)]
 
+    def attention_kernel(self, spec: ModelSpec, device: Any, dtype: torch.dtype) -> str:
+        """What computes this family's attention on `device` (the run report's line)."""
+        from engine.kernels.attention import kernel_for
+
+        return kernel_for(device, spec.n_heads, spec.n_kv_heads, spec.head_dim, dtype).describe()
+
     # ------------------------------------------------------------- the layers
     def layer_kind(self, spec: ModelSpec, i: int) -> LayerKind:
         """What layer i is: its tensors and the state it carries (every layer alike here)."""

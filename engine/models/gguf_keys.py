@@ -60,6 +60,9 @@ TABLE: dict[str, str] = {
     "{a}.rope.scaling.yarn_beta_fast": REFUSED,
     "{a}.rope.scaling.yarn_beta_slow": REFUSED,
     "{a}.rope.scaling.yarn_log_multiplier": REFUSED,
+    "{a}.attention.sliding_window": USED,  # gpt-oss: its sliding layers' window (the family reads it)
+    "{a}.attention.sliding_window_pattern": USED,  # gpt-oss: which layers slide (the family reads it)
+    "{a}.rope.freq_base_swa": USED,  # gpt-oss checks it equals rope.freq_base (one RoPE table for all layers)
     "{a}.n_deepstack_layers": HARMLESS,  # qwen3vlmoe: layers that take image features (text runs without)
     "{a}.vocab_size": HARMLESS,  # llama.cpp names the model's size with it; the engine takes token_embd's
     "tokenizer.ggml.tokens": HARMLESS,  # the vocabulary's length, same use
@@ -97,6 +100,9 @@ class RopeScaling:
     original_context: int  # yarn: the context the model was trained at
     beta_fast: float = YARN_BETA_FAST
     beta_slow: float = YARN_BETA_SLOW
+    # yarn: round the ramp's ends to whole pairs (llama.cpp, transformers' default); gpt-oss's
+    # authors' code does not (transformers' `truncate: false`), and its family says so
+    truncate: bool = True
 
     def inv_freq(self, head_dim: int, base: float) -> np.ndarray:
         """The scaled inverse frequencies of pairs 0..head_dim/2-1 (float64)."""
@@ -108,8 +114,10 @@ class RopeScaling:
         def dim_of(rotations: float) -> float:
             return head_dim * math.log(self.original_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-        low = max(math.floor(dim_of(self.beta_fast)), 0)
-        high = min(math.ceil(dim_of(self.beta_slow)), head_dim - 1)
+        low, high = dim_of(self.beta_fast), dim_of(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
         span = max(high - low, 0.001)
         ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - low) / span, 0.0, 1.0)
         keep = 1.0 - ramp

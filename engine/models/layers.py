@@ -19,13 +19,13 @@ from engine.kernels import moe_kernels
 from engine.kernels.attention import chunk_attention, kernel_for
 from engine.kernels.decode_attention import decode_attention
 from engine.kernels.qk_rope import qk_norm_rope
-from engine.models import routed_experts
+from engine.models import routed_experts, routed_matvec
 from engine.models.decode_pos import DevicePos
 from engine.models.experts import EXPAND_SCRATCH_BYTES
 from engine.models.gguf_keys import RopeScaling
 from engine.models.kv import LayerKV
 from engine.models.spec import ModelSpec
-from engine.quant.qtensor import QTensor, has_blocks, stored
+from engine.quant.qtensor import QTensor, has_blocks
 
 if TYPE_CHECKING:
     from engine.models.experts import ExpertCache
@@ -312,6 +312,8 @@ class Layer:
             self.use_grouped_mm = _grouped_mm_ok(h)
         if self.cache is not None:
             ys = self._streamed_experts(xs, counts)
+        elif self.use_grouped_mm and routed_matvec.wanted(w, flat.numel(), h):  # decode: from the stored blocks
+            ys = routed_matvec.experts(w, xs, flat[order])
         elif self.use_grouped_mm:
             if fast and self.fused.gate_up_exps is not None:  # float experts: no expansion to save
                 offs = torch.cumsum(counts, 0, dtype=torch.int32)

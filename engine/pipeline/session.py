@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING
 import torch
 from gguf import GGMLQuantizationType
 
+from engine import models
 from engine.config import EngineConfig
 from engine.errors import Cancelled, DeviceMemoryError, NonFiniteError, StageError
 from engine.events import EventSink, RunPlan, StageEvent
 from engine.hw import nvtx, topology
 from engine.hw.gpu_timing import DeferredTimer, DeviceClock
-from engine.kernels.attention import kernel_for
 from engine.models.experts import (
     ExpertLayout,
     HostArena,
@@ -161,7 +161,8 @@ class Session:
     def attention_kernels(self) -> str:
         """The attention kernel of each device of the split, e.g. "cuda:0 cuDNN prefix+diagonal split"."""
         s = self.spec
-        return "; ".join(f"{d}: {kernel_for(d, s.n_heads, s.n_kv_heads, s.head_dim, self.dtypes[d]).describe()}"
+        fam = models.family_of(s)  # a family with attention of its own names its kernel (gpt-oss)
+        return "; ".join(f"{d}: {fam.attention_kernel(s, d, self.dtypes[d])}"
                          for d in dict.fromkeys(st.device for st in self.stages))
 
     @property

@@ -286,8 +286,42 @@ if triton is not None:
         _store(out, blk, s, i, dl * q, rm, 256, 16)
 
     # ----------------------- lattice (IQ3/IQ2/IQ1), 4-bit-float and ternary types: code books in memory
-    # The grids, the sign table and the e2m1 / e8m0 decoders are engine.quant.dequant's float32 tables
-    # (read from gguf at import), passed as small device tensors and gathered per value.
+    # The IQ2/IQ3 kernels tile a block as [R, S, K, C]: sub-block s, grid point k within it, value c
+    # of the point.  Each point's code-book word (its values packed as bytes, code_books' `*_packed`)
+    # is read once per point and taken apart in registers, and the ksigns sign of a value is
+    # computed from its 7-bit index (the 7 bits, then their parity: ksigns_iq2xs[i] = i | parity << 7)
+    # instead of gathered per value.  The other code books (IQ1, MXFP4, NVFP4) are float32 tables
+    # gathered per value.
+    @triton.jit
+    def _blocks4(rows, n_blocks, bpr, row_stride, TS: tl.constexpr, R: tl.constexpr, GATHER: tl.constexpr):
+        """`_blocks` as [R, 1, 1, 1]."""
+        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, TS, R, GATHER)
+        return blk[:, :, :, None], base[:, :, :, None], rm[:, :, :, None]
+
+    @triton.jit
+    def _tile4(S: tl.constexpr, K: tl.constexpr, C: tl.constexpr):
+        """Sub-block s [1, S, 1, 1], point k [1, 1, K, 1], value of the point c [1, 1, 1, C]."""
+        return (tl.arange(0, S)[None, :, None, None], tl.arange(0, K)[None, None, :, None],
+                tl.arange(0, C)[None, None, None, :])
+
+    @triton.jit
+    def _point(book, idx, c, mask, WORDS: tl.constexpr):
+        """Value c of code-book point idx (WORDS int32 words of four byte values a point), float32."""
+        w0 = tl.load(book + idx * WORDS, mask=mask, other=0)
+        if WORDS == 2:
+            w1 = tl.load(book + idx * WORDS + 1, mask=mask, other=0)
+            w0 = tl.where(c < 4, w0, w1)
+        return ((w0 >> ((c & 3) * 8)) & 255).to(tl.float32)
+
+    @triton.jit
+    def _ksign(idx7, j):
+        """+1.0 or -1.0: bit j (0..7) of ggml's ksigns_iq2xs[idx7]."""
+        par = idx7 ^ (idx7 >> 4)
+        par = par ^ (par >> 2)
+        par = (par ^ (par >> 1)) & 1
+        bit = tl.where(j == 7, par, (idx7 >> j) & 1)
+        return 1.0 - 2.0 * bit.to(tl.float32)
+
     @triton.jit
     def _row(tab, idx, col, mask, W: tl.constexpr):
         """tab[idx, col] of a float32 [points, W] code book."""
@@ -299,37 +333,36 @@ if triton is not None:
         return _u8(src, a, mask) | (_u8(src, a + 1, mask) << 8) | (_u8(src, a + 2, mask) << 16) | (_u8(src, a + 3, mask) << 24)
 
     @triton.jit
-    def _iq3_xxs(src, out, rows, n_blocks, bpr, row_stride, grid, signs,
+    def _iq3_xxs(src, out, rows, n_blocks, bpr, row_stride, grid,
                  R: tl.constexpr, GATHER: tl.constexpr):
         # d | qs[64] (one grid byte per 4 values) | 8 x u32 (four 7-bit sign indices | 4-bit scale)
-        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 98, R, GATHER)
-        s, i = _tile(8, 32)
+        blk, base, rm = _blocks4(rows, n_blocks, bpr, row_stride, 98, R, GATHER)
+        s, k, c = _tile4(8, 8, 4)
         d = _f16(src, base, rm)
         a = base + 66 + s * 4
         aux = _aux_u32(src, a, rm)
         dl = d * (0.5 + (_u8(src, a + 3, rm) >> 4).to(tl.float32))
         db = dl * 0.5
-        g = _row(grid, _u8(src, base + 2 + s * 8 + (i >> 2), rm), i & 3, rm, 4)
-        sg = _row(signs, (aux >> ((i >> 3) * 7)) & 127, i & 7, rm, 8)
+        g = _point(grid, _u8(src, base + 2 + s * 8 + k, rm), c, rm, 1)
+        sg = _ksign((aux >> ((k >> 1) * 7)) & 127, (k & 1) * 4 + c)
         p = db * g
-        _store(out, blk, s, i, p * sg, rm, 256, 32)
+        _store(out, blk, s, k * 4 + c, p * sg, rm, 256, 32)
 
     @triton.jit
     def _iq3_s(src, out, rows, n_blocks, bpr, row_stride, grid,
                R: tl.constexpr, GATHER: tl.constexpr):
         # d | qs[64] (grid index low 8 bits) | qh[8] (ninth bits) | signs[32] (one bit a value) | scales[4]
-        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 110, R, GATHER)
-        s, i = _tile(8, 32)
+        blk, base, rm = _blocks4(rows, n_blocks, bpr, row_stride, 110, R, GATHER)
+        s, k, c = _tile4(8, 8, 4)
         d = _f16(src, base, rm)
         sc = (_u8(src, base + 106 + (s >> 1), rm) >> ((s & 1) * 4)) & 15
         db = d * (1 + 2 * sc).to(tl.float32)
-        k = i >> 2  # the grid point of these 4 values
         idx = _u8(src, base + 2 + s * 8 + k, rm) | (((_u8(src, base + 66 + s, rm) >> k) & 1) << 8)
-        g = _row(grid, idx, i & 3, rm, 4)
-        bit = (_u8(src, base + 74 + s * 4 + (i >> 3), rm) >> (i & 7)) & 1
+        g = _point(grid, idx, c, rm, 1)
+        bit = (_u8(src, base + 74 + s * 4 + (k >> 1), rm) >> ((k & 1) * 4 + c)) & 1
         sg = 1.0 - 2.0 * bit.to(tl.float32)
         p = db * g
-        _store(out, blk, s, i, p * sg, rm, 256, 32)
+        _store(out, blk, s, k * 4 + c, p * sg, rm, 256, 32)
 
     @triton.jit
     def _mxfp4(src, out, rows, n_blocks, bpr, row_stride, e8m0_half, e2m1,
@@ -342,55 +375,55 @@ if triton is not None:
         _store(out, blk, s, i, d * q, rm, 32, 16)
 
     @triton.jit
-    def _iq2_xxs(src, out, rows, n_blocks, bpr, row_stride, grid, signs,
+    def _iq2_xxs(src, out, rows, n_blocks, bpr, row_stride, grid,
                  R: tl.constexpr, GATHER: tl.constexpr):
         # d | 8 x (4 grid bytes, one per 8 values | u32: four 7-bit sign indices, 4-bit scale on top)
-        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 66, R, GATHER)
-        s, i = _tile(8, 32)
+        blk, base, rm = _blocks4(rows, n_blocks, bpr, row_stride, 66, R, GATHER)
+        s, k, c = _tile4(8, 4, 8)
         d = _f16(src, base, rm)
         a = base + 2 + s * 8
         aux = _aux_u32(src, a + 4, rm)
         dl = d * (0.5 + (_u8(src, a + 7, rm) >> 4).to(tl.float32))
         db = dl * 0.25
-        g = _row(grid, _u8(src, a + (i >> 3), rm), i & 7, rm, 8)
-        sg = _row(signs, (aux >> ((i >> 3) * 7)) & 127, i & 7, rm, 8)
+        g = _point(grid, _u8(src, a + k, rm), c, rm, 2)
+        sg = _ksign((aux >> (k * 7)) & 127, c)
         p = db * g
-        _store(out, blk, s, i, p * sg, rm, 256, 32)
+        _store(out, blk, s, k * 8 + c, p * sg, rm, 256, 32)
 
     @triton.jit
-    def _iq2_xs(src, out, rows, n_blocks, bpr, row_stride, grid, signs,
+    def _iq2_xs(src, out, rows, n_blocks, bpr, row_stride, grid,
                 R: tl.constexpr, GATHER: tl.constexpr):
         # d | qs[32] u16 (9-bit grid index | 7-bit sign index, 8 values each) | scales[8] (4-bit per 16 values)
-        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 74, R, GATHER)
-        s, i = _tile(16, 16)
+        blk, base, rm = _blocks4(rows, n_blocks, bpr, row_stride, 74, R, GATHER)
+        s, k, c = _tile4(16, 2, 8)
         d = _f16(src, base, rm)
         sc = (_u8(src, base + 66 + (s >> 1), rm) >> ((s & 1) * 4)) & 15
         dl = d * (0.5 + sc.to(tl.float32))
         db = dl * 0.25
-        a = base + 2 + (s * 2 + (i >> 3)) * 2
+        a = base + 2 + (s * 2 + k) * 2
         q = _u8(src, a, rm) | (_u8(src, a + 1, rm) << 8)
-        g = _row(grid, q & 511, i & 7, rm, 8)
-        sg = _row(signs, q >> 9, i & 7, rm, 8)
+        g = _point(grid, q & 511, c, rm, 2)
+        sg = _ksign(q >> 9, c)
         p = db * g
-        _store(out, blk, s, i, p * sg, rm, 256, 16)
+        _store(out, blk, s, k * 8 + c, p * sg, rm, 256, 16)
 
     @triton.jit
     def _iq2_s(src, out, rows, n_blocks, bpr, row_stride, grid,
                R: tl.constexpr, GATHER: tl.constexpr):
         # d | qs[32] (grid index low 8 bits) | signs[32] (one bit a value) | qh[8] (2 high bits each) | scales[8]
-        blk, base, rm = _blocks(rows, n_blocks, bpr, row_stride, 82, R, GATHER)
-        s, i = _tile(16, 16)
+        blk, base, rm = _blocks4(rows, n_blocks, bpr, row_stride, 82, R, GATHER)
+        s, k, c = _tile4(16, 2, 8)
         d = _f16(src, base, rm)
         sc = (_u8(src, base + 74 + (s >> 1), rm) >> ((s & 1) * 4)) & 15
         dl = d * (0.5 + sc.to(tl.float32))
         db = dl * 0.25
-        k = s * 2 + (i >> 3)  # the grid point of these 8 values
-        hi = (_u8(src, base + 66 + (k >> 2), rm) >> ((k & 3) * 2)) & 3
-        g = _row(grid, _u8(src, base + 2 + k, rm) | (hi << 8), i & 7, rm, 8)
-        bit = (_u8(src, base + 34 + s * 2 + (i >> 3), rm) >> (i & 7)) & 1
+        kk = s * 2 + k  # the grid point of these 8 values in the block
+        hi = (_u8(src, base + 66 + (kk >> 2), rm) >> ((kk & 3) * 2)) & 3
+        g = _point(grid, _u8(src, base + 2 + kk, rm) | (hi << 8), c, rm, 2)
+        bit = (_u8(src, base + 34 + kk, rm) >> c) & 1
         sg = 1.0 - 2.0 * bit.to(tl.float32)
         p = db * g
-        _store(out, blk, s, i, p * sg, rm, 256, 16)
+        _store(out, blk, s, k * 8 + c, p * sg, rm, 256, 16)
 
     @triton.jit
     def _iq1_s(src, out, rows, n_blocks, bpr, row_stride, grid, delta,
@@ -463,17 +496,18 @@ if triton is not None:
 
     # type -> (kernel, blocks per program, warps): ~2K values a program for the 32-value types,
     # 4K-8K for K-quants, the fastest measured on an H200 (benchmarks/dequant_bench.py --launch).
-    # The lattice kernels (IQ1/IQ2/IQ3) gather from code books and are fastest at 1-2 blocks a
-    # program on one warp (IQ3_XXS 1.72 -> 1.15 ms a layer, IQ3_S 1.50 -> 0.90, IQ2_XXS 1.92 ->
-    # 1.23, IQ1_M 1.78 -> 1.43; docs/bench/2026-12-02-dequant-launch-shapes-nvidia-h200.txt);
-    # IQ2_XS and IQ1_S take their siblings' shapes unmeasured, NVFP4 and TQ the old ones
+    # The lattice kernels (IQ1/IQ2/IQ3) are fastest at 1-4 blocks a program on 1-2 warps.  With
+    # packed code-book words and computed signs (session 9): IQ3_XXS 1.15 -> 0.72 ms a layer,
+    # IQ3_S 0.90 -> 0.72 (2:1), IQ2_XXS 1.23 -> 0.60, IQ2_XS -> 0.45, IQ2_S 1.41 -> 0.45 (4:2);
+    # IQ1_M 1.43 (1:1, before); IQ1_S takes its sibling's shape unmeasured, NVFP4 and TQ the old
+    # ones (docs/benchmarks.md, "The lattice kernels' code books")
     _TABLE: dict[T, tuple[Any, int, int]] = {
         T.Q8_0: (_q8_0, 64, NUM_WARPS), T.Q4_0: (_q4_0, 64, NUM_WARPS), T.Q4_1: (_q4_1, 64, NUM_WARPS),
         T.Q5_0: (_q5_0, 64, NUM_WARPS), T.Q5_1: (_q5_1, 64, NUM_WARPS), T.IQ4_NL: (_iq4_nl, 64, NUM_WARPS),
         T.Q4_K: (_q4_k, 16, NUM_WARPS), T.Q5_K: (_q5_k, 32, NUM_WARPS), T.Q6_K: (_q6_k, 16, NUM_WARPS),
         T.Q2_K: (_q2_k, 16, NUM_WARPS), T.Q3_K: (_q3_k, 16, NUM_WARPS), T.IQ4_XS: (_iq4_xs, 32, NUM_WARPS),
         T.IQ3_XXS: (_iq3_xxs, 2, 1), T.IQ3_S: (_iq3_s, 2, 1), T.MXFP4: (_mxfp4, 64, NUM_WARPS),
-        T.IQ2_XXS: (_iq2_xxs, 2, 1), T.IQ2_XS: (_iq2_xs, 2, 1), T.IQ2_S: (_iq2_s, 2, 1),
+        T.IQ2_XXS: (_iq2_xxs, 4, 2), T.IQ2_XS: (_iq2_xs, 4, 2), T.IQ2_S: (_iq2_s, 4, 2),
         T.IQ1_S: (_iq1_s, 2, 1), T.IQ1_M: (_iq1_m, 1, 1), T.NVFP4: (_nvfp4, 32, NUM_WARPS),
         T.TQ2_0: (_tq2_0, 16, NUM_WARPS), T.TQ1_0: (_tq1_0, 16, NUM_WARPS),
     }
@@ -482,8 +516,8 @@ else:
 
 # the code books a type's kernel takes after its row stride, by engine.quant.code_books' names
 CODE_BOOKS: dict[T, tuple[str, ...]] = {
-    T.IQ3_XXS: ("IQ3_XXS", "ksigns"), T.IQ3_S: ("IQ3_S",), T.MXFP4: ("e8m0_half", "e2m1"),
-    T.IQ2_XXS: ("IQ2_XXS", "ksigns"), T.IQ2_XS: ("IQ2_XS", "ksigns"), T.IQ2_S: ("IQ2_S",),
+    T.IQ3_XXS: ("IQ3_XXS_packed",), T.IQ3_S: ("IQ3_S_packed",), T.MXFP4: ("e8m0_half", "e2m1"),
+    T.IQ2_XXS: ("IQ2_XXS_packed",), T.IQ2_XS: ("IQ2_XS_packed",), T.IQ2_S: ("IQ2_S_packed",),
     T.IQ1_S: ("IQ1_S", "iq1_delta"), T.IQ1_M: ("IQ1_S", "iq1_delta"), T.NVFP4: ("ue4m3", "e2m1"),
 }
 

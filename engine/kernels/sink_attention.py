@@ -1,0 +1,162 @@
+"""Causal attention with per-head sinks and an optional sliding window (gpt-oss), in plain torch.
+
+A sink is one learned logit per query head that joins every query's softmax as an extra
+column with no value: it takes a share of the probability mass and returns nothing, so
+
+    o = sum_j exp(s_j) v_j / (sum_j exp(s_j) + exp(sink_h))
+
+(transformers' `eager_attention_forward` of GptOss, llama.cpp's `ggml_soft_max_add_sinks`).
+A sliding window of w tokens lets the query at position p see keys (p - w, p] (its own
+included: llama.cpp's LLAMA_SWA_TYPE_STANDARD, transformers' sliding-window mask).
+
+The reference path, every device: the chunk's queries in blocks whose fp32 score tensor fits
+`SCORE_BYTES`, each against only the keys its window can reach (a sliding layer's block costs
+O(block * (block + w)) whatever the prefix), scores and products in the input's dtype as
+transformers' eager path computes them, the softmax in fp32.  Grouped-query heads are batched
+per KV head (no repeated K/V).
+
+On CUDA a full (not sliding) layer's chunk takes the cuDNN split of `engine.kernels.attention`
+where that device chose it: the prefix block and the causal diagonal each return their
+log-sum-exp, and the sink joins the merge as a third block with no value,
+
+    o = (e^lse_pre o_pre + e^lse_diag o_diag) / (e^lse_pre + e^lse_diag + e^sink)
+
+(fp32, from the maximum of the three).  Decided once per shape and device by a self-check
+against the reference path (sinks of size 2, a chunk behind a prefix); a failure or an answer
+off by more than bf16's tolerance keeps the reference path, logged.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from engine.kernels import attention
+
+log = logging.getLogger(__name__)
+
+SCORE_BYTES = 64 << 20  # fp32 scores of one query block (bounded scratch on any device)
+
+
+def _block_rows(n_heads: int, keys_per_row: int, n: int) -> int:
+    """Queries per block so that a block's fp32 scores stay within SCORE_BYTES."""
+    return max(1, min(n, SCORE_BYTES // max(1, 4 * n_heads * keys_per_row)))
+
+
+def sink_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int, sinks: torch.Tensor,
+                   window: int | None = None) -> torch.Tensor:
+    """q [n, H, hd] of tokens [pos, pos+n); keys/values [L, KV, hd] of tokens [pos+n-L, pos+n):
+    every token so far, or (a sliding layer's cache) at least the window of the chunk's first
+    query; sinks [H]; window: keys a query sees, its own included (None: all earlier ones).
+    Returns [n, H*hd] in q's dtype."""
+    n, H, hd = q.shape
+    total, KV = keys.shape[0], keys.shape[1]
+    first = pos + n - total  # the position of keys[0]
+    need = 0 if window is None else max(0, pos - window + 1)
+    if first < 0 or first > need:
+        raise ValueError(f"attention of a chunk of {n} at position {pos} over keys from position {first}: "
+                         f"it needs every key from position {need}")
+    if window is None and n > 1 and q.is_cuda and _split_ok(q.device, H, KV, hd, q.dtype):
+        return _split(q, keys, values, pos, sinks)
+    return _reference(q, keys, values, pos, sinks, window, first)
+
+
+def _reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int, sinks: torch.Tensor,
+               window: int | None, first: int) -> torch.Tensor:
+    n, H, hd = q.shape
+    total, KV = keys.shape[0], keys.shape[1]
+    rep = H // KV
+    scale = hd ** -0.5
+    out = torch.empty(n, H, hd, device=q.device, dtype=q.dtype)
+    sink = sinks.float().view(KV, 1, rep, 1)  # head h = kv * rep + r (transformers' repeat_kv order)
+    reach = total if window is None else min(total, window + n - 1)
+    step = _block_rows(H, reach, n)
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        lo = first if window is None else max(first, pos + a - window + 1)
+        hi = pos + b
+        k = keys[lo - first:hi - first].permute(1, 2, 0)  # [KV, hd, L]
+        v = values[lo - first:hi - first].transpose(0, 1)  # [KV, L, hd]
+        qb = q[a:b].view(b - a, KV, rep, hd).permute(1, 0, 2, 3).reshape(KV, (b - a) * rep, hd)
+        s = torch.bmm(qb, k).float().mul_(scale).view(KV, b - a, rep, hi - lo)
+        qpos = torch.arange(pos + a, pos + b, device=q.device).view(-1, 1)
+        kpos = torch.arange(lo, hi, device=q.device).view(1, -1)
+        hidden = kpos > qpos
+        if window is not None:
+            hidden |= qpos - kpos >= window
+        s.masked_fill_(hidden.view(1, b - a, 1, hi - lo), float("-inf"))
+        p = torch.softmax(torch.cat((s, sink.expand(KV, b - a, rep, 1)), dim=-1), dim=-1)[..., :-1]
+        o = torch.bmm(p.to(v.dtype).reshape(KV, (b - a) * rep, hi - lo), v)  # [KV, rows*rep, hd]
+        out[a:b] = o.view(KV, b - a, rep, hd).permute(1, 0, 2, 3).reshape(b - a, H, hd)
+    return out.reshape(n, H * hd)
+
+
+def describe(device: torch.device, H: int, KV: int, hd: int, dtype: torch.dtype, window: int | None) -> str:
+    """The run report's line for a model of this attention on `device`."""
+    ref = f"torch with sinks{f', window {window} on sliding layers' if window else ''}"
+    if device.type == "cuda" and _split_ok(device, H, KV, hd, dtype):
+        return f"cuDNN prefix+diagonal split with the sink merged (full layers' chunks); {ref} (the rest)"
+    return ref
+
+
+_SPLIT_OK: dict[tuple, bool] = {}
+_LOCK = threading.Lock()
+
+
+def _split_ok(device: torch.device, H: int, KV: int, hd: int, dtype: torch.dtype) -> bool:
+    """Whether full layers of this shape take the cuDNN split on this device (decided once)."""
+    key = (str(device), H, KV, hd, dtype)
+    ok = _SPLIT_OK.get(key)
+    if ok is None:
+        with _LOCK:
+            ok = _SPLIT_OK.get(key)
+            if ok is None:
+                ok = _SPLIT_OK[key] = _check_split(device, H, KV, hd, dtype)
+    return ok
+
+
+def _check_split(device: torch.device, H: int, KV: int, hd: int, dtype: torch.dtype) -> bool:
+    if attention.kernel_for(device, H, KV, hd, dtype).name != attention.CUDNN_SPLIT:
+        return False
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    n, pos = 64, 192
+    q = torch.randn(n, H, hd, generator=gen).to(device, dtype)
+    k = torch.randn(pos + n, KV, hd, generator=gen).to(device, dtype)
+    v = torch.randn(pos + n, KV, hd, generator=gen).to(device, dtype)
+    sinks = (2 * torch.randn(H, generator=gen)).to(device)
+    try:
+        err = 0.0
+        for p in (pos, 0):
+            got = _split(q, k[:p + n], v[:p + n], p, sinks)
+            want = _reference(q, k[:p + n], v[:p + n], p, sinks, None, 0)
+            err = max(err, float((got.float() - want.float()).abs().max()))
+    except Exception as exc:  # a build or GPU where the split fails: the reference path
+        log.info("attention with sinks on %s: the reference path (the cuDNN split failed: %s: %s)", device,
+                 type(exc).__name__, str(exc).splitlines()[0][:120] if str(exc) else "")
+        return False
+    ok = err < 2e-2
+    log.info("attention with sinks on %s (%d/%d heads of %d): %s (max error %.3g against the reference)", device, H,
+             KV, hd, "cuDNN split + sink merge" if ok else "the reference path", err)
+    return ok
+
+
+def _split(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int, sinks: torch.Tensor) -> torch.Tensor:
+    """A full layer's chunk over every earlier key: cuDNN's prefix and diagonal blocks, merged
+    with the sink through their log-sum-exps (fp32)."""
+    n, H, hd = q.shape
+    kern = attention.kernel_for(q.device, H, keys.shape[1], hd, q.dtype)
+    qt = q.transpose(0, 1).unsqueeze(0).contiguous()  # [1, H, n, hd]
+    kt = keys.transpose(0, 1).unsqueeze(0)  # [1, KV, L, hd]
+    vt = values.transpose(0, 1).unsqueeze(0)
+    if not kern.native_gqa and kt.shape[1] != H:
+        kt, vt = kt.repeat_interleave(H // kt.shape[1], dim=1), vt.repeat_interleave(H // vt.shape[1], dim=1)
+    blocks = [attention._cudnn(qt, kt[:, :, pos:].contiguous(), vt[:, :, pos:].contiguous(), causal=True)]
+    if pos:
+        blocks.append(attention._cudnn(qt, kt[:, :, :pos].contiguous(), vt[:, :, :pos].contiguous(), causal=False))
+    sink = sinks.float().view(1, H, 1).expand(1, H, n)
+    top = torch.stack([lse for _, lse in blocks] + [sink]).amax(0)
+    weights = [torch.exp(lse - top) for _, lse in blocks]
+    total = sum(weights) + torch.exp(sink - top)
+    o = sum(b.float() * (w / total).unsqueeze(-1) for (b, _), w in zip(blocks, weights))
+    return o.to(q.dtype).squeeze(0).transpose(0, 1).reshape(n, H * hd)

@@ -1,0 +1,50 @@
+"""Decode's routed experts straight from their stored blocks (issue 32 item 1): for a few rows
+(a decode token's k routed (token, expert) pairs), one matrix-vector product per row and
+weight from the stored bytes (`engine.quant.qmatvec_triton`), instead of gathering the routed
+experts into a compute-dtype scratch and running grouped GEMMs over it.
+
+The rule (`wanted`) is one threshold on the rows, `MATVEC_MAX_ROWS`, measured with
+`benchmarks/routed_experts_bench.py` on the device: each row reads its expert's weights once,
+so the work grows with the rows where the grouped GEMM's does not.  It depends on the chunk
+size only (n * k rows), so a CUDA graph captured at one size holds the same path."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from engine.quant.qtensor import QTensor
+
+if TYPE_CHECKING:
+    from engine.models.layers import LayerWeights
+
+# rows (tokens x experts used) up to which the stored-block products beat gather + grouped GEMM:
+# one H200, Qwen3-30B-A3B's MoE layer (128 experts of 768, top-8, Q4_K/Q6_K), eager, best of 20
+# (`benchmarks/routed_experts_bench.py --device cuda:0 --tokens 1,2,4,8 --repeat 20`): 8 rows
+# 0.43 vs 0.74 ms (compact scratch), 16 rows 0.42 vs 0.83, 32 rows 0.53 vs 0.80, 64 rows 1.00 vs 1.04
+MATVEC_MAX_ROWS = 32
+
+
+def wanted(w: LayerWeights, rows: int, x: torch.Tensor) -> bool:
+    """Whether a chunk of `rows` (token, expert) rows computes its experts here."""
+    if rows > MATVEC_MAX_ROWS or x.device.type != "cuda":
+        return False
+    from engine.quant import qmatvec_triton  # imports triton: only where a GPU runs
+
+    if not qmatvec_triton.available():
+        return False
+    parts = (w.gate_exps, w.up_exps, w.down_exps)
+    return all(isinstance(t, QTensor) and t.qtype in qmatvec_triton.TYPES for t in parts)
+
+
+def experts(w: LayerWeights, xs: torch.Tensor, sorted_experts: torch.Tensor) -> torch.Tensor:
+    """The SiLU-gated expert FFN of rows `xs` (sorted by expert; `sorted_experts` their expert
+    ids, int64 on the device): [rows, hidden] in xs's dtype, as the grouped-GEMM path computes it."""
+    from engine.quant import qmatvec_triton
+
+    def mv(t: QTensor, x: torch.Tensor) -> torch.Tensor:
+        return qmatvec_triton.matvec(t.raw, t.qtype, t.shape, x, sorted_experts)
+
+    a = F.silu(mv(w.gate_exps, xs)) * mv(w.up_exps, xs)
+    return mv(w.down_exps, a)

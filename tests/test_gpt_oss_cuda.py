@@ -1,0 +1,97 @@
+"""gpt-oss on CUDA (the device machine; skipped without a GPU): the converter-made files against
+transformers (fp32 at the CPU bar, bf16 at test_cuda.py's), the sink attention's two CUDA paths
+against the reference at gpt-oss-20b's heads, and gpt-oss-20b's full shapes through a run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.io import gguf_model, synth
+from engine.io.prompt import synthetic
+from engine.kernels import sink_attention as sa
+from engine.pipeline.session import Session
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DATA = Path(__file__).parent / "data" / "families"
+DEV = torch.device("cuda:0")
+
+
+def _logits(model, ids, **settings):
+    sess = Session(model, EngineConfig(devices=["cuda:0"], **settings))
+    try:
+        return sess.run(ids, decode_tokens=0, logits_all=True).logits
+    finally:
+        sess.close()
+
+
+@pytest.mark.parametrize("name", ["gpt-oss.gguf", "gpt-oss-mxfp4.gguf"])
+def test_cuda_matches_transformers(name):
+    transformers = pytest.importorskip("transformers")
+    model = gguf_model.load(DATA / name)
+    ids = synthetic(48, model.spec.vocab, nonce=3)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(DATA / "gpt-oss"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([ids])).logits[0]
+    for chunk in (5, 16):
+        assert (_logits(model, ids, dtype="float32", chunk_tokens=chunk) - ref).abs().max().item() <= 1e-4
+    bf16 = _logits(model, ids, chunk_tokens=16)
+    rel = (bf16 - ref).abs().amax(-1) / ref.abs().amax(-1)
+    agree = (bf16.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    print(f"{name}: bf16 vs HF fp32: median {rel.median().item() * 100:.2f}%, top-1 agreement {agree * 100:.1f}%")
+    assert rel.median().item() <= 0.03 and agree >= 0.9
+
+
+def _qkv(pos, n, seed, H=64, KV=8, hd=64):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, H, hd, generator=gen).to(DEV, torch.bfloat16)
+    k = torch.randn(pos + n, KV, hd, generator=gen).to(DEV, torch.bfloat16)
+    v = torch.randn(pos + n, KV, hd, generator=gen).to(DEV, torch.bfloat16)
+    return q, k, v, (2 * torch.randn(H, generator=gen)).to(DEV)
+
+
+@pytest.mark.parametrize("pos,n", [(0, 2048), (6144, 2048), (1024, 512)])
+def test_full_layers_take_the_cudnn_split_and_match_the_reference(pos, n):
+    """gpt-oss-20b's heads (64 q / 8 kv of 64): the device chose the split (H200 with torch's
+    cuDNN), and it is within bf16 rounding of the fp32 reference."""
+    q, k, v, sinks = _qkv(pos, n, pos + n)
+    assert sa._split_ok(DEV, 64, 8, 64, torch.bfloat16)
+    got = sa.sink_attention(q, k, v, pos, sinks).float()
+    exact = sa._reference(q.float(), k.float(), v.float(), pos, sinks, None, 0)
+    ref = sa._reference(q, k, v, pos, sinks, None, 0).float()
+    err, err_ref = (got - exact).abs().max().item(), (ref - exact).abs().max().item()
+    print(f"pos {pos} n {n}: split {err:.2e}, bf16 reference {err_ref:.2e} from fp32")
+    assert err <= max(2 * err_ref, 4e-3)
+
+
+@pytest.mark.parametrize("pos,n", [(0, 2048), (6144, 2048), (6144, 1)])
+def test_sliding_layers_on_cuda_match_the_fp32_reference(pos, n):
+    from engine.models.sliding_kv import SlidingKV
+
+    q, k, v, sinks = _qkv(pos, n, 7 + pos + n)
+    cache = SlidingKV(pos + n, 128, 8, 64, DEV, torch.bfloat16)
+    if pos:
+        cache.append(k[:pos], v[:pos], 0)
+    keys, values = cache.append(k[pos:], v[pos:], pos)
+    got = sa.sink_attention(q, keys, values, pos, sinks, 128).float()
+    exact = sa._reference(q.float(), k.float(), v.float(), pos, sinks, 128, 0)
+    assert (got - exact).abs().max().item() <= 4e-2
+
+
+def test_gpt_oss_20b_shapes_run_a_prompt_of_several_chunks():
+    """Two layers (one sliding, one full) at full shapes, MXFP4 experts generated on the device:
+    a 6K prompt in 2K chunks, one stage and two on one GPU give one digest."""
+    src = synth.SyntheticSource(synth.recipe_from_args("gpt-oss-20b", n_layers=2), "cuda:0")
+    ids = synthetic(6144, src.spec.vocab, nonce=5)
+    digests = set()
+    for devices in (["cuda:0"], ["cuda:0", "cuda:0"]):
+        sess = Session(src, EngineConfig(devices=devices, chunk_tokens=2048))
+        try:
+            rep = sess.run(ids, decode_tokens=4).report
+        finally:
+            sess.close()
+        print(f"{len(devices)} stage(s): prefill {rep.prefill_s:.2f} s, digest {rep.digest[:12]}")
+        digests.add(rep.digest)
+    assert len(digests) == 1
