@@ -83,8 +83,12 @@ class DecodeGraph:
         with torch.cuda.device(self.device):
             self.pool = torch.cuda.graph_pool_handle()
             self.x_in = torch.zeros(1, self.layers[0].spec.hidden, device=self.device, dtype=dtype)
-        # the RoPE tables the graph reads stay alive even if a longer prompt regrows them
+        # the RoPE tables cover the span before recording (a table grown inside a capture would be
+        # graph memory, never computed), and the ones the graph reads stay alive even if a longer
+        # prompt regrows them
         ropes = {id(layer.rope): layer.rope for layer in self.layers}.values()
+        for r in ropes:
+            r.lowp_tables(0, span, dtype)  # grows the fp32 tables too (Rope._ensure)
         self.tables = [t for r in ropes for t in vars(r).values() if isinstance(t, torch.Tensor)]
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
