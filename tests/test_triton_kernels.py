@@ -65,3 +65,20 @@ def test_split_k_decode_attention_is_the_torch_one(pos, span):
     values[pos + 1:] = float("nan")
     got = da._triton(da._compiled(), q, keys, values, index)
     assert got.shape == (1, H * hd) and torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+def test_the_split_k_kernels_are_checked_against_torch_before_they_serve():
+    """The first call of a shape runs the kernels on a small problem against torch: they pass
+    here (the interpreter), and kernels that fail to launch are refused with the reason."""
+    from engine.kernels import decode_attention as da
+
+    assert da._self_check(da._compiled(), torch.device("cpu"), torch.float32, 8, 2, 32) == ""
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("PTX compile failed (a build that cannot)")
+            return launch
+
+    why = da._self_check((Broken(), Broken()), torch.device("cpu"), torch.float32, 8, 2, 32)
+    assert why.startswith("the split-K kernels failed (RuntimeError: PTX compile failed"), why

@@ -12,20 +12,31 @@ to token and a CUDA graph can hold them.  Two implementations, one result up to 
   position from the device and masks the loads of keys past it (nothing is read there: a short
   context inside a large span costs almost nothing), keeping a running max, sum and weighted sum in fp32; a second kernel merges
   the slices by their log-sum-exp.  Two kernels, every SM busy at long contexts where the
-  batched GEMM over four KV heads is not.
+  batched GEMM over four KV heads is not.  Before they serve a shape on a device they run once
+  on a small problem against the torch expression (`_self_check`, an eager step: never inside
+  a capture); a build whose Triton fails there keeps torch with a warning, and the run
+  report's kernels line says why.
 """
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 
 import torch
 
 from engine import settings_table
 from engine.kernels.triton_import import load
 
+log = logging.getLogger(__name__)
+
 ENV = settings_table.row("decode_attention").env  # "torch": never the Triton kernels
 SPLIT = 128  # keys per program of the split-K kernel
 BLOCK = 32  # keys per step inside a program
+# (device, dtype, H, KV, hd) -> "" when the split-K kernels agreed with torch there, else why not:
+# checked on the first call of a shape (an eager step: never inside a graph capture)
+_CHECKED: dict[tuple, str] = {}
+_LOCK = threading.Lock()
 
 
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, masked: torch.Tensor,
@@ -38,9 +49,44 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     if H % KV:
         raise ValueError(f"{H} query heads are not a multiple of {KV} key/value heads")
     kern = _kernels() if q.is_cuda else None
-    if kern is not None and q.stride(2) == 1 and keys.stride(2) == 1 and values.stride(2) == 1 and not hd & (hd - 1):
+    if (kern is not None and q.stride(2) == 1 and keys.stride(2) == 1 and values.stride(2) == 1
+            and not hd & (hd - 1) and not _refused(kern, q.device, q.dtype, H, KV, hd)):
         return _triton(kern, q, keys, values, index)
     return _torch(q, keys, values, masked)
+
+
+def _refused(kern, device: torch.device, dtype: torch.dtype, H: int, KV: int, hd: int) -> str:
+    """Why the split-K kernels do not serve this shape ('' when they do): they run once on a
+    small problem of it against the torch expression first (a build whose Triton fails to
+    compile them, or answers wrongly, keeps torch, with a warning)."""
+    key = (str(device), dtype, H, KV, hd)
+    why = _CHECKED.get(key)
+    if why is None:
+        with _LOCK:
+            why = _CHECKED.get(key)
+            if why is None:
+                why = _CHECKED[key] = _self_check(kern, device, dtype, H, KV, hd)
+                if why:
+                    log.warning("decode attention on %s keeps torch: %s", device, why)
+    return why
+
+
+def _self_check(kern, device: torch.device, dtype: torch.dtype, H: int, KV: int, hd: int) -> str:
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    span, pos = 300, 200
+    q = torch.randn(1, H, hd, generator=gen).to(device, dtype)
+    keys = torch.randn(span, KV, hd, generator=gen).to(device, dtype)
+    values = torch.randn(span, KV, hd, generator=gen).to(device, dtype)
+    index = torch.tensor([pos], device=device)
+    masked = torch.arange(span, device=device) > index
+    keys[pos + 1:], values[pos + 1:] = 0, 0
+    try:
+        got = _triton(kern, q, keys, values, index).float()
+    except Exception as exc:  # a Triton build that cannot compile or launch them
+        return f"the split-K kernels failed ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
+    want = _torch(q, keys, values, masked).float()
+    err = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-6)
+    return "" if err <= 2e-2 else f"the split-K kernels differ from torch by {err:.3g} of the largest output"
 
 
 def _torch(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
@@ -94,6 +140,9 @@ def status() -> tuple[str, str]:
         return "torch", f"{ENV}=torch"
     if _compiled() is None:
         return "torch", _load()[2]
+    refused = sorted({why for why in _CHECKED.values() if why})
+    if refused:
+        return "torch", "; ".join(refused)
     return f"Triton {_load()[0].__version__}", ""
 
 
