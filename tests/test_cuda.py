@@ -822,6 +822,7 @@ def test_the_report_names_triton_kernels_and_the_selftest_exercise_runs_one(demo
     finally:
         sess.close()
     assert "MoE: Triton" in report.kernels and "q/k-norm+RoPE: Triton" in report.kernels, report.kernels
+    assert "decode attention: Triton" in report.kernels, report.kernels
     assert not any(n.startswith("fast kernel missing") for n in report.notes)
 
 
