@@ -27,6 +27,17 @@ for w in bf16 q4_k_m; do
     done
   done
 done
+section "q4_k_m, one stage, graphs on, STRATA_DECODE_ATTENTION=torch (does the split-K kernel earn its place?)"
+STRATA_DECODE_ATTENTION=torch python3 -m engine.cli.bench run -m "$BASE,quant=q4_k_m" --devices "$D" -p "$DEPTHS" -n "$N" \
+  -r "$R" --expert-cache all -o json > /tmp/dg-torch-attn.json 2> /tmp/dg-torch-attn.err || tail -20 /tmp/dg-torch-attn.err
+python3 - /tmp/dg-torch-attn.json <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+for r in rows:
+    if "model_type" in r:
+        print(f"depth {r['n_prompt']}: tg with torch decode attention {r['decode_tok_s']:.0f} tok/s")
+print("kernels:", next((r["kernels"] for r in rows if r.get("kernels")), "?"))
+PY
 cp /tmp/dg-*.json "$OUTDIR/" 2>/dev/null
 section "tg$N (tok/s, median of $R after a warm-up)"
 python3 - "${OUTS[@]}" <<'PY'
