@@ -29,10 +29,13 @@ for q in f16 iq3_xxs; do
 done
 wait $M1 $M2; tail -1 /tmp/mm-q4.log /tmp/mm-iq.log
 wait $B; tail -3 /tmp/llama-build.log
-section "decode, ours: $Q4 (-p 0 and 4096, -n 128) and bf16 weights"
-python3 -m engine.cli.bench run -m "$Q4" --devices cuda:0 -p 0,4096 -n 128 -r 2 --expert-cache all -o md 2>&1 | grep -E "^\| |^roofline" | grep -v "^|---"
-python3 -m engine.cli.bench run -m "synthetic:qwen3-30b-a3b:n_layers=$L" --devices cuda:0 -p 0,4096 -n 128 -r 2 -o md 2>&1 \
-  | grep -E "^\| |^roofline" | grep -v "^|---"
+for g in 1 0; do  # each stage's decode step as one CUDA graph, and eager (benchmarks/decode_graph_device.sh: more)
+  section "decode, ours, --cuda-graphs $g: $Q4 (-p 0 and 4096, -n 128) and bf16 weights"
+  python3 -m engine.cli.bench run -m "$Q4" --devices cuda:0 -p 0,4096 -n 128 -r 2 --expert-cache all --cuda-graphs $g \
+    -o md 2>&1 | grep -E "^\| |^roofline|^decode" | grep -v "^|---"
+  python3 -m engine.cli.bench run -m "synthetic:qwen3-30b-a3b:n_layers=$L" --devices cuda:0 -p 0,4096 -n 128 -r 2 \
+    --cuda-graphs $g -o md 2>&1 | grep -E "^\| |^roofline|^decode" | grep -v "^|---"
+done
 section "prefill, ours: $IQ"
 python3 -m engine.cli.bench run -m "$IQ" --devices cuda:0 -p 8192,32768 -r 2 --expert-cache all -o md 2>&1 | grep -E "^\| |^kernels" | grep -v "^|---"
 if [ -x "$BUILD/bin/llama-bench" ]; then

@@ -204,6 +204,9 @@ DIAGNOSTICS: tuple[Setting, ...] = (
         "moe_kernels", "text", "", "`torch` turns the Triton SwiGLU and slot-sum kernels off",
         "Triton where it runs", env="STRATA_MOE_KERNELS", group="diagnostics"),
     Setting(
+        "decode_attention", "text", "", "`torch` turns the Triton split-K decode attention off",
+        "Triton where it runs", env="STRATA_DECODE_ATTENTION", group="diagnostics"),
+    Setting(
         "dequant", "text", "", "`torch` keeps the torch GGUF dequantiser instead of the Triton one",
         "Triton where it runs", env="STRATA_DEQUANT", group="diagnostics"),
     Setting(

@@ -132,10 +132,12 @@ def test_cuda_graphs_replay_the_eager_kernels_bit_for_bit(make_arch, arch):
         assert res.report.digest == eager.report.digest
         assert res.report.generated == eager.report.generated
         notes.append(" ".join(res.report.notes))
-    assert sorted(k[2] for k in sess.stages[0].graph_sets) == [1, 64]  # decode steps and chunks
+    assert sorted(k[2] for k in sess.stages[0].graph_sets) == [64]  # chunks; decode: one graph per step
+    assert list(sess.stages[0].decoding.graphs) == [262]  # positions 256-261: the cache's 262 rows
     assert "CUDA graphs captured" in notes[0] and "CUDA graphs captured" not in notes[1]
+    assert "decode: 1 graph per step" in notes[0] and "decode: 1 graph" not in notes[1]
     sess.close()
-    assert not sess.stages[0].graph_sets
+    assert not sess.stages[0].graph_sets and not sess.stages[0].decoding.graphs
 
 
 @cuda
@@ -263,7 +265,8 @@ def test_two_stages_capture_a_remainder_chunk_concurrently_and_match_eager(demo_
         res = sess.run(ids, decode_tokens=4)
         assert (res.report.digest, res.report.generated) == (eager.report.digest, eager.report.generated)
     for st in sess.stages:
-        assert sorted(k[2] for k in st.graph_sets) == [1, 32, 64]
+        assert sorted(k[2] for k in st.graph_sets) == [32, 64]
+        assert len(st.decoding.graphs) == 1  # each stage's decode step: one graph
     sess.close()
 
 
@@ -721,6 +724,93 @@ def test_cuda_greedy_decode_is_the_prefill_argmax(quant, dtype):
 
 
 @cuda
+@pytest.mark.parametrize("quant", ["q4_k_m", "f16"])
+@pytest.mark.parametrize("devices", [["cuda:0"], ["cuda:0", "cuda:0"]], ids=["one-stage", "two-stages"])
+def test_cuda_graphed_decode_is_the_eager_decode_and_the_prefill_argmax(quant, devices):
+    """Issue 32 item 2: each stage's decode step is ONE CUDA graph (its layers, the routed-expert
+    gather, and the greedy head on the last stage), replaying the eager static-shape step bit for
+    bit: graphs on and off decode the same tokens after the same digest (bf16; Q4_K_M experts and
+    F16 weights; one stage, and two stages on one GPU).  The decode crosses a KV span (positions
+    250-264: span 256, then the cache's 266 rows), so every stage captures twice in the first run
+    and replays in the second; the tokens are the prefill argmax continuation (a bf16 near-tie
+    within 3% of the largest logit allowed, as above)."""
+    from decode_support import disagreements
+
+    from engine.io import synth
+    shapes = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
+    src = synth.SyntheticSource(synth.recipe_from_args("demo", quant=quant, n_layers=4, **shapes), "cuda:0")
+    ids = synthetic(250, src.spec.vocab, nonce=6)
+    decode = 16
+    eager_sess = Session(src, EngineConfig(devices=devices, chunk_tokens=64, cuda_graphs=False))
+    eager = eager_sess.run(ids, decode_tokens=decode).report
+    eager_sess.close()
+    sess = Session(src, EngineConfig(devices=devices, chunk_tokens=64))
+    try:
+        runs = [sess.run(ids, decode_tokens=decode).report for _ in range(2)]
+        for k, rep in enumerate(runs):
+            assert (rep.digest, rep.generated) == (eager.digest, eager.generated), (k, rep.generated, eager.generated)
+        captured = [n for n in runs[0].notes if n.startswith("decode: 1 graph per step")]
+        print("\n".join(captured))
+        assert len(captured) == 2 * len(devices), runs[0].notes  # two spans per stage
+        assert not any(n.startswith("decode:") for n in runs[1].notes), runs[1].notes
+        assert all(sorted(st.decoding.graphs) == [256, 266] for st in sess.stages)
+        print(f"{quant} {devices}: decode {runs[0].decode_tok_s:.0f} tok/s graphed, {eager.decode_tok_s:.0f} eager")
+    finally:
+        sess.close()
+    full = Session(src, EngineConfig(devices=["cuda:0"], chunk_tokens=512))
+    logits = full.run(list(ids) + eager.generated[:-1], logits_all=True).logits[len(ids) - 1:]
+    full.close()
+    assert not disagreements(eager.generated, logits, 0.03), (eager.generated, logits.argmax(-1).tolist())
+
+
+@cuda
+def test_cuda_split_k_decode_attention_matches_torch_and_replays_in_a_graph():
+    """engine/kernels/decode_attention.py on the GPU (Qwen3-30B-A3B's 32/4 heads of 128, bf16):
+    the Triton split-K kernels give the torch expression's output at positions across a 4224-key
+    span, skip what lies past the position (NaN there changes nothing), and a CUDA graph captured
+    at one position replays any other bit for bit."""
+    pytest.importorskip("triton")
+    from engine.kernels import decode_attention as da
+
+    dev, H, KV, hd, span = torch.device("cuda:0"), 32, 4, 128, 4224
+    g = torch.Generator(device=dev).manual_seed(3)
+    q = torch.randn(1, H, hd, device=dev, dtype=torch.bfloat16, generator=g)
+    keys = torch.randn(span, KV, hd, device=dev, dtype=torch.bfloat16, generator=g)
+    values = torch.randn(span, KV, hd, device=dev, dtype=torch.bfloat16, generator=g)
+    index = torch.zeros(1, dtype=torch.int64, device=dev)
+    assert da.status()[0].startswith("Triton")
+
+    def masked() -> torch.Tensor:
+        return torch.arange(span, device=dev) > index
+
+    for pos in (0, 127, 128, 1000, 4095, 4223):
+        index.fill_(pos)
+        m = masked()
+        want = da._torch(q, keys.masked_fill(m[:, None, None], 0), values.masked_fill(m[:, None, None], 0), m)
+        tail_k, tail_v = keys[pos + 1:].clone(), values[pos + 1:].clone()
+        keys[pos + 1:], values[pos + 1:] = float("nan"), float("nan")
+        got = da.decode_attention(q, keys, values, m, index)
+        keys[pos + 1:], values[pos + 1:] = tail_k, tail_v
+        rel = (got.float() - want.float()).abs().max().item() / want.float().abs().max().item()
+        print(f"pos {pos}: split-K vs torch {rel * 100:.3f}% of max |o|")
+        assert rel <= 1e-2, pos
+    index.fill_(7)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        da.decode_attention(q, keys, values, masked(), index)  # warm-up off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = da.decode_attention(q, keys, values, masked(), index)
+    for pos in (9, 300, 4000):
+        index.fill_(pos)
+        graph.replay()
+        assert torch.equal(out, da.decode_attention(q, keys, values, masked(), index)), pos
+    graph.reset()
+
+
+@cuda
 def test_the_report_names_triton_kernels_and_the_selftest_exercise_runs_one(demo_path):
     """engine/pipeline/kernel_report.py on a CUDA machine with triton: what the run report and the frozen
     self-test say there (issue 36)."""
@@ -735,6 +825,7 @@ def test_the_report_names_triton_kernels_and_the_selftest_exercise_runs_one(demo
     finally:
         sess.close()
     assert "MoE: Triton" in report.kernels and "q/k-norm+RoPE: Triton" in report.kernels, report.kernels
+    assert "decode attention: Triton" in report.kernels, report.kernels
     assert not any(n.startswith("fast kernel missing") for n in report.notes)
 
 

@@ -62,8 +62,8 @@ def _captured(notes) -> set[str]:
 def test_graphs_in_two_stage_processes_on_one_gpu_match_threads(demo_path, streamed):
     """Two stage processes on ONE GPU (gloo, host-staged): CUDA graphs on and off give the
     threaded executor's digest, tokens and logits bit for bit; with graphs on every stage
-    captures its layers at the run's chunk size and at 1 (decode) in the first run and replays
-    them in the second.  Streamed experts (a small cache, pinned in part) are never graphed."""
+    captures its layers at the run's chunk size and its decode step as one graph in the first run
+    and replays them in the second.  Streamed experts (a small cache, pinned in part) are never graphed."""
     model = gguf_model.load(demo_path)
     ids = synthetic(1024, model.spec.vocab, nonce=7)
     pin_gib = 0.0005
@@ -87,8 +87,12 @@ def test_graphs_in_two_stage_processes_on_one_gpu_match_threads(demo_path, strea
             first, second = (_captured(r.report.notes) for r in runs)
             if graphs and not streamed:
                 assert first == want_captured, (first, want_captured)
-                assert {"layers 0-1 on cuda:0 at chunk 256", "layers 2-3 on cuda:0 at chunk 1"} <= first
+                assert "layers 0-1 on cuda:0 at chunk 256" in first
+                decode = [n for n in runs[0].report.notes if n.startswith("decode: 1 graph per step")]
+                assert {n.split(" at KV span")[0].split("for ")[1] for n in decode} == {
+                    "layers 0-1 on cuda:0", "layers 2-3 on cuda:0"}, decode  # one graph per stage
                 assert not second  # the second run replays what the first captured
+                assert not any(n.startswith("decode: 1 graph") for n in runs[1].report.notes)
             else:
                 assert not first and not second
             if streamed:

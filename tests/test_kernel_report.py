@@ -95,7 +95,7 @@ def test_bytecode_only_engine_with_triton_falls_back_and_warns_once(tmp_path):
         assert "@jit functions should be defined in a Python file" in detail and "9.9.9-fake" in detail
     assert len(got["warnings"]) == 2 and got["warnings"][0] == got["warnings"][1]  # one note, same reason
     note = got["warnings"][0]
-    assert note.startswith("fast kernel missing: dequant, MoE, q/k-norm+RoPE run on torch on CUDA")
+    assert note.startswith("fast kernel missing: dequant, MoE, q/k-norm+RoPE, decode attention run on torch on CUDA")
     assert "collects engine/ as source" in note
     assert stderr.count("fast kernel missing") == 1  # logged once per process, however often asked
 
@@ -106,6 +106,7 @@ def test_the_same_triton_with_sources_defines_the_kernels(tmp_path):
     assert got["file"].endswith(".py")
     kinds = {part: (kernel, detail) for part, kernel, detail, _ in got["parts"]}
     assert kinds["MoE"] == ("Triton 9.9.9-fake", "") and kinds["q/k-norm+RoPE"] == ("Triton 9.9.9-fake", "")
+    assert kinds["decode attention"] == ("Triton 9.9.9-fake", "")
     assert kinds["dequant"][0] == "Triton 9.9.9-fake" and kinds["dequant"][1].startswith("Q4_K")
     assert "torch for Q8_0" in kinds["dequant"][1] or "Q8_0" in kinds["dequant"][1]
     assert got["warnings"] == [] and "fast kernel missing" not in stderr
@@ -130,7 +131,7 @@ def test_cpu_splits_and_dense_or_unquantised_models_need_no_warning(caplog):
     with caplog.at_level(logging.WARNING):
         parts = kernel_report.kernel_parts(["cpu"], is_moe=False, qtypes=[T.F32, T.BF16])
         assert kernel_report.describe(parts) == ("dequant: none (no quantised weights); MoE: none (a dense model); "
-                                                 "q/k-norm+RoPE: torch (CPU)")
+                                                 "q/k-norm+RoPE: torch (CPU); decode attention: torch (CPU)")
         assert kernel_report.warnings(parts) == []
     assert not caplog.records
 
@@ -149,7 +150,8 @@ def cpu_session(demo_path):
 def test_the_run_report_names_the_kernels(cpu_session):
     run = cpu_session.run(list(range(40)))
     assert run.report.kernels == cpu_session.kernels()
-    assert run.report.kernels == "dequant: torch (CPU); MoE: torch (CPU); q/k-norm+RoPE: torch (CPU)"  # Q8_0 experts
+    assert run.report.kernels == ("dequant: torch (CPU); MoE: torch (CPU); q/k-norm+RoPE: torch (CPU); "
+                                  "decode attention: torch (CPU)")  # Q8_0 experts
     assert not any(n.startswith("fast kernel missing") for n in run.report.notes)
 
 

@@ -45,6 +45,20 @@ def test_compact_routing_slots():
         assert (cr.offsets[d:] == m).all()  # padding slots own no rows
 
 
+def test_one_tokens_routing_takes_the_distinct_shortcut_to_the_same_slots():
+    """A decode token's top-k experts are distinct: slot j is row j, offsets 1..k, exactly what
+    the general rule gives for those rows."""
+    g = torch.Generator().manual_seed(1)
+    for k, E in ((1, 8), (2, 16), (8, 128), (16, 16)):
+        flat = torch.randperm(E, generator=g)[:k]
+        order = torch.argsort(flat, stable=True)
+        slots = routed_experts.slot_bound(1, k, E)
+        fast = routed_experts.compact_routing(flat[order], slots, distinct=True)
+        general = routed_experts.compact_routing(flat[order], slots)
+        assert torch.equal(fast.experts, general.experts) and torch.equal(fast.offsets, general.offsets)
+        assert fast.experts.dtype == torch.int64 and fast.offsets.dtype == torch.int32
+
+
 def test_rule_and_batches():
     assert routed_experts.slot_bound(1, 8, 128) == 8 and routed_experts.slot_bound(64, 8, 128) == 128
     frac = routed_experts.COMPACT_MAX_FRACTION["cuda"]

@@ -46,3 +46,41 @@ def test_swiglu_and_combine_kernels():
     o = torch.empty(5, 20)
     combine[(5, 1)](ys, inv, w, o, 20, K=3, BLOCK=32)
     assert torch.allclose(o, (ys[inv].view(5, 3, 20) * w.unsqueeze(-1)).sum(1), atol=1e-6)
+
+
+@pytest.mark.parametrize("pos,span", [(0, 64), (37, 64), (200, 300), (299, 300)])
+def test_split_k_decode_attention_is_the_torch_one(pos, span):
+    """Slices of SPLIT keys past the position are skipped (nothing read there: NaN rows past it
+    change nothing), the slices merged by their log-sum-exp; GQA 8 heads over 2."""
+    from engine.kernels import decode_attention as da
+
+    g = torch.Generator().manual_seed(pos)
+    H, KV, hd = 8, 2, 32
+    q = torch.randn(1, H, hd, generator=g)
+    keys = torch.randn(span, KV, hd, generator=g)
+    values = torch.randn(span, KV, hd, generator=g)
+    index = torch.tensor([pos])
+    masked = torch.arange(span) > index
+    want = da._torch(q, keys.masked_fill(masked[:, None, None], 0), values.masked_fill(masked[:, None, None], 0),
+                     masked)
+    keys[pos + 1:] = float("nan")
+    values[pos + 1:] = float("nan")
+    got = da._triton(da._compiled(), q, keys, values, index)
+    assert got.shape == (1, H * hd) and torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+def test_the_split_k_kernels_are_checked_against_torch_before_they_serve():
+    """The first call of a shape runs the kernels on a small problem against torch: they pass
+    here (the interpreter), and kernels that fail to launch are refused with the reason."""
+    from engine.kernels import decode_attention as da
+
+    assert da._self_check(da._compiled(), torch.device("cpu"), torch.float32, 8, 2, 32) == ""
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("PTX compile failed (a build that cannot)")
+            return launch
+
+    why = da._self_check((Broken(), Broken()), torch.device("cpu"), torch.float32, 8, 2, 32)
+    assert why.startswith("the split-K kernels failed (RuntimeError: PTX compile failed"), why

@@ -613,6 +613,8 @@ def _print_md_notes(ns: argparse.Namespace, model, m: _Measured, weights: Decode
         for note in report.notes:
             if note.startswith("fast kernel missing"):
                 print(f"warning: {note}")
+            elif note.startswith("decode"):  # a decode step kept eager, and why (engine/pipeline/stage_decode.py)
+                print(note)
 
 
 def _log_model_error(points: list[Point]) -> None:

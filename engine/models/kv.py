@@ -13,6 +13,8 @@ from typing import Protocol
 
 import torch
 
+from engine.models.decode_pos import DevicePos
+
 
 class LayerState(Protocol):
     """One layer's state for one sequence.
@@ -95,7 +97,10 @@ class LayerKV:
         self.length = 0
 
     def append(self, k: torch.Tensor, v: torch.Tensor, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k/v of tokens [pos, pos+n) and return views of [0, pos+n)."""
+        """Store k/v of tokens [pos, pos+n) and return views of [0, pos+n).  A `DevicePos` (a
+        static-shape decode step) writes by index and returns its span; `hold` counts the token."""
+        if isinstance(pos, DevicePos):
+            return pos.append(self.k, self.v, k, v)
         n = k.shape[0]
         if pos != self.length:
             raise RuntimeError(f"KV append at position {pos}, but the cache holds {self.length} tokens")
@@ -105,6 +110,17 @@ class LayerKV:
         self.v[pos:pos + n] = v
         self.length = pos + n
         return self.k[: pos + n], self.v[: pos + n]
+
+    def hold(self, length: int) -> None:
+        """The cache holds `length` tokens now: a static-shape decode step wrote its row by index
+        on the device (no `append` bookkeeping ran on the host)."""
+        self.length = length
+
+    def clear_from(self, start: int) -> None:
+        """Zero the rows from `start` on: a static-shape decode step attends over rows past its
+        token with weight 0, and 0 times an uninitialised (possibly NaN) row is NaN."""
+        self.k[start:].zero_()
+        self.v[start:].zero_()
 
     # ------------------------------------------------------------ the hand-off
     def handoff_length(self) -> int:

@@ -17,8 +17,10 @@ import torch.nn.functional as F
 
 from engine.kernels import moe_kernels
 from engine.kernels.attention import chunk_attention, kernel_for
+from engine.kernels.decode_attention import decode_attention
 from engine.kernels.qk_rope import qk_norm_rope
 from engine.models import routed_experts, routed_matvec, routing
+from engine.models.decode_pos import DevicePos
 from engine.models.experts import EXPAND_SCRATCH_BYTES
 from engine.models.gguf_keys import RopeScaling
 from engine.models.kv import LayerKV
@@ -113,6 +115,9 @@ class Rope:
 
     def lowp_tables(self, pos: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of positions pos..pos+n-1 in `dtype`, shaped [n, 1, rotary dims] (neox)."""
+        if isinstance(pos, DevicePos):  # a static-shape decode step: the row its device tensor names
+            cos, sin = self.lowp_tables(0, pos.span, dtype)
+            return pos.row(cos), pos.row(sin)
         self._ensure(pos + n)
         key = (dtype, self.cos.shape[0])
         if getattr(self, "_lowp_key", None) != key:
@@ -127,9 +132,13 @@ class Rope:
         if self.rot < x.shape[-1]:
             return torch.cat((self.apply(x[..., :self.rot], pos), x[..., self.rot:]), dim=-1)
         n = x.shape[0]
-        self._ensure(pos + n)
-        cos = self.cos[pos:pos + n, None, :]
-        sin = self.sin[pos:pos + n, None, :]
+        if isinstance(pos, DevicePos):  # a static-shape decode step: the row its device tensor names
+            self._ensure(pos.span)
+            cos, sin = pos.row(self.cos)[:, None, :], pos.row(self.sin)[:, None, :]
+        else:
+            self._ensure(pos + n)
+            cos = self.cos[pos:pos + n, None, :]
+            sin = self.sin[pos:pos + n, None, :]
         xf = x.float()
         if self.style == "neox":
             x1, x2 = xf.chunk(2, dim=-1)
@@ -267,6 +276,8 @@ class Layer:
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n: int, pos: int) -> torch.Tensor:
         """Causal attention of the chunk's queries over keys/values [0, pos+n): [n, H*hd], on
         the kernel chosen for this device (engine/kernels/attention.py)."""
+        if isinstance(pos, DevicePos):  # a static-shape decode step: keys [0, span), masked past it
+            return decode_attention(q, keys, values, pos.masked, pos.index)
         s = self.spec
         return chunk_attention(q, keys, values, pos, kernel_for(q.device, s.n_heads, s.n_kv_heads, s.head_dim, q.dtype))
 
@@ -373,7 +384,7 @@ class Layer:
         s, w = self.spec, self.w
         slots = routed_experts.slot_bound(n, s.n_experts_used, s.n_experts)
         if isinstance(w.gate_exps, QTensor) and routed_experts.compact_wanted(slots, s.n_experts, flat.device.type):
-            cr = routed_experts.compact_routing(flat[order], slots)
+            cr = routed_experts.compact_routing(flat[order], slots, distinct=n == 1)
             return (w.gate_exps.gather(cr.experts, dtype), w.up_exps.gather(cr.experts, dtype),
                     w.down_exps.gather(cr.experts, dtype), cr.offsets)
         gate, up, down = self._resident_experts(dtype)

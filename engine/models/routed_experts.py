@@ -60,13 +60,19 @@ class CompactRouting:
     offsets: torch.Tensor  # [S] int32
 
 
-def compact_routing(sorted_experts: torch.Tensor, slots: int) -> CompactRouting:
+def compact_routing(sorted_experts: torch.Tensor, slots: int, distinct: bool = False) -> CompactRouting:
     """The compact slots of rows sorted by expert (`sorted_experts`: the expert of each sorted
     (token, slot) row, ascending), on their device without a host synchronisation.
 
-    `slots` must be at least the number of distinct experts (`slot_bound` guarantees it)."""
+    `slots` must be at least the number of distinct experts (`slot_bound` guarantees it).
+    `distinct`: no two rows share an expert (one token's top-k, a decode step): slot j is row j,
+    the same slots and offsets as the general rule in one kernel instead of twelve (a decode
+    graph runs this in every layer of every token)."""
     dev = sorted_experts.device
     m = sorted_experts.numel()
+    if distinct and slots == m:
+        return CompactRouting(sorted_experts.to(torch.int64).contiguous(),
+                              torch.arange(1, m + 1, dtype=torch.int32, device=dev))
     first = torch.ones(m, dtype=torch.int64, device=dev)  # 1 where a new expert's rows begin
     if m > 1:
         first[1:] = (sorted_experts[1:] != sorted_experts[:-1]).to(torch.int64)

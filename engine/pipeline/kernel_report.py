@@ -2,13 +2,14 @@
 process when a fast (Triton) kernel is missing on CUDA, with the reason.
 
 The parts: the GGUF dequantiser (`engine.quant.dequant_triton`), the MoE's SwiGLU and slot sum
-(`engine.kernels.moe_kernels`), q/k-norm + RoPE (`engine.kernels.qk_rope`) — each Triton on CUDA where it can be
-defined, torch otherwise — and attention (`engine.kernels.attention`, named per device in the report's
+(`engine.kernels.moe_kernels`), q/k-norm + RoPE (`engine.kernels.qk_rope`), a decode token's attention
+(`engine.kernels.decode_attention`, split-K) — each Triton on CUDA where it can be defined, torch
+otherwise — and attention (`engine.kernels.attention`, named per device in the report's
 own `attention` field).  Without Triton the first three run at torch speed (Q4_K_M prefill at
 0.39x/0.62x of F16 instead of 0.86x/0.97x, docs/benchmarks.md), which used to happen silently:
 `kernel_parts` says it, and `warnings` turns it into a note the run report, the CLI and the
 app's summary show.  A part switched off on purpose (STRATA_DEQUANT / STRATA_MOE_KERNELS /
-STRATA_QK_KERNEL=torch) is named, not warned about.
+STRATA_QK_KERNEL / STRATA_DECODE_ATTENTION=torch) is named, not warned about.
 """
 from __future__ import annotations
 
@@ -37,15 +38,16 @@ class PartKernel:
         return f"{self.part}: {self.kernel}" + (f" ({self.detail})" if self.detail else "")
 
 
-PARTS = ("dequant", "MoE", "q/k-norm+RoPE")
+PARTS = ("dequant", "MoE", "q/k-norm+RoPE", "decode attention")
 
 
 def _statuses() -> dict[str, Callable[[], tuple[str, str]]]:
     """Each part's status function; importing them imports triton, so only for a CUDA split."""
-    from engine.kernels import moe_kernels, qk_rope
+    from engine.kernels import decode_attention, moe_kernels, qk_rope
     from engine.quant import dequant_triton
 
-    return {"dequant": dequant_triton.status, "MoE": moe_kernels.status, "q/k-norm+RoPE": qk_rope.status}
+    return {"dequant": dequant_triton.status, "MoE": moe_kernels.status, "q/k-norm+RoPE": qk_rope.status,
+            "decode attention": decode_attention.status}
 
 
 def _opted_out(why: str) -> bool:

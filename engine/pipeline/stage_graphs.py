@@ -2,7 +2,9 @@
 
 A stage replays CUDA graphs of its layer runs (engine/models/graphs.py `GraphedLayers`) at the chunk
 sizes of the run (the fixed size and the remainder, a balanced schedule's few sizes: the largest
-`MAX_GRAPHED_SIZES`) and at size 1 for decode steps.  A size is captured right after its first,
+`MAX_GRAPHED_SIZES`).  Size 1 in the plan also turns on the decode steps' graphs, each stage's
+whole step as one graph (engine/pipeline/stage_decode.py); a layer whose decode step stays per
+layer (a host position) replays its size-1 sets here.  A size is captured right after its first,
 eager, pass (which warms the kernels up and lets each layer decide its expert GEMM, and so
 whether it is graphable); a size that leaves the plan has its graphs freed; a capture that fails
 falls back to eager for that size with a note.
@@ -54,6 +56,11 @@ class StageGraphs:
     @property
     def active(self) -> bool:
         return self.device.type == "cuda" and bool(self.sizes)
+
+    @property
+    def decode_on(self) -> bool:
+        """Whether this run replays decode steps as graphs (engine/pipeline/stage_decode.py)."""
+        return DECODE_SIZE in self.sizes
 
     def plan(self, sizes: Iterable[int]) -> None:
         """A run's sizes: keep the graphs of these, free the others (and forget their failures)."""

@@ -27,11 +27,13 @@ from engine.errors import NonFiniteError, StageError
 from engine.events import StageEvent
 from engine.hw import nvtx
 from engine.hw.gpu_timing import DeferredTimer, DeviceClock, GpuInterval, timing_event
+from engine.models.decode_pos import DevicePos
 from engine.models.experts import ExpertCache, ExpertStats, HostArena
 from engine.models.kv import LayerKV
 from engine.models.layers import Head, Layer, Rope, WeightSource, load_head
 from engine.models.loading import load_layer_weights, new_layer
-from engine.pipeline.stage_graphs import StageGraphs
+from engine.pipeline.stage_decode import StageDecode
+from engine.pipeline.stage_graphs import DECODE_SIZE, StageGraphs
 from engine.pipeline.stage_output import StageOutput
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,8 @@ class StageRuntime:
         self.prev_end: torch.cuda.Event | None = None  # for the idle gap before the next compute
         # CUDA graphs per (first layer, layer count, chunk size): engine/pipeline/stage_graphs.py
         self.graphs = StageGraphs(device, self.name, note=log.info)
+        # the decode step: position on the device, one graph per step (engine/pipeline/stage_decode.py)
+        self.decoding = StageDecode(device, self.name)
         # NVTX ranges name the stage as the Gantt does (the Session relabels interleaved groups)
         self.label = nvtx.stage_label(index, device, first, end)
 
@@ -144,7 +148,8 @@ class StageRuntime:
         """Each layer's state for `capacity` tokens (reset), as its family makes it (KV for
         attention): grown when too small, kept from run to run otherwise."""
         if not self.kvs or self.kvs[0].capacity < capacity:
-            self.kvs = []  # free before allocating the larger cache
+            self.kvs = []  # free before allocating the larger cache (the decode graphs hold it too)
+            self.decoding.drop()
             spec = self.layers[0].spec if self.layers else None
             idx = [layer.index for layer in self.layers]
             self.kvs = alloc(
@@ -168,8 +173,11 @@ class StageRuntime:
         return self.graphs.sets
 
     def drop_graphs(self, keep: set[int] | None = None) -> None:
-        """Free the graph sets of chunk sizes not in `keep` (all when None)."""
+        """Free the graph sets of chunk sizes not in `keep` (all when None), and the decode
+        graphs unless `keep` holds the decode size."""
         self.graphs.drop(keep)
+        if keep is None or DECODE_SIZE not in keep:
+            self.decoding.drop()
 
     def release(self) -> None:
         """Free layers, KV, head, buffers, graphs and the expert cache."""
@@ -237,11 +245,12 @@ class StageRuntime:
         return x
 
     def forward_layers(self, ctx: StageContext, x: torch.Tensor, layers: Sequence[Layer],
-                       kvs: Sequence[LayerKV], pos: int, chunk: int) -> torch.Tensor:
+                       kvs: Sequence[LayerKV], pos: int | DevicePos, chunk: int) -> torch.Tensor:
         """The layers in order (replaying their CUDA graphs where captured), with the NaN check,
         the test hook and errors that name stage, layer and chunk."""
         hook = ctx.hooks.after_layer
-        graphed, capture = self.graphs.lookup(x, layers)  # sizes: the run planned them (graphs.plan)
+        # sizes: the run planned them (graphs.plan); a static decode step is graphed whole (stage_decode)
+        graphed, capture = self.graphs.lookup(x, layers) if not isinstance(pos, DevicePos) else (None, False)
         for i, (layer, kv) in enumerate(zip(layers, kvs)):
             try:
                 x = graphed.forward(i, x, kv, pos) if graphed is not None else layer(x, kv, pos)
@@ -265,14 +274,14 @@ class StageRuntime:
         ctx.output.add(head or self.head, x, pos, n)
 
     def decode_step(self, ctx: StageContext, x: torch.Tensor, pos: int, step: int) -> tuple[torch.Tensor, int | None]:
-        """One decode token through this stage's layers (as chunk -1); the last stage also picks
-        the greedy token.  Returns (its output, the token or None)."""
+        """One decode token through this stage's layers (as chunk -1; the position on the device,
+        one CUDA graph per step where it can: engine/pipeline/stage_decode.py); the last stage
+        also picks the greedy token.  Returns (its output, the token or None)."""
         if self.cache is not None:
             self.cache.chunk = -1  # decode steps stream as chunk -1
         t0 = time.perf_counter_ns()
         with nvtx.span(self.device, f"{self.label} decode {step}"):
-            x = self.forward_layers(ctx, x, self.layers, self.kvs, pos, -1)
-        tok = int(self.head.logits(self.head.final_norm(x)).argmax()) if self.last else None
+            x, tok = self.decoding.step(self, ctx, x, pos)
         if ctx.events_on or self.host_timed:
             self.sync()
         if ctx.events_on:
