@@ -102,7 +102,11 @@ class CompareView(QWidget):
         self.gantt_before, self.gantt_after, gantts = stacked_pair("Before", "After", self.fit)
         for g in (self.gantt_before, self.gantt_after):
             g.fit_button.setToolTip("Show both runs whole, on the shared time axis.")
-        self.gantt_before.plot.getPlotItem().setLabel("bottom", "")
+        # one time axis, read under the lower chart: the upper's unlabelled axis had shown seconds
+        # (pyqtgraph scales to ms only with the label shown) above the lower's ms
+        top_axis = self.gantt_before.plot.getPlotItem().getAxis("bottom")
+        top_axis.showLabel(False)
+        top_axis.setStyle(showValues=False)
 
         bottom = _bottom(self)
         body = QSplitter(Qt.Orientation.Vertical)
@@ -134,6 +138,7 @@ class CompareView(QWidget):
         return box
 
     NOISE_MIN_PX = 130  # "within noise ±362%" on two lines at most
+    FIGURE_MAX_PX = 210  # a longer figure name ("busy: 1 stage(s) computing (% of wall)") wraps to two lines
 
     def _fit_metrics_width(self) -> None:
         t = self.metrics
@@ -314,6 +319,10 @@ class CompareView(QWidget):
             note = _item(m.short_judgement, color=MUTED_COLOR)  # the whole sentence is the tooltip
             note.setToolTip(m.judgement)
             t.setItem(i, 4, note)
+        # the figure column as wide as its names, up to FIGURE_MAX_PX (longer names wrap): at 1280 px
+        # wide and 150% scale its longest name had widened the window past the screen (issue 37)
+        t.resizeColumnToContents(0)
+        t.setColumnWidth(0, min(t.columnWidth(0), self.FIGURE_MAX_PX))
         t.resizeRowsToContents()
 
     def _show_diff(self, c: Comparison) -> None:
@@ -370,6 +379,7 @@ def _bottom(self: CompareView) -> QSplitter:
     self._table_setup(self.metrics)
     # the noise column takes the width left and wraps its few words there: never cut, no sideways scroll
     self.metrics.horizontalHeader().setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+    self.metrics.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)  # _show_metrics
     self.metrics.setWordWrap(True)
     # at least its figures' columns and a readable noise column: the splitter never squeezes them
     self.metrics.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
