@@ -1,8 +1,10 @@
 """`strata-gui`: the application entry point (also `python -m strata_gui`).
 
-Start-up: only Qt is imported before a splash screen shows (about 0.7 s here); torch, the engine
-and the main window (3-4 s of imports on a 2-core machine, more on a cold Windows disk), the demo
-model and the window follow behind it.  `--startup-exit splash|window` quits as soon as that is
+Start-up: only Qt is imported before a splash screen shows (about 1 s here); then pyqtgraph and
+the window, which import no torch (issue 37: torch is 1.3-2 s of imports on a 2-core machine, more
+on a cold Windows disk).  The window's first jobs (device discovery, the model's parse: they import
+torch) are held until it is drawn, then run in the background.  A first start writes the demo model
+before the window (that needs torch).  `--startup-exit splash|window` quits as soon as that is
 on screen, after writing "strata-gui: window on screen" to stderr: benchmarks/startup.sh times
 that line (plain `time strata-gui --startup-exit window` adds the interpreter's exit).
 """
@@ -72,9 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if splash is not None:
             splash.showMessage("preparing the demo model …", SPLASH_ALIGN, QColor("#202124"))
             app.processEvents()
-        from engine.io.synth import demo_model_path
+        from engine.io.demo_file import demo_file
 
-        demo = demo_model_path()
+        demo = demo_file()
+        if not demo.exists():  # the first start writes it (torch and the gguf writer: only then)
+            from engine.io.synth import demo_model_path
+
+            demo = demo_model_path()
     except Exception as exc:  # e.g. an unwritable cache directory
         message = f"strata-gui: cannot prepare the demo model: {exc}"
         print(message, file=sys.stderr)
@@ -98,11 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     splash.showMessage("opening the window …", SPLASH_ALIGN, QColor("#202124"))
     app.processEvents()
-    win = MainWindow(QSettings(), demo)
+    win = MainWindow(QSettings(), demo, hold_jobs=True)
     if ns.model is not None:
         win.settings_panel.set_model_path(str(ns.model))
     win.show()  # at its remembered size and place, clamped to the screen (MainWindow.fit_to_screen)
     splash.finish(win)
+    app.processEvents()  # drawn: now device discovery and the model's parse (they import torch)
+    win.jobs.release()
     if ns.startup_exit == "window":
         return _exit_soon(app, win, "window")
     return app.exec()

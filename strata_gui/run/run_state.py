@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.events import RunReport
 
 from .progress_model import RunProgress
-from .run_job import RepeatDone, RunRequest, RunStarted, SaveResult
+from .run_messages import RepeatDone, RunRequest, RunStarted, SaveResult
 from .settings_model import RunSettings
 from .spread_model import Spread
 

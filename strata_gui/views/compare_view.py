@@ -43,6 +43,21 @@ CHOICE_LIMIT = 500
 NO_SAMPLES = SampleSet()  # the run alone (frozen: safe as a default)
 
 
+def _values_below_only(axis) -> None:
+    """One time axis, read under the lower chart: the upper's unlabelled axis had shown seconds
+    (pyqtgraph scales to ms only with the label shown) above the lower's ms."""
+    axis.showLabel(False)
+    axis.setStyle(showValues=False)
+
+
+def _cap_column(t: QTableWidget, col: int, max_px: int) -> None:
+    """A column as wide as its texts, up to max_px (longer texts wrap): at 1280 px and 150% scale
+    the figures' longest name had widened the window past the screen (issue 37)."""
+    t.resizeColumnToContents(col)
+    t.setColumnWidth(col, min(t.columnWidth(col), max_px))
+    t.resizeRowsToContents()
+
+
 def _item(text: str, right: bool = False, color: str | None = None, bold: bool = False) -> QTableWidgetItem:
     item = QTableWidgetItem(text)
     if right:
@@ -102,11 +117,7 @@ class CompareView(QWidget):
         self.gantt_before, self.gantt_after, gantts = stacked_pair("Before", "After", self.fit)
         for g in (self.gantt_before, self.gantt_after):
             g.fit_button.setToolTip("Show both runs whole, on the shared time axis.")
-        # one time axis, read under the lower chart: the upper's unlabelled axis had shown seconds
-        # (pyqtgraph scales to ms only with the label shown) above the lower's ms
-        top_axis = self.gantt_before.plot.getPlotItem().getAxis("bottom")
-        top_axis.showLabel(False)
-        top_axis.setStyle(showValues=False)
+        _values_below_only(self.gantt_before.plot.getPlotItem().getAxis("bottom"))
 
         bottom = _bottom(self)
         body = QSplitter(Qt.Orientation.Vertical)
@@ -319,11 +330,7 @@ class CompareView(QWidget):
             note = _item(m.short_judgement, color=MUTED_COLOR)  # the whole sentence is the tooltip
             note.setToolTip(m.judgement)
             t.setItem(i, 4, note)
-        # the figure column as wide as its names, up to FIGURE_MAX_PX (longer names wrap): at 1280 px
-        # wide and 150% scale its longest name had widened the window past the screen (issue 37)
-        t.resizeColumnToContents(0)
-        t.setColumnWidth(0, min(t.columnWidth(0), self.FIGURE_MAX_PX))
-        t.resizeRowsToContents()
+        _cap_column(t, 0, self.FIGURE_MAX_PX)
 
     def _show_diff(self, c: Comparison) -> None:
         same = unchanged(c.before.config, c.after.config)

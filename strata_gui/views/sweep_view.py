@@ -38,7 +38,7 @@ from PySide6.QtWidgets import (
 from engine.config import ConfigError
 
 from ..run import run_files
-from ..sweep.sweep_job import SweepProgress
+from ..sweep.sweep_messages import SweepProgress
 from ..sweep.sweep_model import (
     MAX_REPEATS,
     SweepArm,
