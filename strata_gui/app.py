@@ -110,9 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     win.show()  # at its remembered size and place, clamped to the screen (MainWindow.fit_to_screen)
     splash.finish(win)
     app.processEvents()  # drawn: now device discovery and the model's parse (they import torch)
+    if ns.startup_exit == "window":
+        _say_on_screen("window")  # before the held jobs start: what follows is not the window's start-up
     win.jobs.release()
     if ns.startup_exit == "window":
-        return _exit_soon(app, win, "window")
+        return _exit_soon(app, win)
     return app.exec()
 
 
@@ -146,10 +148,16 @@ def show_splash(app: QApplication) -> QSplashScreen:
     return splash
 
 
-def _exit_soon(app: QApplication, shown, what: str) -> int:
-    """Let the event loop paint what was shown, say so on stderr, then quit (--startup-exit)."""
+def _say_on_screen(what: str) -> None:
+    print(f"strata-gui: {what} on screen", file=sys.stderr, flush=True)
+
+
+def _exit_soon(app: QApplication, shown, what: str | None = None) -> int:
+    """Let the event loop paint what was shown (saying so on stderr when `what`), then quit
+    (--startup-exit)."""
     def done() -> None:
-        print(f"strata-gui: {what} on screen", file=sys.stderr, flush=True)
+        if what:
+            _say_on_screen(what)
         app.quit()
 
     QTimer.singleShot(50, done)
