@@ -13,7 +13,9 @@ than that noise, so the pick followed the noise.  Sizes modelled within `NEAR_TI
 are taken as tied, and of those the largest is picked (the fewest chunks: the least the model's
 per-chunk terms can mislead).  And a run of a Session remembers its pick for the same model,
 devices, prompt length and chunk settings (`plan`): a later repeat, arm or run of this process
-keeps it while it stays within `NEAR_TIE` of the best its own costs model (hysteresis), so the
+keeps it while it stays within `NEAR_TIE` of the best its own costs model (hysteresis), and
+plans with the hand-off time the key's first run measured (each Session times its own first
+hand-off; on a busy machine two arms' measurements differed by enough to flip the pick), so the
 repeats and the arms of one command run the same chunks.  The reason says which rule decided.
 """
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Planned(Protocol):
 
 
 NEAR_TIE = 0.05  # auto: sizes modelled within 5% of the fastest are tied (the probe's noise on a busy CPU is larger)
-_KEPT: dict[tuple, int] = {}  # per process: the chunk size auto picked for a run's key (`_kept_key`)
+_KEPT: dict[tuple, tuple[int, float]] = {}  # per process and run key (`_kept_key`): (auto's pick, hop s/token)
 _KEPT_LOCK = threading.Lock()
 BALANCED_GRAIN_CUDA = 512  # balanced chunk sizes on CUDA: multiples of this, so few distinct sizes (graphs)
 
@@ -155,11 +157,26 @@ def steady_choice(n_tokens: int, n_dev: int, cost: chunking.ChunkCost, candidate
 
 
 def _kept_key(session: Session, n_tokens: int) -> tuple:
-    """What auto's pick is remembered by: the model, the devices, the prompt's length and the
-    chunk settings (not the pipeline depth: arms that differ in depth run the same chunks)."""
+    """What auto's pick and hand-off time are remembered by: the model, the devices, the prompt's
+    length, the chunk settings and what shapes a hand-off or a chunk's cost (not the pipeline
+    depth: arms that differ in depth run the same chunks)."""
     c = session.config
     return (repr(session.spec), tuple(str(d) for d in session.devices), n_tokens, str(c.chunk_tokens),
-            c.chunk_schedule, c.prefill_main, str(c.layer_split), session.interleave)
+            c.chunk_schedule, c.prefill_main, str(c.layer_split), session.interleave, c.handoff, c.executor,
+            c.dtype, str(c.expert_cache), str(c.pin_limit_gib))
+
+
+class _KeptHop:
+    """A Session as `choice` reads it, with the hand-off time its run key's first run measured."""
+
+    def __init__(self, session: Session, hop_s_per_token: float) -> None:
+        self._session, self._hop = session, hop_s_per_token
+
+    def __getattr__(self, name: str):
+        return getattr(self._session, name)
+
+    def hop_s_per_token(self) -> float:
+        return self._hop
 
 
 def forget_choices() -> None:
@@ -176,9 +193,12 @@ def plan(session: Session, n_tokens: int, decode_tokens: int = 0, run_id: str = 
         key = _kept_key(session, n_tokens)
         with _KEPT_LOCK:
             kept = _KEPT.get(key)
-        chosen = choice(session, n_tokens, keep=kept)
+        if kept is None:
+            n_dev = 1 if config.prefill_main else len(session.devices)
+            kept = (0, session.hop_s_per_token() if n_dev > 1 else 0.0)
+        chosen = choice(_KeptHop(session, kept[1]), n_tokens, keep=kept[0] or None)
         with _KEPT_LOCK:
-            _KEPT[key] = chosen.chunk
+            _KEPT[key] = (chosen.chunk, kept[1])
     kind = chosen.kind
     # balanced: buffers are sized by the largest chunk
     chunk = max(n for _, n in chosen.bounds) if kind == "balanced" else chosen.chunk
