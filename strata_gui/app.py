@@ -1,9 +1,12 @@
 """`strata-gui`: the application entry point (also `python -m strata_gui`).
 
-Start-up: only Qt is imported before a splash screen shows (about 0.7 s here); torch, the engine
-and the main window (3-4 s of imports on a 2-core machine, more on a cold Windows disk), the demo
-model and the window follow behind it.  `--startup-exit splash|window` quits as soon as that is
-on screen, so plain `time strata-gui --startup-exit window` measures the start-up.
+Start-up: only Qt is imported before a splash screen shows (about 1 s here); then pyqtgraph and
+the window, which import no torch (issue 37: torch is 1.3-2 s of imports on a 2-core machine, more
+on a cold Windows disk).  The window's first jobs (device discovery, the model's parse: they import
+torch) are held until it is drawn, then run in the background.  A first start writes the demo model
+before the window (that needs torch).  `--startup-exit splash|window` quits as soon as that is
+on screen, after writing "strata-gui: window on screen" to stderr: benchmarks/startup.sh times
+that line (plain `time strata-gui --startup-exit window` adds the interpreter's exit).
 """
 from __future__ import annotations
 
@@ -65,15 +68,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = make_app(plots=False)
     splash = None if ns.selftest else show_splash(app)
     if ns.startup_exit == "splash":
-        return _exit_soon(app, splash)
+        return _exit_soon(app, splash, "splash")
     theme.configure_pyqtgraph()
     try:
         if splash is not None:
             splash.showMessage("preparing the demo model …", SPLASH_ALIGN, QColor("#202124"))
             app.processEvents()
-        from engine.io.synth import demo_model_path
+        from engine.io.demo_file import demo_file
 
-        demo = demo_model_path()
+        demo = demo_file()
+        if not demo.exists():  # the first start writes it (torch and the gguf writer: only then)
+            from engine.io.synth import demo_model_path
+
+            demo = demo_model_path()
     except Exception as exc:  # e.g. an unwritable cache directory
         message = f"strata-gui: cannot prepare the demo model: {exc}"
         print(message, file=sys.stderr)
@@ -97,11 +104,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     splash.showMessage("opening the window …", SPLASH_ALIGN, QColor("#202124"))
     app.processEvents()
-    win = MainWindow(QSettings(), demo)
+    win = MainWindow(QSettings(), demo, hold_jobs=True)
     if ns.model is not None:
         win.settings_panel.set_model_path(str(ns.model))
     win.show()  # at its remembered size and place, clamped to the screen (MainWindow.fit_to_screen)
     splash.finish(win)
+    app.processEvents()  # drawn: now device discovery and the model's parse (they import torch)
+    if ns.startup_exit == "window":
+        _say_on_screen("window")  # before the held jobs start: what follows is not the window's start-up
+    win.jobs.release()
     if ns.startup_exit == "window":
         return _exit_soon(app, win)
     return app.exec()
@@ -137,9 +148,19 @@ def show_splash(app: QApplication) -> QSplashScreen:
     return splash
 
 
-def _exit_soon(app: QApplication, shown) -> int:
-    """Let the event loop paint what was shown, then quit (--startup-exit)."""
-    QTimer.singleShot(50, app.quit)
+def _say_on_screen(what: str) -> None:
+    print(f"strata-gui: {what} on screen", file=sys.stderr, flush=True)
+
+
+def _exit_soon(app: QApplication, shown, what: str | None = None) -> int:
+    """Let the event loop paint what was shown (saying so on stderr when `what`), then quit
+    (--startup-exit)."""
+    def done() -> None:
+        if what:
+            _say_on_screen(what)
+        app.quit()
+
+    QTimer.singleShot(50, done)
     code = app.exec()
     if shown is not None:
         shown.close()

@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.io import gguf_model
 from engine.io.prompt import synthetic
 from engine.pipeline.session import PipelineHooks, Session
-from engine.plan import chunking
+from engine.plan import chunking, run_plan
 from engine.plan.chunking import ChunkCost, bounds_makespan, chunk_bounds
 
 # per layer: fixed, per token, per (token x cached key); ~1 s runs: per-run overheads (tens of ms) stay < 5%
@@ -49,6 +49,7 @@ def modelled_session(demo, devices, layer_split="auto"):
 
 @pytest.mark.parametrize("devices,split", [("cpu", "auto"), ("cpu,cpu", "auto"), ("cpu,cpu", "interleave:2")])
 def test_auto_picks_the_brute_force_best_and_the_run_takes_what_it_modelled(demo, devices, split):
+    run_plan.forget_choices()  # the plan models this session's hop, as the brute force below
     sess, plan_bounds = modelled_session(demo, devices, split)
     n = 256
     cost = sess.chunk_cost()
@@ -61,7 +62,8 @@ def test_auto_picks_the_brute_force_best_and_the_run_takes_what_it_modelled(demo
     res = sess.run(ids, 0, on_plan=lambda p: plan_bounds.__setitem__(slice(None), p.chunk_bounds()))
     plan = res.report.plan
     sess.close()
-    assert plan.modelled_s <= brute * 1.05, (plan.chunk, plan.modelled_s, brute)
+    # within 5% of the brute force's best, plus the near-tie band auto trades for a steady pick (run_plan)
+    assert plan.modelled_s <= brute * 1.05 * (1 + run_plan.NEAR_TIE), (plan.chunk, plan.modelled_s, brute)
     # the run ran the plan it modelled: its chunks, every layer of each once, stage by stage in order
     assert plan_bounds == plan.chunk_bounds() and sum(m for _, m in plan_bounds) == n
     n_layers = demo.spec.n_layers

@@ -53,6 +53,8 @@ def test_json_is_one_document_with_llama_bench_fields(short_flags_json, demo_pat
         assert r["stddev_ts"] == pytest.approx(statistics.stdev(samples))  # a standard deviation, not a range
         assert r["avg_ts"] == pytest.approx(statistics.fmean(samples))
         assert r["prefill_tok_s"] == pytest.approx(statistics.median(samples))
+        decode = [x["decode_tok_s"] for x in runs if x["prompt_tokens"] == r["prompt_tokens"]]
+        assert r["decode_sd"] == pytest.approx(statistics.stdev(decode))  # the md table's tg "±": a sd too
 
 
 def test_model_params_count_the_tensors(demo_path):

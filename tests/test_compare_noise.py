@@ -16,7 +16,8 @@ def test_spread_median_range_and_relative_half_range():
     s = Spread.of([100.0, 110.0, 90.0, None])
     assert (s.n, s.median, s.lo, s.hi) == (3, 100.0, 90.0, 110.0)
     assert s.rel == pytest.approx(0.10)
-    assert format_spread(s, unit="tok/s") == "100 tok/s (median of 3; 90–110, ±10.0%)"
+    assert s.sd == pytest.approx(10.0)  # the sample sd (n - 1), strata-bench's ± sd
+    assert format_spread(s, unit="tok/s") == "100 tok/s (median of 3; 90–110, ± sd 10)"
     one = Spread.of([5.0])
     assert not one.known and one.rel is None and format_spread(one) == "5"
 

@@ -1,10 +1,11 @@
 """Prompt-size sweeps: the plan (sizes, arms, strata-bench's order and nonces), the results table
-(the bench's median, spread and ratio), CSV and markdown, and real sweeps of the demo model in the
+(the bench's median, ± sd and ratio), CSV and markdown, and real sweeps of the demo model in the
 window: charted point by point, stoppable with the finished points kept, reopened from the history."""
 from __future__ import annotations
 
 import csv
 import io
+import statistics
 import threading
 import time
 
@@ -69,8 +70,9 @@ class _Outlet:
 
 
 def test_a_real_sweep_job_run_matches_the_bench_table(demo_path):
-    """The job, run in this thread on real demo runs without Qt: the table's median and spread
-    are strata-bench's (engine.cli.bench.Point) over the same reports; digests agree across arms."""
+    """The job, run in this thread on real demo runs without Qt: the table's median and ± sd (the
+    sample standard deviation, in the markdown, the CSV and the tab) are strata-bench's
+    (engine.cli.bench.Point) over the same reports; digests agree across arms."""
     from strata_gui.sweep.sweep_job import SweepJob, SweepRequest
     from strata_gui.sweep.sweep_model import SweepSample
 
@@ -94,16 +96,20 @@ def test_a_real_sweep_job_run_matches_the_bench_table(demo_path):
         [("join", 64, 2), ("overlap", 64, 2), ("join", 128, 2), ("overlap", 128, 2)]
     for r in rows:
         p = Point(r.arm_name, r.prompt_tokens, reports[(r.arm, r.prompt_tokens)])
-        assert r.median == p.median and r.spread == pytest.approx(p.spread)
+        assert r.median == p.median and r.sd == pytest.approx(statistics.stdev(p.tok_s))  # the bench's ± sd
         base = next(x for x in rows if x.arm == 0 and x.prompt_tokens == r.prompt_tokens)
         assert r.ratio == pytest.approx(r.median / base.median)
         assert r.chunk == 32 and r.n_chunks == r.prompt_tokens // 32
     assert all(r.same_output for r in rows if r.arm == 1)  # depth never changes the output bytes
     lines = list(csv.reader(io.StringIO(res.to_csv())))
     assert lines[0][:3] == ["arm", "settings", "prompt_tokens"] and len(lines) == 5
+    sd_col = lines[0].index("stddev_ts")  # strata-bench's json field (llama-bench's) for the same figure
+    assert [float(x[sd_col]) for x in lines[1:]] == [pytest.approx(r.sd, abs=1e-3) for r in rows]
+    assert all(r.sd > 0 for r in rows)  # two repeats of a real run never take the same time to the ns
     assert [x[0] for x in lines[1:]] == ["join", "overlap", "join", "overlap"]
     md = res.to_markdown("demo")
     assert "| arm | settings | prompt |" in md and "8 of 8 runs" in md
+    assert "| prefill tok/s | ± sd | n |" in md and "half" not in md
     assert "strata-bench run --model demo --prompt-tokens 64,128" in md
 
 
@@ -142,6 +148,8 @@ def test_a_2_size_2_arm_sweep_charts_4_points_and_exports(window, qtbot, tmp_pat
     assert {round(tok) for _, _, tok in points} == {round(r.median) for r in rows}
     assert view.table.item(1, 0).text() == "overlap" and view.table.item(1, 5).text() == f"{rows[1].ratio:.3f}×"
     assert view.table.item(1, 7).text() == "yes"
+    assert view.table.horizontalHeaderItem(4).text().split("\n")[0] == "± sd"  # the CLI's name for it
+    assert view.table.item(1, 4).text() == "—"  # one repeat: no standard deviation
     assert win.run_button.isEnabled()
     # saved: four sweep runs, and the sweep itself
     assert len(win.history.list_runs(source="sweep")) == 4

@@ -262,6 +262,7 @@ def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 
         "prefill_tok_s": p.median, "prefill_tok_s_all": p.tok_s, "spread": p.spread,
         "decode_tok_s": median_spread([x.decode_tok_s for x in p.reports])[0],
         "decode_spread": median_spread([x.decode_tok_s for x in p.reports])[1],
+        "decode_sd": bench_format.stddev([x.decode_tok_s for x in p.reports]),  # the tg column's ±
         "ratio": p.median / base.median if base and base.median else 1.0,
         "busy_histogram": r.busy_histogram, "digest": r.digest, "experts": _experts(r),
         "per_stage": [vars(t) for t in r.per_stage],
@@ -351,7 +352,7 @@ def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflop
            info: dict[str, Any] | None = None, decode_tokens: int = 0, weights: DecodeBytes | None = None,
            bandwidth: Callable | None = None) -> str:
     """The summary as a md or csv table, or its rows as json (one array), jsonl or sql.  With
-    decode (`decode_tokens` > 0): a `tg<N>` column (decode tok/s ± spread over the repeats, as
+    decode (`decode_tokens` > 0): a `tg<N>` column (decode tok/s ± its sample sd over the repeats, as
     llama-bench prints tg) and, given `weights` (the bytes a decode token reads), the roofline:
     MiB of weights per token, the tok/s the devices' bandwidth allows (`bandwidth(device)`;
     unknown for a CPU unless measured) and the share of it decode reached.  A prompt of 0 tokens
@@ -377,7 +378,7 @@ def render(points: list[Point], arms: list[str], fmt: str, spec=None, peak_tflop
         extra = [f"tg{decode_tokens}"] + (["MiB/token", "roofline tok/s", "of roofline"] if weights else [])
         cols[at:at] = extra
         for row, r in zip(table, rows):
-            tg = (f"{r['decode_tok_s']:.1f} ± {r['decode_spread'] * r['decode_tok_s']:.1f}"
+            tg = (f"{r['decode_tok_s']:.1f} ± {r['decode_sd']:.1f}"
                   if r["decode_tok_s"] else none)
             row[at:at] = [tg] + (_roof_cells(r) if weights else [])
     if any(r["experts"] for r in rows):

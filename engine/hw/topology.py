@@ -15,8 +15,9 @@ whenever any device lacks the information, and always says why.
 No NVIDIA driver, or torch without CUDA: `discover` returns no devices with the reason, and the
 telemetry sampler reports itself unavailable. Nothing here raises for a missing driver.
 
-`torch.cuda` and `pynvml` functions are looked up at call time through the module attributes
-`torch` and `pynvml`, so tests can replace them with fakes.
+`torch.cuda` and `pynvml` functions are looked up at call time (torch is imported by the functions
+that use it, so the app's window and the CLI's checks import this module without torch), and tests
+can replace them with fakes.
 """
 from __future__ import annotations
 
@@ -30,8 +31,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
 
 try:  # nvidia-ml-py; absent on some installs
     import pynvml
@@ -202,6 +201,8 @@ def _nvml_handles_by_pci() -> dict[PciKey, Any]:
 
 
 def _torch_pci_key(index: int) -> PciKey | None:
+    import torch
+
     props = torch.cuda.get_device_properties(index)
     parts = [getattr(props, a, None) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
     if any(p is None for p in parts):
@@ -211,6 +212,8 @@ def _torch_pci_key(index: int) -> PciKey | None:
 
 def _cuda_reason() -> str:
     """"" when torch sees CUDA devices, else why not."""
+    import torch
+
     if getattr(torch.version, "cuda", None) is None and not torch.cuda.is_available():
         return f"torch {torch.__version__} is built without CUDA"
     try:
@@ -233,6 +236,8 @@ def discover(probe: bool = False) -> Topology:
     probe=True also measures pinned host<->device bandwidth per device (cached per process).
     Never raises for a missing driver or CUDA: the reason is in `Topology.reason`.
     """
+    import torch
+
     reasons: list[str] = []
     nvml_reason = _nvml_init()
     nvml_ok = not nvml_reason
@@ -258,6 +263,8 @@ def discover(probe: bool = False) -> Topology:
 
 
 def _gpu_info(index: int, handles: dict[PciKey, Any], nvml_ok: bool, reasons: list[str]) -> GpuInfo:
+    import torch
+
     props = torch.cuda.get_device_properties(index)
     key = _torch_pci_key(index)
     gpu = GpuInfo(
@@ -355,6 +362,8 @@ def driver_facts(topo: Topology) -> list[str]:
 
 def _peer_matrix(n: int) -> list[list[bool]]:
     """peer[i][j]: device i can access device j directly. The diagonal is True (same device)."""
+    import torch
+
     peer = [[i == j for j in range(n)] for i in range(n)]
     for i in range(n):
         for j in range(n):
@@ -399,6 +408,8 @@ def clear_probe_cache() -> None:
 
 
 def _measure_bandwidth(device_index: int, nbytes: int, reps: int = 3) -> tuple[float, float]:
+    import torch
+
     dev = torch.device("cuda", device_index)
     with torch.cuda.device(dev):
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -413,6 +424,8 @@ def _measure_bandwidth(device_index: int, nbytes: int, reps: int = 3) -> tuple[f
 
 
 def _best_copy_gbs(copy: Callable[[], Any], stream: Any, nbytes: int, reps: int) -> float:
+    import torch
+
     copy()  # warm-up: first touch, DMA mapping
     stream.synchronize()
     best_ms = float("inf")

@@ -22,12 +22,11 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from engine import models
 from engine.io import quant_recipe
 from engine.io.atomic_file import atomic_path
+from engine.io.demo_file import DEMO_VERSION, demo_file  # noqa: F401  (DEMO_VERSION: its old home)
 from engine.io.gguf_model import ModelSpec, expected_shapes, format_quant_mix, quant_mix
 from engine.quant import dequant
 
 log = logging.getLogger(__name__)
-
-DEMO_VERSION = 2  # 2: q8_0 is llama.cpp's Q8_0 mix (the embedding quantized too)
 
 
 @dataclass(frozen=True)
@@ -427,11 +426,7 @@ def _write_edited(w: GGUFWriter, shapes: dict[str, tuple[int, ...]], stored_type
 
 def demo_model_path(cache_dir: Path | None = None) -> Path:
     """The built-in demo model, generated on first use into the user's cache directory."""
-    if cache_dir is None:
-        import platformdirs
-
-        cache_dir = Path(platformdirs.user_cache_dir("strata-gui", appauthor=False))
-    path = Path(cache_dir) / f"demo-qwen3moe-v{DEMO_VERSION}.gguf"
+    path = demo_file(cache_dir)
     if not path.exists():
         log.info("generating the demo model at %s", path)
         write_model(path, DEMO_RECIPE)

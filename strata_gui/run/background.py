@@ -4,7 +4,9 @@ Short jobs (device discovery, the bandwidth probe, parsing a model file, an expo
 (result, error) back to a callback in the GUI thread.  Long jobs (a run, a sweep: see
 job_runner.py) pass no callback and learn through `on_ended` that their thread has really
 finished, after every signal the job emitted.  `wait_all()` joins whatever is still running
-(the window is closing).
+(the window is closing).  `hold()` queues new jobs instead of starting them until `release()`:
+the app holds the window's first jobs (device discovery, the model's parse: they import torch)
+until the window is on screen, so they do not compete with drawing it (issue 37).
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ class BackgroundJobs(QObject):
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._running: dict[QThread, tuple[_Job, _Delivery, Callable[[], None] | None]] = {}
+        self._held: list[QThread] | None = None  # submitted, not started (hold/release)
 
     def submit(self, name: str, fn: Callable[[], Any], callback: Callback | None = None,
                on_ended: Callable[[], None] | None = None) -> QThread:
@@ -74,8 +77,23 @@ class BackgroundJobs(QObject):
         job.done.connect(thread.quit, Qt.ConnectionType.DirectConnection)  # GUI may be blocked in wait()
         thread.finished.connect(delivery.thread_finished)
         self._running[thread] = (job, delivery, on_ended)
-        thread.start()
+        if self._held is not None:
+            self._held.append(thread)
+        else:
+            thread.start()
         return thread
+
+    def hold(self) -> None:
+        """Queue the jobs submitted from now on (busy counts them) until `release`."""
+        if self._held is None:
+            self._held = []
+
+    def release(self) -> None:
+        """Start the queued jobs, in order, and stop holding."""
+        held, self._held = self._held or [], None
+        for thread in held:
+            if thread in self._running:
+                thread.start()
 
     @property
     def busy(self) -> bool:
@@ -97,6 +115,7 @@ class BackgroundJobs(QObject):
         return all(t.wait() if timeout_ms < 0 else t.wait(timeout_ms) for t in list(self._running))
 
     def wait_all(self) -> None:
+        self.release()  # a job queued while the window closes runs now, so it ends like the others
         for thread in list(self._running):
             thread.wait()
             self._finished(thread)

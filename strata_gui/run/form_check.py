@@ -11,7 +11,6 @@ from pathlib import Path
 
 from engine.config import ConfigError, rendezvous_address
 from engine.pipeline.rendezvous_key import attach_commands, controller_key, exposure_warning
-from engine.plan.memory_plan import plan_memory
 
 from .model_cache import ModelCache, file_key
 from .settings_model import RunSettings, Validation, validate
@@ -76,6 +75,8 @@ class FormCheck:
         if model is None:
             return ""
         tokens = (s.prompt_tokens if s.prompt_mode == "tokens" else len(s.prompt_text.encode())) + s.decode_tokens
+        from engine.plan.memory_plan import plan_memory  # torch: only once a model's facts are in
+
         try:
             return "Memory plan\n" + plan_memory(model, v.config, tokens).render()
         except Exception:  # the plan is advice: a failure must not block Run

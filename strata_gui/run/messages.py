@@ -7,8 +7,12 @@ environment and the history call it), and say what a GGUF file problem means for
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engine.config import ConfigError, _show
-from engine.io.gguf_model import KIND_MAGIC, GGUFError
+
+if TYPE_CHECKING:
+    from engine.io.gguf_model import GGUFError
 
 # engine setting -> the form's label
 LABELS = {
@@ -35,6 +39,7 @@ def config_error_text(exc: ConfigError) -> str:
 
 def model_error_text(exc: GGUFError) -> str:
     """A GGUF problem as the user should read it: the file, then what is wrong with it."""
+    from engine.io.gguf_model import KIND_MAGIC
     if exc.kind == KIND_MAGIC:
         return (f"{exc.path}: not a GGUF file — it does not start with the bytes 'GGUF' (pick a .gguf model, "
                 "or press Demo)")

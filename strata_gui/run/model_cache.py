@@ -15,14 +15,22 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from engine.io.gguf_model import GGUFError, LoadedModel, load
+from typing import TYPE_CHECKING
 
 from .messages import model_error_text
+
+if TYPE_CHECKING:
+    from engine.io.gguf_model import LoadedModel
 
 log = logging.getLogger(__name__)
 
 KEEP = 4  # parsed files kept (each is a memory map and its tensor table, not the weights)
+
+
+def _load(path: Path) -> LoadedModel:
+    from engine.io.gguf_model import load  # torch and gguf: off the window's start (a background job)
+
+    return load(path)
 
 
 def file_key(path: Path | str) -> str:
@@ -46,9 +54,10 @@ class ModelFacts:
 
 
 class ModelCache:
-    def __init__(self, keep: int = KEEP, loader: Callable[[Path], LoadedModel] = load) -> None:
+    def __init__(self, keep: int = KEEP, loader: Callable[[Path], LoadedModel] | None = None) -> None:
+        """`loader`: engine.io.gguf_model.load by default (imported with the first parse: torch)."""
         self.keep = keep
-        self.loader = loader
+        self.loader = loader or _load
         self.parses = 0  # how many times a file was parsed (tests)
         self._facts: OrderedDict[str, ModelFacts] = OrderedDict()
         self._lock = threading.Lock()
@@ -69,6 +78,8 @@ class ModelCache:
         if found is not None:
             return found
         key = file_key(path)
+        from engine.io.gguf_model import GGUFError
+
         try:
             model = self._parse(path)
             facts = ModelFacts(model.spec.n_layers, model.describe(), "", model)

@@ -11,17 +11,20 @@ finished, after the run's last signal.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject
 
 from engine.hw.topology import Topology
-from engine.pipeline.session import PipelineHooks
 
 from .event_batcher import DEFAULT_INTERVAL_S
 from .job_runner import JobRunner, signals_class
-from .run_job import RUN_SIGNALS, RunJob, RunRecorder, RunRequest
+from .run_messages import RUN_SIGNALS, RunRecorder, RunRequest
 from .run_state import RunState
 from .session_cache import SessionCache
+
+if TYPE_CHECKING:
+    from engine.pipeline.session import PipelineHooks
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,8 @@ class RunController(JobRunner, RunSignals):
             return False
         self.state.begin(request.repeats)
         self.runs_started += 1
+        from .run_job import RunJob  # the engine's Session and torch: imported by the first run
+
         return self.launch("run", lambda cancel, outlet: RunJob(
             request, self.sessions, cancel, outlet, self.hooks, self.topology, self.batch_interval_s,
             self.recorder).execute)

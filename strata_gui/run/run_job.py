@@ -24,15 +24,11 @@ drives the same job on a GPU machine without Qt.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from engine import failure
 from engine.config import EngineConfig
@@ -44,67 +40,19 @@ from engine.plan import memory_check, split_choice
 
 from .event_batcher import DEFAULT_INTERVAL_S, EventBatcher
 from .record_model import RunRecord, record_config
+from .run_messages import (  # noqa: F401  (re-exported: the job's messages, by their old names)
+    RUN_SIGNALS,
+    RepeatDone,
+    RunOutlet,
+    RunRecorder,
+    RunRequest,
+    RunStarted,
+    SaveResult,
+    describe_prompt,
+)
 from .session_cache import SessionCache
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    model_path: Path
-    config: EngineConfig
-    prompt_tokens: int = 512  # a synthetic prompt of this size when prompt_text is None
-    prompt_text: str | None = None
-    decode_tokens: int = 0
-    nonce: int = 0
-    model_label: str = ""  # how the history names the model ("" : the file name)
-    warmup: bool = False  # an unmeasured pass first, when this shape is new to the session
-    repeats: int = 1  # measured runs of the prompt
-
-
-@dataclass(frozen=True)
-class RepeatDone:
-    """One measured repeat finished (index from 0)."""
-
-    index: int
-    total: int
-    report: RunReport
-    warmed_up: bool = False  # a warm-up pass ran before the measured runs (this press of Run)
-    cold: bool = False  # this repeat was the shape's first pass in the session (no warm-up)
-
-
-# a run for the history -> its id there; raises on a storage error
-RunRecorder = Callable[[RunRecord], int]
-
-
-@dataclass(frozen=True)
-class SaveResult:
-    """How saving a run to the history went."""
-
-    run: int | None  # its id in the history
-    status: str  # finished | cancelled
-    error: str = ""
-
-
-def describe_prompt(req: RunRequest) -> str:
-    """The prompt as the history records it: enough to tell two prompts apart in a diff."""
-    if req.prompt_text is None:
-        return f"synthetic, nonce {req.nonce}"
-    digest = hashlib.md5(req.prompt_text.encode("utf-8")).hexdigest()[:8]
-    head = req.prompt_text if len(req.prompt_text) <= 60 else req.prompt_text[:59] + "…"
-    return f"text {digest}: {head!r}"
-
-
-@dataclass(frozen=True)
-class RunStarted:
-    """What the GUI learns before the first chunk."""
-
-    plan: RunPlan
-    origin_ns: int  # perf_counter_ns() when the plan was made: the Gantt's time zero
-    model: str
-    session_reused: bool
-    telemetry_available: bool
-    telemetry_reason: str
 
 
 def make_sampler(config: EngineConfig, topo: Topology | None,
@@ -158,27 +106,6 @@ class WarmupCount:
                 return
             self._last = now
         self.report(done, self._total)
-
-
-# What leaves a run, in order: each name is a method of the job's outlet, called on the job's
-# thread with arguments of these types (the app's controller has one Qt signal per name:
-# job_runner.signals_class).  Every outcome ends in one of finished / cancelled / failed, then done.
-RUN_SIGNALS: dict[str, tuple[type, ...]] = {
-    "run_started": (object,),  # RunStarted, before the first chunk of each measured pass
-    "events": (object,),  # list[StageEvent], one batch per ~50 ms
-    "telemetry": (object,),  # list[TelemetrySample]
-    "status": (str,),
-    "finished": (object,),  # RunReport of the last repeat
-    "measured": (object,),  # RepeatDone, after each measured repeat (before finished)
-    "warmup": (int, int),  # chunks of the warm-up pass done, of total
-    "cancelled": (str,),
-    "failed": (str, str, str),  # title, message, details
-    "saved": (object,),  # SaveResult: the run went into the history (or why not)
-    "done": (),
-}
-
-# any object with one method per name of RUN_SIGNALS (job_runner.SignalOutlet in the app)
-RunOutlet = Any
 
 
 class RunJob:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import QObject
 
 from .run_controller import RunController
-from .run_job import SaveResult
+from .run_messages import SaveResult
 from .run_state import run_request
 
 

@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.events import RunReport
 
 from .progress_model import RunProgress
-from .run_job import RepeatDone, RunRequest, RunStarted, SaveResult
+from .run_messages import RepeatDone, RunRequest, RunStarted, SaveResult
 from .settings_model import RunSettings
 from .spread_model import Spread
 
@@ -100,7 +100,7 @@ class RunState:
         """(the progress label, the status line) of a finished run."""
         if len(self.repeats) > 1:
             pre = Spread.of(d.report.prefill_tok_s for d in self.repeats)
-            label = f"done · prefill median {pre.median:,.0f} tok/s ±{pre.rel * 100:.1f}% over {pre.n} repeats"
+            label = f"done · prefill median {pre.median:,.0f} tok/s ± sd {pre.sd:,.0f} over {pre.n} repeats"
         else:
             decode = f" · decode {report.decode_tok_s:,.1f} tok/s" if report.decode_tok_s else ""
             label = f"done · prefill {report.prefill_tok_s:,.0f} tok/s{decode}"

@@ -11,13 +11,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
-from engine.io.gguf_model import LoadedModel
-from engine.pipeline.session import Session
 from engine.plan import split_choice
 
 from .model_cache import ModelCache
+
+if TYPE_CHECKING:
+    from engine.io.gguf_model import LoadedModel
+    from engine.pipeline.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,8 @@ class SessionCache:
         if self._session is not None and key == self._key:
             return self._session, True
         self.close()
+        from engine.pipeline.session import Session  # torch: with the first run, not the window
+
         model: LoadedModel = self.models.get(path)
         session = Session(model, config, progress=progress)
         self._session, self._key = session, key

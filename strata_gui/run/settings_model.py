@@ -277,7 +277,7 @@ def _field_for(setting: str) -> str:
 def check_machine(cfg: EngineConfig, cuda_count: int) -> None:
     """The machine check `Session` makes when it starts (`EngineConfig.check_machine`: devices
     that exist, a pin limit within RAM), made before Run so the form flags it under its field."""
-    from engine.models.experts import physical_ram
+    from engine.hw.machine import physical_ram  # the same figure, without torch
 
     cfg.check_machine(cuda_count, physical_ram())
 

@@ -2,8 +2,9 @@
 
 A run from the Run tab can be repeated; a sweep point has repeats; the history holds earlier
 runs with the same settings.  `Spread` is what the summary and Compare say about such a set:
-its median, its range, and the range relative to the median ("±x%": half the range over the
-median).  One value has no known spread (`known` is False): the app then says so instead of
+its median, its range, and its sample standard deviation ("± sd", as strata-bench and the
+Sweep tab say it; `rel`, half the range over the median, is Compare's noise band, not shown as
+"±").  One value has no known spread (`known` is False): the app then says so instead of
 showing a single sample as if it were a result.
 """
 from __future__ import annotations
@@ -43,6 +44,11 @@ class Spread:
         return max(self.values) if self.values else None
 
     @property
+    def sd(self) -> float | None:
+        """The sample standard deviation (n - 1), as strata-bench's ± sd; None without two values."""
+        return statistics.stdev(self.values) if self.known else None
+
+    @property
     def rel(self) -> float | None:
         """Half the range over the median (0.05 = ±5%); None without two values or a median of 0."""
         med = self.median
@@ -52,11 +58,11 @@ class Spread:
 
 
 def format_spread(s: Spread, fmt: str = "{:,.0f}", unit: str = "") -> str:
-    """'12,345 tok/s (median of 3; 12,001–12,600, ±2.4%)', or the one value when there is one."""
+    """'12,345 tok/s (median of 3; 12,001–12,600, ± sd 300)', or the one value when there is one."""
     if not s.values:
         return "—"
     u = f" {unit}" if unit else ""
     if not s.known:
         return f"{fmt.format(s.median)}{u}"
     return (f"{fmt.format(s.median)}{u} (median of {s.n}; {fmt.format(s.lo)}–{fmt.format(s.hi)}, "
-            f"±{s.rel * 100:.1f}%)")
+            f"± sd {fmt.format(s.sd)})")

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject
-
-from engine.pipeline.session import PipelineHooks
 
 from ..run.job_runner import JobRunner, signals_class
 from ..run.model_cache import ModelCache
 from .sweep_book import SweepBook
-from .sweep_job import SWEEP_SIGNALS, SweepJob, SweepRecorder, SweepRequest
+from .sweep_messages import SWEEP_SIGNALS, SweepRecorder, SweepRequest
 from .sweep_model import SweepPlan
+
+if TYPE_CHECKING:
+    from engine.pipeline.session import PipelineHooks
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ class SweepController(JobRunner, SweepSignals):
         if self.is_running:
             log.warning("a sweep is already in flight; start ignored")
             return False
+        from .sweep_job import SweepJob  # the engine's Session and torch: imported by the first sweep
+
         return self.launch("sweep", lambda cancel, outlet: SweepJob(
             request, cancel, outlet, self.recorder, self.hooks, self.models).execute)
 

@@ -16,12 +16,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from engine import failure
-from engine.config import EngineConfig
 from engine.events import StageEvent
 from engine.io import prompt as prompts
 from engine.io.gguf_model import load
@@ -30,49 +27,10 @@ from engine.pipeline.session import Cancelled, PipelineHooks, Session
 from ..history.history_model import SweepMember
 from ..run.model_cache import ModelCache
 from ..run.record_model import RunRecord, record_config
+from .sweep_messages import SWEEP_SIGNALS, SweepProgress, SweepRecorder, SweepRequest  # noqa: F401  (re-exported)
 from .sweep_model import SweepPlan, SweepSample, SweepStep, format_tokens
 
 log = logging.getLogger(__name__)
-
-# (record, (sweep id, member)) -> history id; raises on a storage error
-SweepRecorder = Callable[[RunRecord, tuple[int, SweepMember] | None], int]
-
-# What leaves a sweep: each name is a method of the job's outlet, called on the job's thread.
-SWEEP_SIGNALS: dict[str, tuple[type, ...]] = {
-    "progress": (object,),  # SweepProgress
-    "point_done": (object,),  # SweepSample, one per finished run
-    "status": (str,),
-    "finished": (bool, str),  # stopped early, message
-    "failed": (str, str, str),  # title, message, details
-    "done": (),
-}
-
-
-@dataclass(frozen=True)
-class SweepRequest:
-    model_path: Path
-    model_label: str
-    plan: SweepPlan
-    configs: tuple[EngineConfig, ...]  # one per arm, in the plan's order
-    sweep_id: int | None = None  # the sweep's id in the history
-
-
-@dataclass(frozen=True)
-class SweepProgress:
-    done: int  # finished runs
-    total: int
-    step: SweepStep | None  # the run in flight
-    chunks_done: int = 0
-    n_chunks: int = 0
-
-    def text(self, plan: SweepPlan) -> str:
-        if self.step is None:
-            return f"{self.done} of {self.total} runs"
-        arm = plan.arms[self.step.arm].name
-        chunks = f" · chunk {self.chunks_done}/{self.n_chunks}" if self.n_chunks else ""
-        return (f"{self.done} of {self.total} runs · now {format_tokens(self.step.prompt_tokens)} tokens, "
-                f"arm {arm}, repeat {self.step.repeat + 1}{chunks}")
-
 
 class _ChunkCounter:
     """The Session's sink during a sweep: counts chunks the last stage finished (cheap, any thread)

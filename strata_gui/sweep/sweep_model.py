@@ -5,8 +5,9 @@ as for `strata-bench run --arm`, e.g. ``pipeline_depth=0 chunk_tokens=2048``), `
 in the order of `strata-bench`: for each size, for each repeat, every arm in turn on the SAME
 prompt (`engine.io.prompt.synthetic` with `engine.io.prompt.sweep_nonce(size, repeat)`), so arms see
 identical prompts, repeats see different ones, and slow drift of the machine is shared by all
-arms.  The table per (arm, size) is the bench's: the median prefill tok/s, the spread (half the
-range as a share of the median), and the ratio to the first arm at that size.
+arms.  The table per (arm, size) is the bench's: the median prefill tok/s, ± sd (the sample
+standard deviation of the repeats' tok/s: strata-bench's `± sd` and `stddev_ts`), and the ratio to
+the first arm at that size.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.cli.bench_format import stddev
 from engine.config import ConfigError, EngineConfig
 from engine.events import RunReport
 from engine.sweep import SweepStep, median_spread, parse_arm, steps
@@ -185,7 +187,7 @@ class SweepRow:
     prompt_tokens: int
     tok_s: tuple[float, ...]  # every repeat's prefill tok/s, in order
     median: float
-    spread: float  # half the range, as a share of the median (strata-bench's ±)
+    sd: float  # the repeats' sample standard deviation, tok/s (n - 1; 0 for one): strata-bench's ± sd
     ratio: float | None  # median / the first arm's median at this size
     decode_median: float
     chunk: int
@@ -257,12 +259,12 @@ class SweepResults:
                 if not g:
                     continue
                 tok = tuple(s.prefill_tok_s for s in g)
-                median, spread = median_spread(tok)
+                median, sd = median_spread(tok)[0], stddev(tok)
                 ratio = median / base_median if base_median else None
                 pairs = [(s.digest, base_digest.get(s.repeat)) for s in g if s.digest and base_digest.get(s.repeat)]
                 same = all(x == y for x, y in pairs) if pairs and a > 0 else None
                 last = g[-1]
-                out.append(SweepRow(a, arm.name, arm.settings, n, tok, median, spread, ratio,
+                out.append(SweepRow(a, arm.name, arm.settings, n, tok, median, sd, ratio,
                                     median_spread([s.decode_tok_s for s in g])[0], last.chunk, last.n_chunks,
                                     last.n_stages, last.handoff, last.busy_histogram,
                                     tuple(s.digest for s in g), same))
@@ -276,12 +278,12 @@ class SweepResults:
 
     # ---------------------------------------------------------------- rendering
     def _table(self) -> tuple[list[str], list[list[str]]]:
-        cols = ["arm", "settings", "prompt", "chunk", "stages", "prefill tok/s", "±", "n", "ratio",
+        cols = ["arm", "settings", "prompt", "chunk", "stages", "prefill tok/s", "± sd", "n", "ratio",
                 "decode tok/s", "busy 0/1/..%", "handoff", "digest"]
         body = []
         for r in self.rows():
             body.append([r.arm_name, r.settings or "(base)", str(r.prompt_tokens), f"{r.chunk}x{r.n_chunks}",
-                         str(r.n_stages), f"{r.median:.1f}", f"{r.spread * 100:.1f}%", str(r.n),
+                         str(r.n_stages), f"{r.median:.1f}", f"{r.sd:.1f}", str(r.n),
                          "—" if r.ratio is None else f"{r.ratio:.3f}", f"{r.decode_median:.1f}",
                          "/".join(f"{x * 100:.0f}" for x in r.busy_histogram), r.handoff, r.digests[-1][:12]])
         return cols, body
@@ -291,11 +293,11 @@ class SweepResults:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(["arm", "settings", "prompt_tokens", "chunk", "n_chunks", "stages", "prefill_tok_s_median",
-                    "spread", "repeats", "ratio_to_first_arm", "decode_tok_s_median", "busy_histogram", "handoff",
+                    "stddev_ts", "repeats", "ratio_to_first_arm", "decode_tok_s_median", "busy_histogram", "handoff",
                     "digest", "same_output_as_first_arm", "prefill_tok_s_all"])
         for r in self.rows():
             w.writerow([r.arm_name, r.settings, r.prompt_tokens, r.chunk, r.n_chunks, r.n_stages, f"{r.median:.3f}",
-                        f"{r.spread:.5f}", r.n, "" if r.ratio is None else f"{r.ratio:.5f}",
+                        f"{r.sd:.3f}", r.n, "" if r.ratio is None else f"{r.ratio:.5f}",
                         f"{r.decode_median:.3f}", "/".join(f"{x:.4f}" for x in r.busy_histogram), r.handoff,
                         r.digests[-1], "" if r.same_output is None else str(r.same_output).lower(),
                         ";".join(f"{x:.3f}" for x in r.tok_s)])

@@ -16,7 +16,7 @@ from engine.config import ConfigError
 
 from .sweep_book import arm_configs
 from .sweep_controller import SweepController
-from .sweep_job import SweepRequest
+from .sweep_messages import SweepRequest
 from .sweep_model import estimate_text
 
 log = logging.getLogger(__name__)

@@ -9,6 +9,12 @@ slowed-down hooks: the prompts are simply long enough to watch), in a temporary 
 - history.png: the History tab holding all of those runs.
 
     QT_QPA_PLATFORM=offscreen python -m strata_gui.tools.screenshots docs/screenshots
+    QT_QPA_PLATFORM=offscreen QT_SCALE_FACTOR=1.5 python -m strata_gui.tools.screenshots docs/screenshots \
+        --screen 1280x688 --views main,compare --suffix=-150pct  # docs/screenshots/main-150pct.png: main-after-run-150pct.png
+
+The window has the size the app gives it on first start on `--screen` (the available area, in
+logical pixels; default 1920x1040: a 1920x1080 screen less a task bar), as users see it
+(strata_gui/views/window_fit.py), not a larger, cleaner size; `--width/--height` override it.
 """
 from __future__ import annotations
 
@@ -39,10 +45,10 @@ VIEWS = ("main", "compare", "sweep", "plan", "history")
 class _Shots:
     """The window in a temporary history, and the runs and shots each view needs."""
 
-    def __init__(self, app, win, out: Path, during_at: float) -> None:
+    def __init__(self, app, win, out: Path, during_at: float, suffix: str = "") -> None:
         from .selftest import wait_until
 
-        self.app, self.win, self.out, self.during_at = app, win, out, during_at
+        self.app, self.win, self.out, self.during_at, self.suffix = app, win, out, during_at, suffix
         self.wait_until = wait_until
         self.written: list[Path] = []
 
@@ -74,16 +80,21 @@ class _Shots:
         self.pump(lambda: win.history.count() > saved_before, 10)
         return win.history.list_runs(limit=1)[0].id
 
+    def path(self, name: str) -> Path:
+        """main-after-run.png -> OUT/main-after-run<suffix>.png"""
+        n = Path(name)
+        return self.out / f"{n.stem}{self.suffix}{n.suffix}"
+
     def shot(self, name: str) -> bool:
         self.app.processEvents()
-        path = self.out / name
+        path = self.path(name)
         self.win.grab().save(str(path))
         self.written.append(path)
         return True
 
     # ------------------------------------------------------------ one per view; False: it failed
     def main(self) -> bool:
-        if self.run(SETTINGS, self.out / "main-during-run.png") is None:
+        if self.run(SETTINGS, self.path("main-during-run.png")) is None:
             return False
         # Rendering the whole window holds the GIL for ~0.1 s, which shows as a gap in a CPU run's
         # timeline; the "after" shot is of a second, unobserved run (the loaded model is reused).
@@ -134,11 +145,24 @@ class _Shots:
         return self.shot("history.png")
 
 
+def _window_size(win, ns: argparse.Namespace) -> tuple[int, int]:
+    """--width/--height, else what MainWindow.fit_to_screen gives a first start on --screen."""
+    from ..views.window_fit import Rect, fit
+
+    sw, _, sh = ns.screen.partition("x")
+    hint = win.minimumSizeHint()
+    r = fit(None, Rect(0, 0, int(sw), int(sh)), (hint.width(), hint.height()))
+    return ns.width or r.w, ns.height or r.h
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m strata_gui.tools.screenshots", description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="folder for the PNG files")
-    ap.add_argument("--width", type=int, default=1600)
-    ap.add_argument("--height", type=int, default=1000)
+    ap.add_argument("--screen", default="1920x1040", help="the screen's available area WxH (logical px): the window "
+                                                         "gets the app's first-start size on it")
+    ap.add_argument("--width", type=int, help="the window's width instead (logical px)")
+    ap.add_argument("--height", type=int, help="the window's height instead (logical px)")
+    ap.add_argument("--suffix", default="", help="added to each file's name (main-after-run-150pct.png)")
     ap.add_argument("--during-at", type=float, default=0.45, help="share of the chunks done at the first shot")
     ap.add_argument("--views", default=",".join(VIEWS), help=f"comma-separated, of {', '.join(VIEWS)}")
     ns = ap.parse_args(argv)
@@ -156,9 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         win = MainWindow(QSettings(str(Path(tmp) / "s.ini"), QSettings.Format.IniFormat), demo_model_path(),
                          history_path=Path(tmp) / "history.sqlite3")
-        win.resize(ns.width, ns.height)
+        w, h = _window_size(win, ns)
+        win.resize(w, h)
         win.show()
-        shots = _Shots(app, win, ns.out, ns.during_at)
+        log.info("window %dx%d", win.width(), win.height())
+        shots = _Shots(app, win, ns.out, ns.during_at, ns.suffix)
         shots.pump(lambda: not win.jobs.busy, 30)
         try:
             for view in VIEWS:  # in this order: compare's runs are the history's, and so on

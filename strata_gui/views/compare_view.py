@@ -43,6 +43,21 @@ CHOICE_LIMIT = 500
 NO_SAMPLES = SampleSet()  # the run alone (frozen: safe as a default)
 
 
+def _values_below_only(axis) -> None:
+    """One time axis, read under the lower chart: the upper's unlabelled axis had shown seconds
+    (pyqtgraph scales to ms only with the label shown) above the lower's ms."""
+    axis.showLabel(False)
+    axis.setStyle(showValues=False)
+
+
+def _cap_column(t: QTableWidget, col: int, max_px: int) -> None:
+    """A column as wide as its texts, up to max_px (longer texts wrap): at 1280 px and 150% scale
+    the figures' longest name had widened the window past the screen (issue 37)."""
+    t.resizeColumnToContents(col)
+    t.setColumnWidth(col, min(t.columnWidth(col), max_px))
+    t.resizeRowsToContents()
+
+
 def _item(text: str, right: bool = False, color: str | None = None, bold: bool = False) -> QTableWidgetItem:
     item = QTableWidgetItem(text)
     if right:
@@ -102,7 +117,7 @@ class CompareView(QWidget):
         self.gantt_before, self.gantt_after, gantts = stacked_pair("Before", "After", self.fit)
         for g in (self.gantt_before, self.gantt_after):
             g.fit_button.setToolTip("Show both runs whole, on the shared time axis.")
-        self.gantt_before.plot.getPlotItem().setLabel("bottom", "")
+        _values_below_only(self.gantt_before.plot.getPlotItem().getAxis("bottom"))
 
         bottom = _bottom(self)
         body = QSplitter(Qt.Orientation.Vertical)
@@ -134,6 +149,7 @@ class CompareView(QWidget):
         return box
 
     NOISE_MIN_PX = 130  # "within noise ±362%" on two lines at most
+    FIGURE_MAX_PX = 210  # a longer figure name ("busy: 1 stage(s) computing (% of wall)") wraps to two lines
 
     def _fit_metrics_width(self) -> None:
         t = self.metrics
@@ -314,7 +330,7 @@ class CompareView(QWidget):
             note = _item(m.short_judgement, color=MUTED_COLOR)  # the whole sentence is the tooltip
             note.setToolTip(m.judgement)
             t.setItem(i, 4, note)
-        t.resizeRowsToContents()
+        _cap_column(t, 0, self.FIGURE_MAX_PX)
 
     def _show_diff(self, c: Comparison) -> None:
         same = unchanged(c.before.config, c.after.config)
@@ -370,6 +386,7 @@ def _bottom(self: CompareView) -> QSplitter:
     self._table_setup(self.metrics)
     # the noise column takes the width left and wraps its few words there: never cut, no sideways scroll
     self.metrics.horizontalHeader().setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+    self.metrics.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)  # _show_metrics
     self.metrics.setWordWrap(True)
     # at least its figures' columns and a readable noise column: the splitter never squeezes them
     self.metrics.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)

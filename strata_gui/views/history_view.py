@@ -90,6 +90,8 @@ class HistoryPanel(QWidget):
         self.where = QLabel(f"Every finished or stopped run is saved here, with its settings, report, events and "
                             f"telemetry: <code>{html.escape(str(where))}</code>" if where else "")
         self.where.setProperty("role", "hint")
+        # wrapped: a long data-folder path on one line had held the window wider than a 1280-px screen (issue 37)
+        self.where.setWordWrap(True)
         self.where.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         top = _filter_row(self)
         _history_table(self)
@@ -97,6 +99,7 @@ class HistoryPanel(QWidget):
         hint = QLabel("Select two runs and press Compare (the older one is 'before'); double-click a run to show "
                       "it in the Run tab, its label to edit it.")
         hint.setProperty("role", "hint")
+        hint.setWordWrap(True)
 
         self.message = QLabel()
         self.message.setWordWrap(True)

@@ -11,12 +11,11 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import torch
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QTabWidget, QWidget
 
-from engine.hw import topology
+from engine.hw import machine, topology
 from engine.hw.topology import Topology
 
 from ..history.history_model import RunHistory, UnsavedRuns, open_history
@@ -52,6 +51,17 @@ TAB_TIPS = {
 }
 
 
+def cuda_count_early() -> int:
+    """The CUDA devices torch will see, told without importing torch where NVML can tell it
+    (engine/hw/machine.py: at most NVML's count, within CUDA_VISIBLE_DEVICES); else torch's count."""
+    bound = machine.cuda_count_bound()
+    if bound is not None:
+        return bound
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def default_devices(cuda_count: int) -> str:
     """All GPUs when there are any, else a 2-stage CPU split (the pipeline is the point)."""
     return ",".join(f"cuda:{i}" for i in range(cuda_count)) if cuda_count else "cpu,cpu"
@@ -68,7 +78,7 @@ class MainWindow(QMainWindow):
                  discover: Callable[[bool], Topology] = topology.discover,
                  env: Mapping[str, str] | None = None, parent: QWidget | None = None,
                  history: RunHistory | None = None, history_path: Path | None = None,
-                 sweeps: SweepController | None = None) -> None:
+                 sweeps: SweepController | None = None, hold_jobs: bool = False) -> None:
         """`history`: the run history to use; else the one at `history_path` (default: the user's
         data directory), opened here.  A history that cannot be opened (a newer version's, a
         corrupt file) is left untouched; the app then runs without one and says why."""
@@ -83,14 +93,18 @@ class MainWindow(QMainWindow):
             history, self.history_error = open_history(history_path)
         self.history = history
         self.jobs = BackgroundJobs(self)
+        if hold_jobs:  # the app: discovery and the model's parse (torch) start once the window is drawn
+            self.jobs.hold()
         self._discover = discover
         self._env = os.environ if env is None else env
-        self.cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        # before torch (issue 37: the window shows without it): NVML's count within CUDA_VISIBLE_DEVICES,
+        # made exact by device discovery (torch's own count) in the background (_on_topology)
+        self.cuda_count = cuda_count_early()
         # model files parsed off the GUI thread, once: the form's facts, the run's Session and a sweep share them
         self.models = ModelCache()
         self.form = FormCheck(self.models, self.jobs, self._env, self.cuda_count, self.demo_model,
                               lambda: None if self._closing else self.revalidate())
-        self._setup_controllers(controller, sweeps, history_path)
+        setup_controllers(self, controller, sweeps, history_path)
         self.validation = Validation()
         self.error_box: QMessageBox | None = None
         self._closing = False
@@ -107,22 +121,6 @@ class MainWindow(QMainWindow):
                                 if replaced else "")
         self.refresh_topology(probe=False)
         self._startup_notes()
-
-    def _setup_controllers(self, controller: RunController | None, sweeps: SweepController | None,
-                           history_path: Path | None) -> None:
-        self.controller = controller or RunController()
-        self.controller.setParent(self)
-        self.sweeps = sweeps or SweepController()
-        self.sweeps.setParent(self)
-        if self.history is not None:
-            self.controller.recorder = self.history.add
-            self.sweeps.recorder = self.history.add
-        elif self.history_error:  # runs go to trace files beside the unusable history
-            self.controller.recorder = UnsavedRuns(history_path, self.history_error).add
-        self.sweeps.book = SweepBook(self.history)
-        self.sweeps.free_memory = self.controller.sessions.close  # a sweep's sessions need the memory
-        self.controller.sessions.models = self.models
-        self.sweeps.models = self.models
 
     def _startup_notes(self) -> None:
         if self.history is not None and getattr(self.history, "notice", ""):
@@ -214,6 +212,8 @@ class MainWindow(QMainWindow):
             return
         if topo is None:
             topo = Topology(reason=f"device discovery failed: {error}")
+        elif self._discover is topology.discover:
+            exact_cuda_count(self, len(topo.devices))
         self.controller.topology = topo
         self.devices_panel.set_topology(topo)
         if not self.controller.is_running:
@@ -361,3 +361,32 @@ class MainWindow(QMainWindow):
         if self.history is not None and self._owns_history:
             self.history.close()
         super().closeEvent(event)
+
+
+def exact_cuda_count(win: MainWindow, n: int) -> None:
+    """torch's device count, from discovery: the form checks against it from now on, and devices
+    still at the early count's default get the default of this one."""
+    if n == win.cuda_count:
+        return
+    old, win.cuda_count = win.cuda_count, n
+    win.form.cuda_count = n
+    if win.devices_panel.values().get("devices") == default_devices(old):
+        win.devices_panel.load(default_devices(n), win.current_settings().gpu_order)
+
+
+def setup_controllers(win: MainWindow, controller: RunController | None, sweeps: SweepController | None,
+                      history_path: Path | None) -> None:
+    """The run and sweep controllers, wired to the history and the shared model cache."""
+    win.controller = controller or RunController()
+    win.controller.setParent(win)
+    win.sweeps = sweeps or SweepController()
+    win.sweeps.setParent(win)
+    if win.history is not None:
+        win.controller.recorder = win.history.add
+        win.sweeps.recorder = win.history.add
+    elif win.history_error:  # runs go to trace files beside the unusable history
+        win.controller.recorder = UnsavedRuns(history_path, win.history_error).add
+    win.sweeps.book = SweepBook(win.history)
+    win.sweeps.free_memory = win.controller.sessions.close  # a sweep's sessions need the memory
+    win.controller.sessions.models = win.models
+    win.sweeps.models = win.models

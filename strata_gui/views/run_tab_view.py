@@ -20,7 +20,7 @@ from engine.events import RunReport
 from engine.hw.topology import TelemetrySample
 
 from ..run.record_model import RunRecord
-from ..run.run_job import RunStarted
+from ..run.run_messages import RunStarted
 from ..run.run_state import RunState, measure_text
 from .devices_view import DevicesPanel
 from .gantt_view import GanttView

@@ -1,5 +1,5 @@
 """The Sweep tab: a plan (prompt sizes, arms, repeats) on the left; prefill tok/s against prompt
-tokens per arm, and the table beside it (median, spread, ratio to the first arm), filled in as
+tokens per arm, and the table beside it (median, ± sd, ratio to the first arm), filled in as
 each run finishes.  Start and Stop go to the sweep presenter (sweep/sweep_presenter.py); the table
 exports as CSV and markdown (`sweep.SweepResults`)."""
 from __future__ import annotations
@@ -38,7 +38,7 @@ from PySide6.QtWidgets import (
 from engine.config import ConfigError
 
 from ..run import run_files
-from ..sweep.sweep_job import SweepProgress
+from ..sweep.sweep_messages import SweepProgress
 from ..sweep.sweep_model import (
     MAX_REPEATS,
     SweepArm,
@@ -55,15 +55,15 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ARMS = (("join", "pipeline_depth=0"), ("overlap", "pipeline_depth=1"))
 DEFAULT_SIZES = "8K, 16K, 32K, 64K"
-TABLE_COLUMNS = ("arm", "prompt", "n", "prefill tok/s\n(median)", "±\n(half range)", "ratio to\nfirst arm",
+TABLE_COLUMNS = ("arm", "prompt", "n", "prefill tok/s\n(median)", "± sd\n(tok/s)", "ratio to\nfirst arm",
                  "decode\ntok/s", "same\noutput")  # the last: the digest equals the first arm's
 TIPS = {
     "sizes": "Prompt sizes in tokens, comma-separated; K = 1024 (8K = 8192).  Each size is one point per arm.",
     "arms": "Each arm is a name and settings over the Run tab's, written as for strata-bench --arm: "
             "setting=value pairs such as 'pipeline_depth=0' or 'prefill=2048 prefill_main=1'.  The first arm is the "
             "baseline of the ratio column.",
-    "repeats": "Runs per (arm, size); the table shows the median and the spread (half the range as a share of "
-               "the median).  Repeats get different prompts (a new nonce), arms identical ones.",
+    "repeats": "Runs per (arm, size); the table shows the median and ± sd (the repeats' sample standard "
+               "deviation, as strata-bench's ± sd).  Repeats get different prompts (a new nonce), arms identical ones.",
     "warmup": "Unmeasured warm-up runs per arm before each prompt size (the first run of a chunk shape pays "
               "for kernel set-up and CUDA graph capture), as strata-bench --warmup.",
     "decode": "Tokens to generate after each prompt (0: prefill only).",
@@ -336,7 +336,7 @@ class SweepView(QWidget):
 
 class SweepResultsView(QWidget):
     """The sweep's results: the chart (prefill tok/s against prompt tokens, per arm), the table
-    beside it (median, spread, ratio to the first arm) and the same sweep's command line."""
+    beside it (median, ± sd, ratio to the first arm) and the same sweep's command line."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -377,9 +377,9 @@ class SweepResultsView(QWidget):
         # as wide as its columns, so the splitter beside the chart never cuts one (issue 37)
         self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.table.horizontalHeader().sectionResized.connect(lambda *_: self._fit_table_width())
-        self.table.setToolTip("Per arm and prompt size: the median prefill tok/s of the repeats, ± half their range "
-                              "as a share of the median, and the ratio of the medians to the first arm's: green or "
-                              "red only beyond the repeats' noise (hover a ratio).")
+        self.table.setToolTip("Per arm and prompt size: the median prefill tok/s of the repeats, ± sd (their sample "
+                              "standard deviation in tok/s, as strata-bench's ± sd), and the ratio of the medians to "
+                              "the first arm's: green or red only beyond the repeats' noise (hover a ratio).")
 
         self.command = QLabel()
         self.command.setWordWrap(True)
@@ -461,7 +461,7 @@ class SweepResultsView(QWidget):
         for i, r in enumerate(rows):
             same = {True: "yes", False: "NO", None: "—"}[r.same_output]
             cells = (r.arm_name, format_tokens(r.prompt_tokens), str(r.n), f"{r.median:,.0f}",
-                     f"{r.spread * 100:.1f}%", "—" if r.ratio is None else f"{r.ratio:.3f}×",
+                     f"{r.sd:,.0f}" if r.n > 1 else "—", "—" if r.ratio is None else f"{r.ratio:.3f}×",
                      f"{r.decode_median:,.1f}" if r.decode_median else "—", same)
             for j, text in enumerate(cells):
                 item = QTableWidgetItem(text)

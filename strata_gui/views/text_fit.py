@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from PySide6.QtCore import QRect, Qt
 from PySide6.QtGui import QFontMetrics
-from PySide6.QtWidgets import QAbstractScrollArea, QHeaderView, QLabel, QStyle, QTableWidget, QWidget
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QAbstractScrollArea,
+    QHeaderView,
+    QLabel,
+    QScrollArea,
+    QStyle,
+    QTableWidget,
+    QWidget,
+)
 
 
 def _pads(table: QTableWidget) -> tuple[int, int]:
@@ -78,8 +87,14 @@ def label_problems(label: QLabel, name: str) -> list[str]:
 
 
 def clipped(root: QWidget, all_rows: tuple[QTableWidget, ...] = ()) -> list[str]:
-    """Everything cut short under `root` that is on screen (hidden widgets are skipped)."""
+    """Everything cut short under `root` that is on screen (hidden widgets are skipped), and
+    scroll areas (a tab's page) that scroll sideways: their right edge is off screen."""
     out: list[str] = []
+    for area in root.findChildren(QScrollArea):
+        bar = area.horizontalScrollBar()
+        if area.isVisible() and not isinstance(area, QAbstractItemView) and bar.isVisible() and bar.maximum() > 0:
+            out.append(f"{area.objectName() or type(area.widget()).__name__} scrolls sideways "
+                       f"({bar.maximum()} px beyond its {area.viewport().width()} px)")
     for t in root.findChildren(QTableWidget):
         if t.isVisibleTo(root) and t.isVisible() and t.columnCount():
             out += table_problems(t, t.objectName() or type(t.parent()).__name__ + " table", t in all_rows)
