@@ -16,7 +16,8 @@ from engine.pipeline.session import Session
 
 DATA = Path(__file__).parent / "data" / "families"
 # family -> (transformers auto class, the architecture the file says)
-FAMILIES = {"mixtral": ("AutoModelForCausalLM", "llama"), "qwen3vlmoe": ("AutoModelForImageTextToText", "qwen3vlmoe")}
+FAMILIES = {"mixtral": ("AutoModelForCausalLM", "llama"), "qwen3vlmoe": ("AutoModelForImageTextToText", "qwen3vlmoe"),
+            "qwen3next": ("AutoModelForCausalLM", "qwen3next")}
 TOKENS = 48
 
 

@@ -58,7 +58,7 @@ def tensor_type(name: str, shape: tuple[int, ...], ftype: str, spec: ModelSpec) 
     """The type of one tensor (shape in torch order) in a model of mix `ftype`."""
     if ftype not in _DEFAULT:
         raise ValueError(f"unknown quant mix {ftype!r}: use {', '.join(FTYPES)}")
-    if len(shape) < 2 or "ffn_gate_inp" in name:
+    if len(shape) < 2 or "ffn_gate_inp" in name or "ssm_conv1d" in name:  # (llama.cpp keeps the conv's taps)
         return T.F32
     if ftype in LOW_BIT_FTYPES:
         return _fit_rows(_low_bit_type(name, shape, ftype, spec), shape[-1])

@@ -161,6 +161,8 @@ def _kind(name: str) -> str:
         return "bias"
     if "ffn_gate_inp" in name:
         return "router"
+    if name.endswith(".ssm_a"):
+        return "decay"  # a GDN layer's -exp(A_log): negative, or its state would grow
     return "embedding" if name == "token_embd.weight" else "matrix"
 
 
@@ -169,6 +171,8 @@ def _std(name: str, shape: tuple[int, ...]) -> float:
     kind = _kind(name)
     if kind in ("norm", "bias"):
         return 0.1
+    if kind == "decay":
+        return 1.0
     if kind == "embedding":
         return 1.0
     return (4.0 if kind == "router" else 1.0) / float(np.sqrt(shape[-1]))
@@ -186,6 +190,8 @@ def _floats(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.n
         arr = 0.1 * arr
     elif kind == "router":
         arr = arr / np.sqrt(shape[-1]) * 4.0
+    elif kind == "decay":
+        arr = -np.exp(0.5 * arr)
     elif kind == "matrix":
         arr = arr / np.sqrt(shape[-1])
     return arr.astype(np.float32, copy=False)
@@ -466,6 +472,8 @@ class SyntheticSource:
             return 0.1 * t
         if "ffn_gate_inp" in name:
             return t * (4.0 / shape[-1] ** 0.5)
+        if name.endswith(".ssm_a"):
+            return -(0.5 * t).exp()
         if name == "token_embd.weight":
             return t
         return t / shape[-1] ** 0.5

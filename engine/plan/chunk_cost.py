@@ -100,8 +100,8 @@ class ChunkCostProbe:
 
         try:
             with torch.inference_mode():
-                self.kv.k.normal_()
-                self.kv.v.normal_()
+                for t in self.kv.handoff_views(self.kv.capacity):  # KV: every slot; a recurrent state: all of it
+                    t.normal_()
                 layer_s = self._sizes(sizes, tokens)
                 x = tokens(probe)
                 deep = self._best(x, prefix)
@@ -146,7 +146,7 @@ class ChunkCostProbe:
         g = self._graph(x)  # may run an eager pass of its own first: set the cache after it
         kv = self.kv
         assert kv is not None
-        kv.length = pos
+        kv.adopt(pos)  # holds `pos` tokens (a recurrent state: continues from its matrices)
         if g is not None:
             g.forward(0, x, kv, pos)
         else:
@@ -161,7 +161,7 @@ class ChunkCostProbe:
         if n not in self._graphs:
             kv = self.kv
             assert kv is not None
-            kv.length = 0
+            kv.adopt(0)
             self.layer(x, kv, 0)  # first: a layer decides its expert GEMM (and so graphability) here
             if not self.layer.graphable(x):
                 self._graphs[n] = None
