@@ -66,7 +66,14 @@ QWEN3_30B_A3B = ModelRecipe(arch="qwen3moe", n_layers=48, hidden=2048, n_heads=3
                             head_dim=128, n_experts=128, n_experts_used=8, expert_ffn=768,
                             vocab=151936, context_length=131072, quant="f16")
 
-PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B}
+# Qwen3-Next-80B-A3B shapes (issue 34): 48 layers, three GDN layers to one gated-attention layer
+# (engine/models/qwen3next.py derives the GDN sizes, RoPE's quarter of a head and the shared
+# expert from these, as the 80B has them: 16 q/k and 32 value heads of 128, 4-tap conv, 512)
+QWEN3_NEXT_80B_A3B = ModelRecipe(arch="qwen3next", n_layers=48, hidden=2048, n_heads=16, n_kv_heads=2,
+                                 head_dim=256, n_experts=512, n_experts_used=10, expert_ffn=512, vocab=151936,
+                                 context_length=262144, rope_base=10_000_000.0, quant="f16")
+
+PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B, "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B}
 
 
 class RecipeError(ValueError):
