@@ -3,9 +3,11 @@ transformers' own classes, converted by llama.cpp's convert_hf_to_gguf.py
 (scripts/family_files.py made tests/data/families), run by the engine on the GGUF file and by
 transformers on the safetensors it was converted from, fp32 on CPU, prompts of several chunks.
 
-Qwen3-Next's file is sensitive to rounding (random weights; each GDN layer's gated RMSNorm divides
-by a small core output): transformers' own fp32 logits differ from its fp64 ones by 2e-5..2e-4
-over these prompts; each of our layers alone is as close to fp64 as transformers' is."""
+The hybrids' files (Qwen3-Next, Qwen3.5-MoE) are sensitive to rounding (random weights; a GDN
+layer amplifies a perturbation of its input about tenfold): transformers' own fp32 logits differ
+from its fp64 ones by 2e-5 over a few tokens to 1.5e-4 over 96; each of our layers alone is as
+close to fp64 as transformers' is.  The 48-token cases hold ours to 1e-4 of transformers' fp32
+logits; the 96-token ones to twice transformers' own fp32 error."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,7 +23,7 @@ from engine.pipeline.session import Session
 DATA = Path(__file__).parent / "data" / "families"
 # family -> (transformers auto class, the architecture the file says)
 FAMILIES = {"mixtral": ("AutoModelForCausalLM", "llama"), "qwen3vlmoe": ("AutoModelForImageTextToText", "qwen3vlmoe"),
-            "qwen3next": ("AutoModelForCausalLM", "qwen3next")}
+            "qwen3next": ("AutoModelForCausalLM", "qwen3next"), "qwen35moe": ("AutoModelForCausalLM", "qwen35moe")}
 TOKENS = 48
 
 
@@ -76,31 +78,45 @@ def test_digest_is_the_same_over_stages_depths_executors_and_prefill_main(family
     assert len(digests) == 1
 
 
-# ------------------------------------------------------------ Qwen3-Next: the state across chunks
+# ------------------------------------------------ Qwen3-Next and Qwen3.5-MoE: the state across chunks
+HYBRIDS = ["qwen3next", "qwen35moe"]
+
+
+@pytest.mark.parametrize("hybrid", HYBRIDS)
 @pytest.mark.parametrize("chunk,devices", [(8, ["cpu"]), (70, ["cpu", "cpu"])])
-def test_qwen3next_logits_over_chunks_across_the_delta_rules_blocks(chunk, devices):
+def test_hybrid_logits_over_chunks_across_the_delta_rules_blocks(hybrid, chunk, devices):
     """96 tokens: 12 chunks of 8 (each GDN layer restarts its recurrence twelve times from the
     carried state), or a chunk of 70 (two of the delta rule's 64-token blocks in one chunk, and
-    the cut off their grid) then 26 on a second stage."""
-    model = gguf_model.load(DATA / "qwen3next.gguf")
+    the cut off their grid) then 26 on a second stage.  At this length fp32 itself is about
+    1.5e-4 from the exact logits (transformers' fp32 run against its fp64 run), so the bound is
+    that: ours at most twice as far from transformers' fp64 logits as its own fp32 ones are."""
+    transformers = pytest.importorskip("transformers")
+    model = gguf_model.load(DATA / f"{hybrid}.gguf")
     ids = synthetic(96, model.spec.vocab, nonce=3)
-    ref = reference_logits("qwen3next", ids)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(DATA / hybrid), dtype=torch.float32,
+                                                           experts_implementation="eager").eval()
+    with torch.no_grad():
+        fp32 = hf(input_ids=torch.tensor([ids])).logits[0].double()
+        exact = hf.double()(input_ids=torch.tensor([ids])).logits[0]
     sess = Session(model, EngineConfig(devices=devices, dtype="float32", chunk_tokens=chunk))
     try:
-        ours = sess.run(ids, decode_tokens=0, logits_all=True).logits
+        ours = sess.run(ids, decode_tokens=0, logits_all=True).logits.double()
     finally:
         sess.close()
-    assert (ours - ref).abs().max().item() <= 1e-4
+    fp32_error = (fp32 - exact).abs().max().item()
+    assert 0 < fp32_error < 1e-3
+    assert (ours - exact).abs().max().item() <= 2 * fp32_error
 
 
+@pytest.mark.parametrize("hybrid", HYBRIDS)
 @pytest.mark.parametrize("cfg", [dict(devices=["cpu"]), dict(devices=["cpu", "cpu"], prefill_main=True)])
-def test_qwen3next_decode_continues_transformers_greedy_generation(cfg):
+def test_hybrid_decode_continues_transformers_greedy_generation(hybrid, cfg):
     """Decode steps one token at a time through every layer's carried state (GDN conv tail and
     matrices, attention KV): the tokens transformers' generate picks (its own cache)."""
     transformers = pytest.importorskip("transformers")
-    model = gguf_model.load(DATA / "qwen3next.gguf")
+    model = gguf_model.load(DATA / f"{hybrid}.gguf")
     ids = synthetic(TOKENS, model.spec.vocab, nonce=5)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(DATA / "qwen3next"), dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(DATA / hybrid), dtype=torch.float32).eval()
     with torch.no_grad():
         want = hf.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0, len(ids):].tolist()
     sess = Session(model, EngineConfig(dtype="float32", chunk_tokens=16, **cfg))
@@ -111,14 +127,15 @@ def test_qwen3next_decode_continues_transformers_greedy_generation(cfg):
     assert list(got) == want
 
 
-def test_qwen3next_prefill_main_hands_each_stage_its_state_bytes():
+@pytest.mark.parametrize("hybrid", HYBRIDS)
+def test_hybrid_prefill_main_hands_each_stage_its_state_bytes(hybrid):
     """Prefill-main copies each later stage's states from the main device: its GDN layers' fixed
     conv tail and matrices and its attention layers' KV of the prompt; the memory plan counts the
     same bytes; and the digest is the one stage's, with threads and with processes."""
     from engine import models
     from engine.plan.memory_plan import plan_memory
 
-    model = gguf_model.load(DATA / "qwen3next.gguf")
+    model = gguf_model.load(DATA / f"{hybrid}.gguf")
     spec = model.spec
     ids = synthetic(TOKENS, spec.vocab, nonce=4)
     one = _run_digest(model, ids, devices=["cpu"])
@@ -148,10 +165,11 @@ def _run_digest(model, ids, **cfg) -> str:
         sess.close()
 
 
-def test_qwen3next_digest_with_interleaved_groups():
+@pytest.mark.parametrize("hybrid", HYBRIDS)
+def test_hybrid_digest_with_interleaved_groups(hybrid):
     """interleave:2 makes each layer its own stage (GDN, GDN, GDN, attention, on alternating
     devices): each stage keeps its one layer's state across chunks; depth 0/1 and prefill-main."""
-    model = gguf_model.load(DATA / "qwen3next.gguf")
+    model = gguf_model.load(DATA / f"{hybrid}.gguf")
     ids = synthetic(TOKENS, model.spec.vocab, nonce=4)
     one = _run_digest(model, ids, devices=["cpu"])
     for extra in (dict(), dict(pipeline_depth=0), dict(prefill_main=True)):

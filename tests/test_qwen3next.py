@@ -1,6 +1,6 @@
-"""Qwen3-Next's family (issue 34) apart from the oracle (tests/test_family_files.py): which layers
+"""Qwen3-Next's family and Qwen3.5-MoE's (issue 34) apart from the oracle (tests/test_family_files.py): which layers
 are recurrent, the MTP block left out, the sizes it reads and refuses, make-model's files read
-back, the preset's shapes, and a generated model of every quant mix running finite through the
+back, the presets' shapes, and a generated model of every quant mix running finite through the
 pipeline with its states handed over."""
 from __future__ import annotations
 
@@ -28,13 +28,15 @@ def _file(tmp_path, name="q.gguf", metadata=None, **changes):
     return synth.write_model(tmp_path / name, recipe, metadata=metadata)
 
 
-def test_make_model_files_read_back_as_their_spec(tmp_path):
-    recipe = synth.recipe_from_args("demo", **SMALL, quant="f32")
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
+def test_make_model_files_read_back_as_their_spec(tmp_path, arch):
+    recipe = synth.recipe_from_args("demo", **{**SMALL, "arch": arch}, quant="f32")
     spec = gguf_model.load(synth.write_model(tmp_path / "q.gguf", recipe)).spec
     assert replace(spec, rms_eps=1e-6) == recipe.spec()  # (the file holds eps as float32)
     assert spec.recurrent == (True, True, True, False) and spec.rope_dim == 4 and spec.shared_ffn == 32
     g = spec.gdn()
     assert (g.n_k_heads, g.n_v_heads, g.head_k, g.head_v, g.conv_kernel) == (4, 8, 8, 8, 4)
+    assert g.v_tiled == (arch == "qwen35moe")
 
 
 def test_each_layers_size_is_its_parts(tmp_path):
@@ -48,6 +50,8 @@ def test_each_layers_size_is_its_parts(tmp_path):
     total = sum(fam.layer_params(full, i) for i in range(48)) + 2 * full.vocab * full.hidden
     assert 79e9 < total < 81e9
     assert 2.5e9 < full.active_flops_per_token(0) * 48 / 2 + 2 * full.vocab * full.hidden < 4e9
+    q35 = synth.recipe_from_args("qwen3.5-35b-a3b").spec()
+    assert 34e9 < sum(fam.layer_params(q35, i) for i in range(40)) + 2 * q35.vocab * q35.hidden < 36e9
 
 
 def test_recurrent_layers_follow_the_interval_or_the_files_list(tmp_path):
@@ -84,10 +88,11 @@ def test_sizes_it_cannot_run_are_refused_by_name(tmp_path, key, value, match):
         gguf_model.load(path)
 
 
-@pytest.mark.parametrize("quant", ["q4_k_m", "q8_0", "iq3_xxs"])
-def test_every_quant_mix_runs_finite_and_hands_its_state_over(tmp_path, quant):
+@pytest.mark.parametrize("arch,quant", [("qwen3next", "q4_k_m"), ("qwen3next", "q8_0"), ("qwen3next", "iq3_xxs"),
+                                        ("qwen35moe", "q4_k_m")])
+def test_every_quant_mix_runs_finite_and_hands_its_state_over(tmp_path, arch, quant):
     path = tmp_path / f"{quant}.gguf"
-    assert bench.main(["make-model", str(path), "--arch", "qwen3next", "--quant", quant, "--layers", "4",
+    assert bench.main(["make-model", str(path), "--arch", arch, "--quant", quant, "--layers", "4",
                        "--hidden", "256", "--heads", "4", "--kv-heads", "2", "--head-dim", "64",
                        "--experts", "8", "--experts-used", "2", "--expert-ffn", "256"]) == 0
     model = gguf_model.load(path)

@@ -45,7 +45,8 @@ class _NotImportedYet(Exception):
 GGUFError: type[Exception] = _NotImportedYet
 StageError: type[Exception] = _NotImportedYet
 Cancelled: type[Exception] = _NotImportedYet
-PRESET_NAMES = ("demo", "qwen3-30b-a3b", "qwen3-next-80b-a3b")  # synth.PRESETS without importing torch (a test keeps them equal)
+# synth.PRESETS without importing torch (a test keeps them equal)
+PRESET_NAMES = ("demo", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b")
 QUANT_NAMES = ("q4_k_m", "q6_k", "q8_0", "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq1_s", "iq1_m",
                "mxfp4", "f16", "f32")  # synth.QUANTS, likewise
 

@@ -73,7 +73,13 @@ QWEN3_NEXT_80B_A3B = ModelRecipe(arch="qwen3next", n_layers=48, hidden=2048, n_h
                                  head_dim=256, n_experts=512, n_experts_used=10, expert_ffn=512, vocab=151936,
                                  context_length=262144, rope_base=10_000_000.0, quant="f16")
 
-PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B, "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B}
+# Qwen3.5-35B-A3B shapes: 40 layers of Qwen3-Next's kinds (the same derived GDN sizes), 256 experts
+QWEN35_35B_A3B = ModelRecipe(arch="qwen35moe", n_layers=40, hidden=2048, n_heads=16, n_kv_heads=2, head_dim=256,
+                             n_experts=256, n_experts_used=8, expert_ffn=512, vocab=248320, context_length=262144,
+                             rope_base=10_000_000.0, quant="f16")
+
+PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B, "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B,
+           "qwen3.5-35b-a3b": QWEN35_35B_A3B}
 
 
 class RecipeError(ValueError):
@@ -258,6 +264,8 @@ def _put(w: GGUFWriter, key: str, value: Any) -> None:
         return
     if isinstance(value, bool):
         w.add_bool(key, value)
+    elif isinstance(value, (list, tuple)):  # an array of ints (e.g. qwen35moe's rope.dimension_sections)
+        w.add_array(key, [int(v) for v in value])
     elif isinstance(value, str):
         w.add_string(key, value)
     elif isinstance(value, int):

@@ -41,6 +41,9 @@ class GdnShape:
     head_k: int  # ssm.state_size
     head_v: int  # ssm.inner_size / n_v_heads
     conv_kernel: int  # ssm.conv_kernel
+    # value head h's q/k head: h // (n_v / n_k) as transformers groups them (Qwen3-Next's file), or
+    # h % n_k where the converter tiled them for ggml's broadcast (Qwen3.5's file)
+    v_tiled: bool = False
 
     @property
     def key_dim(self) -> int:
@@ -162,7 +165,9 @@ def gdn_mix(qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor
     q = l2norm(q.float().reshape(t, s.n_k_heads, s.head_k)) * s.head_k ** -0.5
     k = l2norm(k.float().reshape(t, s.n_k_heads, s.head_k))
     ratio = s.n_v_heads // s.n_k_heads
-    if ratio > 1:  # each q/k head serves `ratio` consecutive value heads
+    if ratio > 1 and s.v_tiled:  # q/k head g serves value heads g, g + n_k, g + 2 n_k, ...
+        q, k = q.repeat(1, ratio, 1), k.repeat(1, ratio, 1)
+    elif ratio > 1:  # each q/k head serves `ratio` consecutive value heads
         q, k = q.repeat_interleave(ratio, dim=1), k.repeat_interleave(ratio, dim=1)
     v = v.reshape(t, s.n_v_heads, s.head_v)
     beta = torch.sigmoid(b.float())

@@ -78,12 +78,14 @@ class GdnWeights:
     ssm_a: torch.Tensor  # [Hv] = -exp(A_log)
     ssm_conv: torch.Tensor  # [conv_dim, K]
     ssm_dt: torch.Tensor  # [Hv] the decay's bias
-    ssm_ba: torch.Tensor  # [2 Hv, d]
     wqkv: torch.Tensor  # [conv_dim, d]
     wz: torch.Tensor  # [value_dim, d]
     ssm_norm: torch.Tensor  # [head_v]
     ssm_out: torch.Tensor  # [d, value_dim]
     ffn_norm: torch.Tensor
+    ssm_ba: torch.Tensor | None = None  # [2 Hv, d] (Qwen3-Next: per k head its b then its a)
+    ssm_beta: torch.Tensor | None = None  # [Hv, d] (Qwen3.5: b and a apart)
+    ssm_alpha: torch.Tensor | None = None  # [Hv, d]
     router: torch.Tensor | None = None
     gate_exps: torch.Tensor | QTensor | None = None
     up_exps: torch.Tensor | QTensor | None = None
@@ -116,7 +118,10 @@ class GdnLayer(Layer):
         """The token mixer of a chunk x [n, d] at `pos`, continuing `state`: [n, d]."""
         s, w = self.spec, self.w
         h = rms_norm(x, w.attn_norm, s.rms_eps)
-        b, a = split_ba(F.linear(h, w.ssm_ba), self.shape)
+        if w.ssm_ba is not None:
+            b, a = split_ba(F.linear(h, w.ssm_ba), self.shape)
+        else:
+            b, a = F.linear(h, w.ssm_beta), F.linear(h, w.ssm_alpha)
         core = gdn_mix(F.linear(h, w.wqkv), F.linear(h, w.wz), b, a, ssm_a=w.ssm_a, dt_bias=w.ssm_dt,
                        conv_weight=w.ssm_conv, norm_weight=w.ssm_norm, shape=self.shape,
                        state=state.advance(pos, x.shape[0]), eps=s.rms_eps)

@@ -63,7 +63,7 @@ TABLE: dict[str, str] = {
     "{a}.rope.scaling.yarn_beta_slow": REFUSED,
     "{a}.rope.scaling.yarn_log_multiplier": REFUSED,
     "{a}.n_deepstack_layers": HARMLESS,  # qwen3vlmoe: layers that take image features (text runs without)
-    # hybrids (qwen3next): read by their family (its own_keys)
+    # hybrids (qwen3next, qwen35moe): read by their family (its own_keys)
     "{a}.expert_shared_feed_forward_length": USED,
     "{a}.ssm.conv_kernel": USED,
     "{a}.ssm.state_size": USED,

@@ -46,12 +46,13 @@ class HybridSpec(ModelSpec):
     linear_head_k: int = 0  # ssm.state_size
     linear_head_v: int = 0  # ssm.inner_size / ssm.time_step_rank
     recurrent: tuple[bool, ...] = ()  # per layer: a GDN layer (else gated full attention)
+    v_tiled: bool = False  # value heads in ggml's tiled order (Qwen3.5's converter), see GdnShape
 
     def gdn(self) -> GdnShape:
         from engine.models.gated_delta import GdnShape
 
         return GdnShape(self.linear_k_heads, self.linear_v_heads, self.linear_head_k, self.linear_head_v,
-                        self.conv_kernel)
+                        self.conv_kernel, self.v_tiled)
 
     @property
     def n_attention_layers(self) -> int:
