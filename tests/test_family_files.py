@@ -155,6 +155,11 @@ def test_hybrid_prefill_main_hands_each_stage_its_state_bytes(hybrid):
     plan = plan_memory(model, EngineConfig(devices=["cpu", "cpu"], chunk_tokens=16), tokens=TOKENS)
     assert [d.kv for d in plan.devices] == [models.states_bytes(spec, range(d.first, d.end), TOKENS, torch.float32)
                                             for d in plan.devices]
+    # stage 0 holds GDN layers only: its state is all recurrent, and it holds no attention scores
+    first = plan.devices[0]
+    assert not any(not spec.recurrent[i] for i in range(first.first, first.end))
+    assert first.state == first.kv > 0 and first.attention == 0
+    assert 0 < plan.devices[1].state < plan.devices[1].kv and "recurrent state" in plan.render()
 
 
 def _run_digest(model, ids, **cfg) -> str:
