@@ -18,9 +18,10 @@ triangular system for U = [u_1 .. u_C] (the "WY" form the chunked kernels use):
     O = diag(e^G) Q S_0 + (M * Q K^T) U,             M_ti = e^{G_t - G_i}           (i <= t)
     S_C = e^{G_C} S_0 + K^T diag(e^{G_C - G}) U
 
-so each block costs a few matrix products and one triangular solve, never a loop over tokens.
-This torch version is the reference for CPU and tests; a CUDA run may take the field's Triton
-kernels (flash-linear-attention) where installed.
+so each block costs a few matrix products and one triangular solve, never a loop over tokens;
+the solves and in-block products of many blocks are batched, and only S passes from block to
+block in a loop.  This torch version runs on CPU and CUDA (the field's Triton kernels,
+flash-linear-attention, are not used: they do not install here).
 """
 from __future__ import annotations
 
@@ -114,31 +115,59 @@ def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
 
     q, k: [T, H, dk] (normalised and, for q, scaled by the caller), v: [T, H, dv], g, beta: [T, H];
     `state` [H, dk, dv] float32 is the recurrent state before the first token and is updated in
-    place to the state after the last.  Returns o [T, H, dv] in float32."""
-    q, k, v = (x.float().transpose(0, 1) for x in (q, k, v))  # [H, T, d]
-    g, beta = g.float().t(), beta.float().t()  # [H, T]
-    n = q.shape[1]
-    out = torch.empty_like(v)
+    place to the state after the last.  Returns o [T, H, dv] in float32.
+
+    What does not depend on S_0 (the decays, the triangular solves, the in-block products) is
+    computed for up to GROUP blocks at once; only the state's pass from block to block is a loop
+    (four products a block).  The last block is padded with beta = 0 and g = 0 tokens, which
+    neither read nor change the state."""
+    n = q.shape[0]
+    out = torch.empty(n, v.shape[1], v.shape[2], dtype=torch.float32, device=v.device)
+    span = block * GROUP
     s = state
-    for a in range(0, n, block):
-        b = min(a + block, n)
-        qb, kb, vb, gb, bb = q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b]
-        cum = gb.cumsum(-1)  # G_t  [H, C]
-        diff = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # G_t - G_i  [H, C, C]
-        c = b - a
-        lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-        decay = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()  # M (i <= t), 0 above
-        kk = kb @ kb.transpose(-1, -2)  # k_t . k_i
-        strict = decay.masked_fill(torch.eye(c, dtype=torch.bool, device=q.device), 0.0)
-        system = torch.eye(c, device=q.device) + bb.unsqueeze(-1) * strict * kk  # I + A
-        g_exp = cum.exp().unsqueeze(-1)  # e^{G_t}  [H, C, 1]
-        rhs = bb.unsqueeze(-1) * (vb - g_exp * (kb @ s))
-        u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-        out[:, a:b] = g_exp * (qb @ s) + (decay * (qb @ kb.transpose(-1, -2))) @ u
-        tail = (cum[:, -1:] - cum).exp().unsqueeze(-1)  # e^{G_C - G_i}
-        s = cum[:, -1].exp()[:, None, None] * s + kb.transpose(-1, -2) @ (tail * u)
+    for a in range(0, n, span):
+        b = min(a + span, n)
+        out[a:b], s = _blocks(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s, block)
     state.copy_(s)
-    return out.transpose(0, 1)
+    return out
+
+
+GROUP = 64  # blocks whose S_0-free parts are computed together (memory: H x GROUP x block^2 floats a tensor)
+
+
+def _blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+            s: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gated_delta over at most GROUP blocks from state s: (o [T, H, dv], the state after)."""
+    t = q.shape[0]
+    c = min(block, t)
+    pad = (-t) % c
+    q, k, v = (F.pad(x.float(), (0, 0, 0, 0, 0, pad)) for x in (q, k, v))  # [T', H, d]
+    g, beta = (F.pad(x.float(), (0, 0, 0, pad)) for x in (g, beta))  # [T', H]
+    h, nb = q.shape[1], q.shape[0] // c
+    q, k, v = (x.permute(1, 0, 2).reshape(h, nb, c, x.shape[-1]) for x in (q, k, v))  # [H, B, C, d]
+    g, beta = (x.t().reshape(h, nb, c) for x in (g, beta))  # [H, B, C]
+    cum = g.cumsum(-1)  # G_t within each block
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    diff = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # G_t - G_i
+    decay = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()  # M (i <= t), 0 above
+    strict = decay.masked_fill(torch.eye(c, dtype=torch.bool, device=q.device), 0.0)
+    system = torch.eye(c, device=q.device) + beta.unsqueeze(-1) * strict * (k @ k.transpose(-1, -2))  # I + A
+    g_exp = cum.exp().unsqueeze(-1)  # e^{G_t}
+    # (I + A) U = diag(beta) V - diag(beta e^G) K S_0: the two parts solved apart, S_0 enters below
+    rhs = torch.cat((beta.unsqueeze(-1) * v, beta.unsqueeze(-1) * g_exp * k), dim=-1)
+    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    u_v, u_k = solved[..., :v.shape[-1]], solved[..., v.shape[-1]:]
+    attn = decay * (q @ k.transpose(-1, -2))  # M * Q K^T
+    q_read = g_exp * q  # diag(e^G) Q: what reads S_0
+    tail = (cum[..., -1:] - cum).exp().unsqueeze(-1)  # e^{G_C - G_i}
+    k_write = (tail * k).transpose(-1, -2)  # K^T diag(e^{G_C - G})
+    block_decay = cum[..., -1].exp()[..., None, None]  # e^{G_C}
+    out = torch.empty_like(v)
+    for j in range(nb):
+        u = u_v[:, j] - u_k[:, j] @ s
+        out[:, j] = q_read[:, j] @ s + attn[:, j] @ u
+        s = block_decay[:, j] * s + k_write[:, j] @ u
+    return out.reshape(h, nb * c, -1)[:, :t].transpose(0, 1), s
 
 
 def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
