@@ -132,7 +132,7 @@ def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     return out
 
 
-GROUP = 64  # blocks whose S_0-free parts are computed together (memory: H x GROUP x block^2 floats a tensor)
+GROUP = 16  # blocks whose S_0-free parts are computed together (memory: H x GROUP x block^2 floats a tensor)
 
 
 def _blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
