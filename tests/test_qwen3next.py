@@ -107,3 +107,52 @@ def test_every_quant_mix_runs_finite_and_hands_its_state_over(tmp_path, arch, qu
         assert bool(torch.isfinite(run.logits).all())
         digests.add(run.report.digest)
     assert len(digests) == 1
+
+
+def _legacy_copy(src: Path, dst: Path) -> Path:
+    """The converter's file rewritten as older converters wrote it: each GDN layer's attn_qkv and
+    attn_gate fused back into ssm_in, transformers' in_proj_qkvz rows (per k head [q, k, v, z])."""
+    import gguf
+    import numpy as np
+
+    r = gguf.GGUFReader(src)
+    spec = gguf_model.load(src).spec
+    g = spec.gdn()
+    w = gguf.GGUFWriter(dst, spec.arch)
+    for field in r.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(field.name, field.contents(), vtype, sub)
+    tensors = {t.name: np.array(t.data) for t in r.tensors}
+    for name, data in tensors.items():
+        if name.endswith("attn_gate.weight"):
+            continue
+        if name.endswith("attn_qkv.weight"):
+            z = tensors[name.replace("attn_qkv", "attn_gate")]
+            q, k, v = np.split(data, [g.key_dim, 2 * g.key_dim])
+            per = [x.reshape(g.n_k_heads, -1, data.shape[1]) for x in (q, k, v, z)]
+            w.add_tensor(name.replace("attn_qkv", "ssm_in"), np.concatenate(per, axis=1).reshape(-1, data.shape[1]))
+        else:
+            w.add_tensor(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_older_files_with_the_fused_ssm_in_run_as_the_converters(tmp_path):
+    new = gguf_model.load(DATA / "qwen3next.gguf")
+    old = gguf_model.load(_legacy_copy(DATA / "qwen3next.gguf", tmp_path / "legacy.gguf"))
+    assert old.spec.qkvz_fused and not new.spec.qkvz_fused and old.has("blk.0.ssm_in.weight")
+    ids = synthetic(40, new.spec.vocab, nonce=2)
+    logits = []
+    for model in (new, old):
+        sess = Session(model, EngineConfig(devices=["cpu"], dtype="float32", chunk_tokens=16))
+        try:
+            logits.append(sess.run(ids, decode_tokens=0, logits_all=True).logits)
+        finally:
+            sess.close()
+    assert (logits[0] - logits[1]).abs().max().item() <= 1e-5

@@ -78,11 +78,12 @@ class GdnWeights:
     ssm_a: torch.Tensor  # [Hv] = -exp(A_log)
     ssm_conv: torch.Tensor  # [conv_dim, K]
     ssm_dt: torch.Tensor  # [Hv] the decay's bias
-    wqkv: torch.Tensor  # [conv_dim, d]
-    wz: torch.Tensor  # [value_dim, d]
     ssm_norm: torch.Tensor  # [head_v]
     ssm_out: torch.Tensor  # [d, value_dim]
     ffn_norm: torch.Tensor
+    wqkv: torch.Tensor | None = None  # [conv_dim, d]: q of every k head, then k, then v
+    wz: torch.Tensor | None = None  # [value_dim, d]
+    ssm_in: torch.Tensor | None = None  # [conv_dim + value_dim, d]: older files' fused q/k/v/z, per k head
     ssm_ba: torch.Tensor | None = None  # [2 Hv, d] (Qwen3-Next: per k head its b then its a)
     ssm_beta: torch.Tensor | None = None  # [Hv, d] (Qwen3.5: b and a apart)
     ssm_alpha: torch.Tensor | None = None  # [Hv, d]
@@ -122,10 +123,21 @@ class GdnLayer(Layer):
             b, a = split_ba(F.linear(h, w.ssm_ba), self.shape)
         else:
             b, a = F.linear(h, w.ssm_beta), F.linear(h, w.ssm_alpha)
-        core = gdn_mix(F.linear(h, w.wqkv), F.linear(h, w.wz), b, a, ssm_a=w.ssm_a, dt_bias=w.ssm_dt,
+        qkv, z = self._qkvz(h)
+        core = gdn_mix(qkv, z, b, a, ssm_a=w.ssm_a, dt_bias=w.ssm_dt,
                        conv_weight=w.ssm_conv, norm_weight=w.ssm_norm, shape=self.shape,
                        state=state.advance(pos, x.shape[0]), eps=s.rms_eps)
         return F.linear(core, w.ssm_out)
+
+    def _qkvz(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The conv's input (q of every k head, then k, then v) and z, from either file layout."""
+        w, g = self.w, self.shape
+        if w.ssm_in is None:
+            return F.linear(h, w.wqkv), F.linear(h, w.wz)
+        n, per = h.shape[0], g.value_dim // g.n_k_heads
+        qkvz = F.linear(h, w.ssm_in).view(n, g.n_k_heads, -1)
+        q, k, v, z = torch.split(qkvz, [g.head_k, g.head_k, per, per], dim=-1)
+        return torch.cat([x.reshape(n, -1) for x in (q, k, v)], dim=-1), z.reshape(n, -1)
 
     def forward(self, x: torch.Tensor, kv: GdnLayerState, pos: int) -> torch.Tensor:
         x = x + self.mix(x, kv, pos)

@@ -12,6 +12,8 @@ experts plus a sigmoid-gated shared expert.
   `rope.dimension_count` dimensions, the output times sigmoid(gate) before `attn_output`.
 - The converter writes every RMSNorm but the GDN's gated one as (1 + w) (transformers keeps w
   zero-centred), so the file's norms multiply as they are; the FFN norm is `post_attention_norm`.
+- Files of older converters hold a GDN layer's q/k/v/z projection as transformers does
+  (`ssm_in`, per k head [q, k, v, z]) instead of `attn_qkv` + `attn_gate`: both are read.
 - A file with an MTP block (`nextn_predict_layers`) has it as its last blocks: a draft model,
   not run (llama.cpp runs the first block_count - nextn layers too).
 Oracle: tests/test_family_files.py (transformers' Qwen3NextForCausalLM on the weights the file
@@ -47,6 +49,7 @@ class HybridSpec(ModelSpec):
     linear_head_v: int = 0  # ssm.inner_size / ssm.time_step_rank
     recurrent: tuple[bool, ...] = ()  # per layer: a GDN layer (else gated full attention)
     v_tiled: bool = False  # value heads in ggml's tiled order (Qwen3.5's converter), see GdnShape
+    qkvz_fused: bool = False  # older converters' ssm_in (transformers' in_proj_qkvz as it is), not attn_qkv + attn_gate
 
     def gdn(self) -> GdnShape:
         from engine.models.gated_delta import GdnShape
@@ -110,13 +113,16 @@ def gdn_parts(s: ModelSpec) -> tuple[Part, ...]:
     """A GDN layer's tensors in the converter's order (attn_qkv: q of every k head, then k, then
     v; attn_gate: z; ssm_ba: per k head its value heads' b then a; ssm_a = -exp(A_log))."""
     g = s.gdn()
+    if s.qkvz_fused:  # per k head [q, k, v, z] rows, as transformers' in_proj_qkvz
+        proj: tuple[Part, ...] = (Part("ssm_in", "ssm_in.weight", (g.conv_dim + g.value_dim, s.hidden)),)
+    else:
+        proj = (Part("wqkv", "attn_qkv.weight", (g.conv_dim, s.hidden)),
+                Part("wz", "attn_gate.weight", (g.value_dim, s.hidden)))
     return (_norm("attn_norm", "attn_norm.weight", s.hidden),
             Part("ssm_a", "ssm_a", (g.n_v_heads,), fp32=True),
             Part("ssm_conv", "ssm_conv1d.weight", (g.conv_dim, g.conv_kernel), fp32=True),
             Part("ssm_dt", "ssm_dt.bias", (g.n_v_heads,), fp32=True),
-            Part("ssm_ba", "ssm_ba.weight", (2 * g.n_v_heads, s.hidden)),
-            Part("wqkv", "attn_qkv.weight", (g.conv_dim, s.hidden)),
-            Part("wz", "attn_gate.weight", (g.value_dim, s.hidden)),
+            Part("ssm_ba", "ssm_ba.weight", (2 * g.n_v_heads, s.hidden))) + proj + (
             _norm("ssm_norm", "ssm_norm.weight", g.head_v),
             Part("ssm_out", "ssm_out.weight", (s.hidden, g.value_dim))) + _ffn_parts(s)
 
@@ -204,12 +210,15 @@ class Qwen3Next(Family):
             raise m.problem(f"ssm.time_step_rank {v_heads} must be a multiple of ssm.group_count {k_heads}, and "
                             f"ssm.inner_size {inner} a multiple of it (value heads of one size)")
         shared = m.read_int(f"{a}.expert_shared_feed_forward_length", 0, minimum=0)
+        gdn = [i for i in range(n) if recurrent[i]]
+        fused = bool(gdn) and m.has_tensor(f"blk.{gdn[0]}.ssm_in.weight") and \
+            not m.has_tensor(f"blk.{gdn[0]}.attn_qkv.weight")
         base = {f.name: getattr(spec, f.name) for f in fields(ModelSpec)}
         base.update(n_layers=n, shared_ffn=shared or m.read_int(f"{a}.feed_forward_length"), shared_gate=True)
         return HybridSpec(**base, conv_kernel=m.read_int(f"{a}.ssm.conv_kernel", minimum=2),
                           linear_k_heads=k_heads, linear_v_heads=v_heads,
                           linear_head_k=m.read_int(f"{a}.ssm.state_size"), linear_head_v=inner // v_heads,
-                          recurrent=recurrent)
+                          recurrent=recurrent, qkvz_fused=fused)
 
     def spec_from_recipe(self, r: Any) -> ModelSpec:
         """A generated model of Qwen3-Next's proportions from the recipe's attention shapes (as
