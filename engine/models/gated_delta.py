@@ -97,12 +97,17 @@ class GdnState:
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
     """Depthwise causal conv over time of x [T, C] with weight [C, K], continuing from `state`
     [C, K-1] (the inputs before x), then SiLU; `state` is updated in place to x's last K-1 inputs."""
-    t, c = x.shape
+    t = x.shape[0]
     k = weight.shape[1]
     full = torch.cat([state.to(x.dtype), x.t()], dim=1)  # [C, K-1+T]
-    y = F.conv1d(full.unsqueeze(0), weight.to(x.dtype).unsqueeze(1), groups=c)[0]  # [C, T]
+    # K shifted products summed in float32: exact on every device (cuDNN's conv would take TF32
+    # on a GPU), K elementwise passes over the chunk (K is 4)
+    wf = weight.float()
+    y = full[:, 0:t].float() * wf[:, 0:1]
+    for j in range(1, k):
+        y.addcmul_(full[:, j:j + t].float(), wf[:, j:j + 1])
     state.copy_(full[:, full.shape[1] - (k - 1):])
-    return F.silu(y.t())
+    return F.silu(y.t()).to(x.dtype)
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
