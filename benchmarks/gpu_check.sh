@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU gate: what must pass on a CUDA machine before a change to a CUDA path lands (CI has no
 # GPU). Runs, on every visible GPU count (1, and 2 when there are two):
-#   1. tests/test_cuda.py
+#   1. tests/test_cuda.py, tests/test_hybrid_cuda.py (Qwen3-Next, Qwen3.5-MoE)
 #   2. the default `strata-bench run` (chunk auto, CUDA graphs on) as a new user types it
 #   3. the app's run path (strata_gui.run.run_job, what the Run button drives) without Qt
 #   4. the process executor on CUDA (tests/test_executor_cuda.py; GPU_CHECK_EXECUTOR=0 skips it)
@@ -31,7 +31,7 @@ if [ "${n:-0}" -lt 1 ]; then
 fi
 DEV_LISTS=("cuda:0"); [ "$n" -ge 2 ] && DEV_LISTS+=("cuda:0,cuda:1")
 
-step "CUDA tests" python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py
+step "CUDA tests" python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_hybrid_cuda.py
 for d in "${DEV_LISTS[@]}"; do
   step "default strata-bench run on $d" python3 -m engine.cli.bench run --model "${CHECK_MODEL:-synthetic:qwen3-30b-a3b:n_layers=16}" \
     --prompt-tokens 8192,32768 --arm "devices=$d" --peak-tflops 794
