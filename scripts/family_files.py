@@ -32,17 +32,19 @@ CORPUS = ["the quick brown fox jumps over the lazy dog", "layers split over GPUs
           "experts in host RAM, prefill on the main GPU", "0123456789 +-*/=()[]{} <>!?.,;:"] * 8
 
 
-def tokenizer():
+def tokenizer(specials: tuple[str, ...] = ()):
+    """specials: more special tokens the family's converter looks up by name (GLM's)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 2, special_tokens=["<s>", "</s>"],
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 2, special_tokens=["<s>", "</s>", *specials],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   additional_special_tokens=list(specials))
 
 
 def mixtral(seed: int):
@@ -88,6 +90,37 @@ def qwen3next(seed: int):
     return Qwen3NextForCausalLM(cfg)
 
 
+def minimax_m2(seed: int):
+    """MiniMax-M2: q/k RMSNorm over the whole projection (not per head), partial RoPE (rotary_dim
+    of head_dim), a sigmoid router whose score-correction bias picks the experts (issue 35)."""
+    from transformers import MiniMaxM2Config, MiniMaxM2ForCausalLM
+
+    cfg = MiniMaxM2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=24, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, rotary_dim=8,
+                          num_local_experts=4, num_experts_per_tok=2, scoring_func="sigmoid",
+                          max_position_embeddings=4096, rms_norm_eps=1e-6,
+                          rope_parameters={"rope_type": "default", "rope_theta": 5e6},
+                          tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    return MiniMaxM2ForCausalLM(cfg)
+
+
+def glm4moe(seed: int):
+    """GLM-4.5: a leading dense layer then routed experts plus a shared expert, sigmoid routing
+    with the selection bias and a routed scaling factor, q/k/v biases, per-head q/k norm (the
+    355B model's; Air has none), partial RoPE (half the head), and one MTP (nextn) block in the
+    checkpoint, as published (`_mtp_block`)."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    cfg = Glm4MoeConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=24,
+                        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                        routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True, attention_bias=True,
+                        num_nextn_predict_layers=1, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+                        tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    return Glm4MoeForCausalLM(cfg)
+
+
 def qwen35moe(seed: int):
     """Qwen3.5-MoE's text model: Qwen3-Next's layers with q/k/v, z, b and a projected apart,
     interleaved MRoPE sections (text positions: plain RoPE); fewer k than v heads, so the
@@ -106,7 +139,9 @@ def qwen35moe(seed: int):
 
 
 FAMILIES: dict[str, Callable] = {"mixtral": mixtral, "qwen3vlmoe": qwen3vlmoe, "qwen3next": qwen3next,
-                                 "qwen35moe": qwen35moe}
+                                 "minimax-m2": minimax_m2, "glm4moe": glm4moe, "qwen35moe": qwen35moe}
+# special tokens a family's converter looks up by name
+SPECIALS: dict[str, tuple[str, ...]] = {"glm4moe": ("[gMASK]", "<|user|>", "<|endoftext|>", "<|observation|>")}
 # the converter's flags a family's file needs: Qwen3-Next's MTP block is a draft model, left out
 CONVERT_ARGS: dict[str, tuple[str, ...]] = {"qwen3next": ("--no-mtp",), "qwen35moe": ("--no-mtp",)}
 
@@ -125,9 +160,34 @@ def _published_layout(hf_dir: Path, names: tuple[str, ...]) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
+def _mtp_block(hf_dir: Path) -> None:
+    """GLM-4.5's checkpoints hold their MTP (nextn) block as one more layer after the model's:
+    a decoder layer plus eh_proj, enorm, hnorm and shared_head.norm.  transformers builds no
+    such layer and skips those tensors on load; llama.cpp's converter counts it in block_count
+    and writes nextn_predict_layers.  The block here: the last layer's tensors under the next
+    index, and the extra ones drawn."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = hf_dir / "model.safetensors"
+    tensors = load_file(path)
+    n = json.loads((hf_dir / "config.json").read_text())["num_hidden_layers"]
+    d = tensors["model.norm.weight"].shape[0]
+    g = torch.Generator().manual_seed(7)
+    last = f"model.layers.{n - 1}."
+    for k in [k for k in tensors if k.startswith(last)]:
+        tensors[f"model.layers.{n}." + k[len(last):]] = tensors[k].clone()
+    extra = {"eh_proj.weight": torch.randn(d, 2 * d, generator=g) / (2 * d) ** 0.5,
+             "enorm.weight": 1 + 0.1 * torch.randn(d, generator=g), "hnorm.weight": 1 + 0.1 * torch.randn(d, generator=g),
+             "shared_head.norm.weight": 1 + 0.1 * torch.randn(d, generator=g)}
+    tensors.update({f"model.layers.{n}.{k}": v for k, v in extra.items()})
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
 # what a family's published checkpoint stores otherwise than transformers saves it
 LAYOUTS: dict[str, Callable[[Path], None]] = {
     "qwen3vlmoe": lambda d: _published_layout(d, ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
+    "glm4moe": _mtp_block,
 }
 
 
@@ -155,6 +215,9 @@ def _scaled(model, seed: int) -> None:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * (1.0 / max(p.shape[-1], 1)) ** 0.5)
+        for name, b in model.named_buffers():  # the router's score-correction bias (a buffer, zero at init)
+            if name.endswith("e_score_correction_bias"):  # as large as the sigmoid scores: it changes the choice
+                b.copy_(0.3 * torch.randn(b.shape, generator=g))
 
 
 def source(given: str | None, scratch: Path) -> Path:
@@ -195,7 +258,7 @@ def make(family: str, out_dir: Path, src: Path, seed: int = 0) -> Path:
     if family in LAYOUTS:
         LAYOUTS[family](hf_dir)
     _check_oracle(model, hf_dir)
-    tokenizer().save_pretrained(hf_dir)
+    tokenizer(SPECIALS.get(family, ())).save_pretrained(hf_dir)
     gguf_path = out_dir / f"{family}.gguf"
     convert(src, hf_dir, gguf_path, *CONVERT_ARGS.get(family, ()))
     (hf_dir / "made_by.json").write_text(json.dumps({"script": "scripts/family_files.py", "family": family,

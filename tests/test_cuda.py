@@ -5,6 +5,8 @@ bf16 (the engine's CUDA default) to 3% of the largest logit, with the prompt's l
 top-1 token identical — bf16 keeps about 3 significant digits through every layer."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from dequant_support import ALL_TYPES, check_type
@@ -743,3 +745,39 @@ def test_no_nvtx_range_on_the_cpu(demo_path, monkeypatch, split):
     assert names == []
     want = res.report.plan.stage_names()
     assert {st.index: st.label for st in sess.stages} == want  # the names a CUDA run's ranges carry
+
+
+# ---- issue 35's families on CUDA (the families helper): partial rotary through the Triton
+# q/k-norm+RoPE kernel (ROT < head_dim), MiniMax-M2's whole-projection q/k norm on the GPU path,
+# sigmoid routing with the selection bias (fp32 router on the GPU), GLM's dense lead layer and
+# shared expert, all captured in CUDA graphs
+FAMILY_FILES = Path(__file__).parent / "data" / "families"
+
+
+@cuda
+@pytest.mark.parametrize("family", ["minimax-m2", "glm4moe"])
+def test_cuda_families_match_transformers_and_graphs_replay_eager(family):
+    transformers = pytest.importorskip("transformers")
+    cls = {"minimax-m2": "MiniMaxM2ForCausalLM", "glm4moe": "Glm4MoeForCausalLM"}[family]
+    if not hasattr(transformers, cls):
+        pytest.skip(f"transformers {transformers.__version__} has no {cls}")
+    model = gguf_model.load(FAMILY_FILES / f"{family}.gguf")
+    ids = synthetic(96, model.spec.vocab, nonce=5)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(FAMILY_FILES / family), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([ids])).logits[0]
+    fp32 = Session(model, EngineConfig(devices=["cuda:0"], dtype="float32", chunk_tokens=32)).run(
+        ids, decode_tokens=0, logits_all=True)
+    assert (fp32.logits - ref).abs().max().item() <= 1e-4
+    eager = Session(model, EngineConfig(devices=["cuda:0"], chunk_tokens=32, cuda_graphs=False)).run(
+        ids, decode_tokens=4, logits_all=True)
+    sess = Session(model, EngineConfig(devices=["cuda:0"], chunk_tokens=32))
+    graphed = sess.run(ids, decode_tokens=4, logits_all=True)
+    assert any(sess.stages[0].graph_sets), "the family's layers were not captured"
+    sess.close()
+    assert torch.equal(graphed.logits, eager.logits) and graphed.report.digest == eager.report.digest
+    rel = (eager.logits - ref).abs().amax(-1) / ref.abs().amax(-1)
+    agree = (eager.logits.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    print(f"{family}: bf16 vs HF fp32: median {rel.median().item() * 100:.2f}%, max {rel.max().item() * 100:.2f}%; "
+          f"top-1 agreement {agree * 100:.1f}%")
+    assert rel.median().item() <= 0.03 and agree >= 0.9

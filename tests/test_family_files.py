@@ -23,7 +23,20 @@ from engine.pipeline.session import Session
 DATA = Path(__file__).parent / "data" / "families"
 # family -> (transformers auto class, the architecture the file says)
 FAMILIES = {"mixtral": ("AutoModelForCausalLM", "llama"), "qwen3vlmoe": ("AutoModelForImageTextToText", "qwen3vlmoe"),
+            "minimax-m2": ("AutoModelForCausalLM", "minimax-m2"), "glm4moe": ("AutoModelForCausalLM", "glm4moe"),
             "qwen3next": ("AutoModelForCausalLM", "qwen3next"), "qwen35moe": ("AutoModelForCausalLM", "qwen35moe")}
+# what each file's spec must say beyond the shapes: the features its oracle test proves
+FEATURES = {"minimax-m2": dict(rope_dim=8, expert_gating="sigmoid", expert_bias=True, expert_weights_norm=True),
+            # block_count 4 counts the MTP block; the model is the other 3, the first with a dense FFN
+            "glm4moe": dict(n_layers=3, dense_lead=1, ffn=96, shared_ffn=24, rope_dim=8, qk_norm=True, qkv_bias=True,
+                            expert_gating="sigmoid", expert_bias=True, expert_weights_norm=True,
+                            expert_weights_scale=2.5),
+            # three GDN layers then gated attention, RoPE over a quarter of the head, the gated shared expert
+            "qwen3next": dict(recurrent=(True, True, True, False), rope_dim=4, shared_ffn=32, shared_gate=True,
+                              v_tiled=False),
+            "qwen35moe": dict(recurrent=(True, True, True, False), rope_dim=4, shared_ffn=32, shared_gate=True,
+                              v_tiled=True)}
+HYBRIDS = ["qwen3next", "qwen35moe"]  # their layers run the reference path on every device (no fast path)
 TOKENS = 48
 
 
@@ -44,6 +57,7 @@ def test_the_file_is_the_converters(family):
     model = gguf_model.load(DATA / f"{family}.gguf")
     assert model.spec.arch == FAMILIES[family][1]
     assert model.spec.n_experts == 4 and model.spec.n_experts_used == 2
+    assert {k: getattr(model.spec, k) for k in FEATURES.get(family, {})} == FEATURES.get(family, {})
 
 
 @pytest.mark.parametrize("devices,chunk,depth,main", [(["cpu"], 16, 1, False), (["cpu", "cpu"], 16, 0, False),
@@ -78,8 +92,31 @@ def test_digest_is_the_same_over_stages_depths_executors_and_prefill_main(family
     assert len(digests) == 1
 
 
+def test_the_gpu_paths_code_run_on_the_cpu_agrees_with_transformers(family, monkeypatch):
+    """The GPU path's own code — fused q/k/v (`fuse_weights`), `pre_attention` (a family's own,
+    MiniMax-M2's wide q/k norm), `post_attention`, the fast router branch, the dense lead layer —
+    run in fp32 on the CPU by letting every layer take it (`fast_ok`), against transformers.
+    Its kernels fall back to their torch expressions here (qk_norm_rope, the MoE combine) and no
+    grouped GEMM runs: tests/test_triton_kernels.py and tests/test_cuda.py cover those."""
+    from engine.models.layers import Layer
+
+    monkeypatch.setattr(Layer, "fast_ok", lambda self, x: self.spec.rope_style == "neox")
+    model = gguf_model.load(DATA / f"{family}.gguf")
+    if model.spec.rope_style != "neox":
+        pytest.skip("llama's adjacent-pair RoPE has no GPU fast path")
+    if family in HYBRIDS:
+        pytest.skip("GDN and gated-attention layers have no GPU fast path (the reference path runs everywhere)")
+    ids = synthetic(TOKENS, model.spec.vocab, nonce=3)
+    sess = Session(model, EngineConfig(devices=["cpu"], dtype="float32", chunk_tokens=16))
+    try:
+        ours = sess.run(ids, decode_tokens=0, logits_all=True).logits
+        assert all(layer.fused is not None for st in sess.stages for layer in st.layers)  # the path ran
+    finally:
+        sess.close()
+    assert (ours - reference_logits(family, ids)).abs().max().item() <= 1e-4
+
+
 # ------------------------------------------------ Qwen3-Next and Qwen3.5-MoE: the state across chunks
-HYBRIDS = ["qwen3next", "qwen35moe"]
 
 
 @pytest.mark.parametrize("hybrid", HYBRIDS)

@@ -20,7 +20,8 @@ LLAMA_CPP_COMMON = [
     "{a}.rope.scaling.finetuned", "{a}.rope.scaling.original_context_length", "{a}.rope.freq_base",
     "{a}.rope.scaling.type", "{a}.rope.scaling.factor", "{a}.rope.scale_linear", "{a}.rope.scaling.attn_factor",
     "{a}.rope.scaling.alpha", "{a}.attention.key_length", "{a}.attention.value_length", "{a}.rope.dimension_count",
-    "{a}.vocab_size", "tokenizer.ggml.tokens",
+    "{a}.vocab_size", "tokenizer.ggml.tokens", "{a}.nextn_predict_layers", "{a}.expert_group_count",
+    "{a}.expert_group_used_count",
 ]
 # each family's own
 LLAMA_CPP_FAMILY = {
@@ -30,6 +31,11 @@ LLAMA_CPP_FAMILY = {
     "qwen3moe": ["{a}.expert_feed_forward_length", "{a}.attention.layer_norm_rms_epsilon"],
     "qwen3vlmoe": ["{a}.n_deepstack_layers", "{a}.rope.dimension_sections", "{a}.expert_feed_forward_length",
                    "{a}.attention.layer_norm_rms_epsilon"],  # src/models/qwen3vlmoe.cpp
+    "minimax-m2": ["{a}.attention.layer_norm_rms_epsilon", "{a}.expert_feed_forward_length",
+                   "{a}.expert_gating_func"],  # src/models/minimax-m2.cpp
+    "glm4moe": ["{a}.expert_feed_forward_length", "{a}.attention.layer_norm_rms_epsilon",
+                "{a}.rope.dimension_sections", "{a}.expert_shared_count", "{a}.leading_dense_block_count",
+                "{a}.expert_weights_scale", "{a}.expert_weights_norm", "{a}.expert_gating_func"],  # src/models/glm4-moe.cpp
     "qwen3next": ["{a}.expert_feed_forward_length", "{a}.expert_shared_feed_forward_length",
                   "{a}.attention.layer_norm_rms_epsilon", "{a}.ssm.conv_kernel", "{a}.ssm.inner_size",
                   "{a}.ssm.state_size", "{a}.ssm.time_step_rank", "{a}.ssm.group_count",
@@ -46,19 +52,24 @@ LLAMA_CPP_FAMILY = {
 YARN_EXTRAS = ["{a}.rope.scaling.yarn_ext_factor", "{a}.rope.scaling.yarn_attn_factor",
                "{a}.rope.scaling.yarn_beta_fast", "{a}.rope.scaling.yarn_beta_slow",
                "{a}.rope.scaling.yarn_log_multiplier", "{a}.rope.dimension_sections"]
+# the routing and layout keys llama.cpp reads for other MoE families (glm4moe, deepseek2, minimax-m2 …):
+# refused here unless they say what the family's own routing is
+MOE_EXTRAS = ["{a}.expert_gating_func", "{a}.expert_weights_norm", "{a}.expert_weights_scale",
+              "{a}.leading_dense_block_count"]
 
 
 @pytest.mark.parametrize("family", models.names())
 def test_every_key_llama_cpp_reads_is_used_refused_or_harmless(family):
     assert set(LLAMA_CPP_FAMILY) == set(models.names())
-    missing = [k for k in LLAMA_CPP_COMMON + LLAMA_CPP_FAMILY[family] + YARN_EXTRAS if k not in gguf_keys.TABLE]
+    missing = [k for k in LLAMA_CPP_COMMON + LLAMA_CPP_FAMILY[family] + YARN_EXTRAS + MOE_EXTRAS
+               if k not in gguf_keys.TABLE]
     assert not missing, f"{family}: llama.cpp reads {missing}, which the engine neither uses nor refuses"
     for key in LLAMA_CPP_COMMON + LLAMA_CPP_FAMILY[family]:
         assert gguf_keys.TABLE[key] in (gguf_keys.USED, gguf_keys.REFUSED, gguf_keys.HARMLESS)
 
 
 def test_the_table_holds_no_key_llama_cpp_does_not_read():
-    known = set(LLAMA_CPP_COMMON + YARN_EXTRAS).union(*LLAMA_CPP_FAMILY.values())
+    known = set(LLAMA_CPP_COMMON + YARN_EXTRAS + MOE_EXTRAS).union(*LLAMA_CPP_FAMILY.values())
     assert set(gguf_keys.TABLE) <= known, set(gguf_keys.TABLE) - known
 
 
@@ -68,6 +79,9 @@ NOT_DEFAULT = {
     "{a}.rope.scaling.attn_factor": 0.5, "{a}.rope.scaling.alpha": 2.0, "{a}.rope.scaling.yarn_ext_factor": 0.25,
     "{a}.rope.scaling.yarn_attn_factor": 2.0, "{a}.rope.scaling.yarn_beta_fast": 8.0,
     "{a}.rope.scaling.yarn_beta_slow": 2.0, "{a}.rope.scaling.yarn_log_multiplier": 0.1,
+    "{a}.expert_gating_func": 2, "{a}.expert_weights_norm": False, "{a}.expert_weights_scale": 2.5,
+    "{a}.leading_dense_block_count": 1, "{a}.nextn_predict_layers": 1, "{a}.expert_shared_count": 1,
+    "{a}.expert_group_count": 8, "{a}.expert_group_used_count": 4,
 }
 
 

@@ -46,7 +46,8 @@ GGUFError: type[Exception] = _NotImportedYet
 StageError: type[Exception] = _NotImportedYet
 Cancelled: type[Exception] = _NotImportedYet
 # synth.PRESETS without importing torch (a test keeps them equal)
-PRESET_NAMES = ("demo", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b")
+PRESET_NAMES = ("demo", "glm-4.5-air", "minimax-m2-230b-a10b", "qwen3-30b-a3b", "qwen3-next-80b-a3b",
+                "qwen3.5-35b-a3b")
 QUANT_NAMES = ("q4_k_m", "q6_k", "q8_0", "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq1_s", "iq1_m",
                "mxfp4", "f16", "f32")  # synth.QUANTS, likewise
 
@@ -67,7 +68,7 @@ SETTING_FLAGS: dict[str, str] = {s.name: s.name for s in settings_table.SETTINGS
 SYNTHETIC_FORM = "synthetic:PRESET[:key=value,...]"
 RECIPE_FLAGS = {"n_layers": "layers", "n_heads": "heads", "n_kv_heads": "kv-heads", "head_dim": "head-dim",
                 "n_experts": "experts", "n_experts_used": "experts-used", "expert_ffn": "expert-ffn",
-                "context_length": "context"}  # recipe field -> make-model flag, where they differ
+                "context_length": "context", "rope_dim": "rope-dim"}  # recipe field -> make-model flag, where they differ
 
 
 def _recipe_value(typ: type, text: str) -> Any:
@@ -716,7 +717,7 @@ def cmd_load(ns: argparse.Namespace) -> int:
 def cmd_make_model(ns: argparse.Namespace) -> int:
     changes = {k: getattr(ns, k) for k in ("arch", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim",
                                            "n_experts", "n_experts_used", "expert_ffn", "ffn", "vocab",
-                                           "context_length", "seed", "quant")}
+                                           "context_length", "seed", "quant", "rope_dim")}
     check_writable("make-model PATH", ns.path, folder_must_exist=True)
     _engine()
     recipe = synth.recipe_from_args(ns.preset, **changes)
@@ -895,6 +896,8 @@ def _add_make_model(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--ffn", type=int)
     m.add_argument("--vocab", type=int)
     m.add_argument("--context", dest="context_length", type=int)
+    m.add_argument("--rope-dim", dest="rope_dim", type=int,
+                   help="partial rotary: RoPE over each head's first N dims (families with it: minimax-m2, glm4moe)")
     m.add_argument("--seed", type=int)
     m.add_argument("--quant", choices=QUANT_NAMES,
                    help="llama.cpp's tensor-type mix (q4_k_m, q6_k, q8_0, iq4_xs, iq3_xxs, iq3_s, iq2_xxs, "

@@ -66,6 +66,22 @@ QWEN3_30B_A3B = ModelRecipe(arch="qwen3moe", n_layers=48, hidden=2048, n_heads=3
                             head_dim=128, n_experts=128, n_experts_used=8, expert_ffn=768,
                             vocab=151936, context_length=131072, quant="f16")
 
+# MiniMax-M2 (230B-A10B): transformers' MiniMaxM2Config defaults (hidden 3072, 62 layers, 48/8
+# heads of 128, 256 experts of 1536, top 8, vocab 200064, 196608 context, rope theta 5e6) with the
+# checkpoint's rotary_dim 64 (llama.cpp's minimax-m2.cpp: "head_dim = 128, n_rot = 64")
+MINIMAX_M2 = ModelRecipe(arch="minimax-m2", n_layers=62, hidden=3072, n_heads=48, n_kv_heads=8, head_dim=128,
+                         n_experts=256, n_experts_used=8, expert_ffn=1536, vocab=200064, context_length=196608,
+                         rope_base=5_000_000.0, rope_dim=64, quant="f16")
+# GLM-4.5-Air (106B-A12B, llama.cpp's 46-layer glm4moe): transformers' Glm4MoeConfig defaults
+# (hidden 4096, 46 layers, 96/8 heads, 128 experts of 1408, top 8, one shared expert, the first
+# layer dense of 10944, vocab 151552, 131072 context, rms eps 1e-5), heads of 128 with half of
+# them rotated (partial_rotary_factor 0.5), rope theta 1e6; the family's recipe adds the dense
+# lead layer, the shared expert and sigmoid routing (glm4moe.spec_from_recipe)
+GLM_45_AIR = ModelRecipe(arch="glm4moe", n_layers=46, hidden=4096, n_heads=96, n_kv_heads=8, head_dim=128,
+                         n_experts=128, n_experts_used=8, expert_ffn=1408, ffn=10944, vocab=151552,
+                         context_length=131072, rope_base=1_000_000.0, rms_eps=1e-5, rope_dim=64, quant="f16")
+
+
 # Qwen3-Next-80B-A3B shapes (issue 34): 48 layers, three GDN layers to one gated-attention layer
 # (engine/models/qwen3next.py derives the GDN sizes, RoPE's quarter of a head and the shared
 # expert from these, as the 80B has them: 16 q/k and 32 value heads of 128, 4-tap conv, 512)
@@ -78,8 +94,8 @@ QWEN35_35B_A3B = ModelRecipe(arch="qwen35moe", n_layers=40, hidden=2048, n_heads
                              n_experts=256, n_experts_used=8, expert_ffn=512, vocab=248320, context_length=262144,
                              rope_base=10_000_000.0, quant="f16")
 
-PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B, "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B,
-           "qwen3.5-35b-a3b": QWEN35_35B_A3B}
+PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B, "minimax-m2-230b-a10b": MINIMAX_M2, "glm-4.5-air": GLM_45_AIR,
+           "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B, "qwen3.5-35b-a3b": QWEN35_35B_A3B}
 
 
 class RecipeError(ValueError):
@@ -440,6 +456,10 @@ class SyntheticSource:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
+
+    def has(self, name: str) -> bool:
+        """Whether the recipe makes this tensor (as a file's `has`: a leading dense layer has no experts)."""
+        return name in self._shapes
 
     def tensor_names(self) -> list[str]:
         """Every tensor the recipe makes (as a file's tensor_names)."""

@@ -102,7 +102,8 @@ def attention_parts(s: ModelSpec) -> tuple[Part, ...]:
 
 def moe_parts(s: ModelSpec) -> tuple[Part, ...]:
     e, f, d = s.n_experts, s.expert_ffn, s.hidden
-    return (Part("router", "ffn_gate_inp.weight", (e, d), fp32=True),
+    bias = (Part("router_bias", "exp_probs_b.bias", (e,), fp32=True),) if s.expert_bias else ()
+    return (Part("router", "ffn_gate_inp.weight", (e, d), fp32=True), *bias,
             Part("gate_exps", "ffn_gate_exps.weight", (e, f, d), expert=True),
             Part("up_exps", "ffn_up_exps.weight", (e, f, d), expert=True),
             Part("down_exps", "ffn_down_exps.weight", (e, d, f), expert=True)) + shared_expert_parts(s)

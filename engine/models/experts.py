@@ -63,6 +63,9 @@ class ExpertLayout:
 
     @staticmethod
     def of(source, spec: ModelSpec, layer: int) -> ExpertLayout:
+        """(A layer without experts, a leading dense layer: an empty row.)"""
+        if not spec.has_experts(layer):
+            return ExpertLayout(())  # type: ignore[arg-type]
         f, d, e = spec.expert_ffn, spec.hidden, spec.n_experts
         parts, offset = [], 0
         for part, shape in zip(EXPERT_PARTS, ((f, d), (f, d), (d, f))):
@@ -215,6 +218,8 @@ class HostArena:
         failed = False
         for layer in self.layers:
             rb, E = self.layouts[layer].row_bytes, self.spec.n_experts
+            if not rb:  # a layer without experts
+                continue
             want = min(left // rb, E)  # whole experts of this layer
             if want <= 0 or failed:
                 break
@@ -458,7 +463,7 @@ def plan_experts(setting: str | float, spec: ModelSpec, stages, dtypes,
     for st in stages:
         layers_on[st.device] = layers_on.get(st.device, 0) + (st.end - st.first)
     for st in stages:
-        need = (st.end - st.first) * spec.n_experts
+        need = spec.expert_layers(st.first, st.end) * spec.n_experts
         ebytes = expert_bytes or elems * torch.empty((), dtype=dtypes[st.device]).element_size()
         if setting == "all":
             slots.append(need)
@@ -485,9 +490,10 @@ def plan_experts(setting: str | float, spec: ModelSpec, stages, dtypes,
             raise ConfigError("expert_cache", setting, f"at least one expert's size ({ebytes / 2**20:.1f} MiB) in GiB",
                               "no expert fits")
         slots.append(min(n, need))
-    streamed = any(s < (st.end - st.first) * spec.n_experts for s, st in zip(slots, stages))
+    streamed = any(s < spec.expert_layers(st.first, st.end) * spec.n_experts for s, st in zip(slots, stages))
     why = "every expert resident" if not streamed else "streamed from the host arena (" + ", ".join(
-        f"stage {st.index}: {s} of {(st.end - st.first) * spec.n_experts} slots" for s, st in zip(slots, stages)) + ")"
+        f"stage {st.index}: {s} of {spec.expert_layers(st.first, st.end) * spec.n_experts} slots"
+        for s, st in zip(slots, stages)) + ")"
     if reasons:
         why += "; " + "; ".join(reasons)
     return ExpertPlan(streamed, slots, why)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.models.blocks import FULL_ATTENTION, LayerKind, Part
-from engine.models.gguf_keys import KeyProblem, check_refused, rope_scaling
+from engine.models.gguf_keys import GATINGS, KeyProblem, check_refused, rope_scaling
 from engine.models.spec import ModelSpec
 
 if TYPE_CHECKING:  # the registry imports no torch: the CLI lists the families before torch loads
@@ -120,6 +120,29 @@ class Family:
                             f"be even and at most the key length {head_dim}")
         return 0 if rot == head_dim else rot
 
+    def routing_from_metadata(self, m: SpecSource, gating: str = "softmax", norm: bool = True) -> dict[str, Any]:
+        """The routing variant's `ModelSpec` fields from the keys this family names in `own_keys`
+        (`expert_gating_func`, `expert_weights_norm`, `expert_weights_scale`; engine/models/
+        routing.py), an absent key at `gating` / `norm` / unscaled as llama.cpp reads it for the family."""
+        a, out = self.arch, {}
+        if "expert_gating_func" in self.own_keys and m.has(f"{a}.expert_gating_func"):
+            key = f"{a}.expert_gating_func"
+            value = m.read_int(key, minimum=0)
+            if value and value not in GATINGS:
+                raise m.problem(f"metadata key {key} is {value}: the engine computes "
+                                f"{', '.join(f'{k} ({v})' for k, v in GATINGS.items())}")
+            gating = GATINGS.get(value, gating)  # 0 (none): the family's own
+        out["expert_gating"], out["expert_weights_norm"] = gating, norm
+        if "expert_weights_norm" in self.own_keys and m.has(f"{a}.expert_weights_norm"):
+            norm = m.get(f"{a}.expert_weights_norm")
+            if not isinstance(norm, (bool, int)):
+                raise m.problem(f"metadata key {a}.expert_weights_norm is not a flag ({type(norm).__name__})")
+            out["expert_weights_norm"] = bool(norm)
+        if "expert_weights_scale" in self.own_keys:
+            scale = m.read_float(f"{a}.expert_weights_scale", 1.0, positive=False)
+            out["expert_weights_scale"] = scale if scale > 0 else 1.0  # 0: none, as llama.cpp reads it
+        return out
+
     def _experts(self, m: SpecSource) -> tuple[int, int]:
         """(experts, experts used) as the file says them; a dense family refuses experts."""
         a = self.arch
@@ -148,11 +171,11 @@ class Family:
             rope_dim=r.rope_dim if self.partial_rotary and r.rope_dim != r.head_dim else 0,
         )
 
-    def file_metadata(self, s: ModelSpec) -> list[tuple[str, int | float]]:
+    def file_metadata(self, s: ModelSpec) -> list[tuple[str, int | float | bool]]:
         """The `{arch}.*` keys a file of this spec carries, in the order make-model writes them
         (an int is written as uint32, a float as float32): what `spec_from_metadata` reads back."""
         a = self.arch
-        keys: list[tuple[str, int | float]] = [
+        keys: list[tuple[str, int | float | bool]] = [
             (f"{a}.block_count", s.n_layers), (f"{a}.context_length", s.context_length),
             (f"{a}.embedding_length", s.hidden), (f"{a}.attention.head_count", s.n_heads),
             (f"{a}.attention.head_count_kv", s.n_kv_heads), (f"{a}.attention.key_length", s.head_dim),

@@ -14,7 +14,7 @@ records how many tokens the state has seen so that a chunk out of order is refus
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,7 +24,6 @@ from engine.models.gated_delta import GdnShape, GdnState, gdn_mix, split_ba
 from engine.models.kv import LayerState, copy_state
 from engine.models.layers import Layer, LayerWeights, Rope, rms_norm
 from engine.models.spec import ModelSpec
-from engine.quant.qtensor import QTensor
 
 if TYPE_CHECKING:
     from engine.models.experts import ExpertCache
@@ -71,8 +70,8 @@ class GdnLayerState:
 
 
 @dataclass
-class GdnWeights:
-    """A GDN block's tensors (names: `qwen3next.gdn_parts`) and the FFN's, as `LayerWeights` names them."""
+class _GdnParts:
+    """A GDN block's own tensors (names: `qwen3next.gdn_parts`)."""
 
     attn_norm: torch.Tensor
     ssm_a: torch.Tensor  # [Hv] = -exp(A_log)
@@ -87,19 +86,15 @@ class GdnWeights:
     ssm_ba: torch.Tensor | None = None  # [2 Hv, d] (Qwen3-Next: per k head its b then its a)
     ssm_beta: torch.Tensor | None = None  # [Hv, d] (Qwen3.5: b and a apart)
     ssm_alpha: torch.Tensor | None = None  # [Hv, d]
-    router: torch.Tensor | None = None
-    gate_exps: torch.Tensor | QTensor | None = None
-    up_exps: torch.Tensor | QTensor | None = None
-    down_exps: torch.Tensor | QTensor | None = None
-    gate: torch.Tensor | None = None
-    up: torch.Tensor | None = None
-    down: torch.Tensor | None = None
-    gate_shexp: torch.Tensor | None = None
-    up_shexp: torch.Tensor | None = None
-    down_shexp: torch.Tensor | None = None
-    gate_inp_shexp: torch.Tensor | None = None
 
-    nbytes = LayerWeights.nbytes
+
+# the GDN block's tensors, then every optional field of `LayerWeights` (the FFN's: router, experts,
+# shared expert, whatever the FFN grows), so `Layer`'s FFN code reads a GDN block's weights as its own
+GdnWeights = make_dataclass(
+    "GdnWeights",
+    [(f.name, f.type, field(default=None)) for f in fields(LayerWeights)
+     if f.default is None and f.name not in {g.name for g in fields(_GdnParts)}],
+    bases=(_GdnParts,), namespace={"nbytes": LayerWeights.nbytes, "__module__": __name__})
 
 
 class GdnLayer(Layer):

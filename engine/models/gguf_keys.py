@@ -62,6 +62,18 @@ TABLE: dict[str, str] = {
     "{a}.rope.scaling.yarn_beta_fast": REFUSED,
     "{a}.rope.scaling.yarn_beta_slow": REFUSED,
     "{a}.rope.scaling.yarn_log_multiplier": REFUSED,
+    # MoE routing variants and layer layouts (engine/models/routing.py): the families that have
+    # them read them (Family.own_keys: glm4moe, minimax-m2); any other family refuses a value
+    # other than what its own routing and layers are (softmax, renormalised, unscaled, no
+    # dense or MTP layers)
+    "{a}.expert_gating_func": REFUSED,
+    "{a}.expert_weights_norm": REFUSED,
+    "{a}.expert_weights_scale": REFUSED,
+    "{a}.leading_dense_block_count": REFUSED,
+    "{a}.nextn_predict_layers": REFUSED,  # llama.cpp reads it for every family
+    "{a}.expert_shared_count": REFUSED,
+    "{a}.expert_group_count": REFUSED,  # grouped top-k (DeepSeek-V3); 0 or 1: none
+    "{a}.expert_group_used_count": REFUSED,
     "{a}.n_deepstack_layers": HARMLESS,  # qwen3vlmoe: layers that take image features (text runs without)
     # hybrids (qwen3next, qwen35moe): read by their family (its own_keys)
     "{a}.expert_shared_feed_forward_length": USED,
@@ -72,22 +84,30 @@ TABLE: dict[str, str] = {
     "{a}.ssm.inner_size": USED,
     "{a}.full_attention_interval": USED,
     "{a}.attention.recurrent_layers": USED,
-    "{a}.nextn_predict_layers": USED,  # qwen3next: the MTP block's layers, not run
     "{a}.vocab_size": HARMLESS,  # llama.cpp names the model's size with it; the engine takes token_embd's
     "tokenizer.ggml.tokens": HARMLESS,  # the vocabulary's length, same use
 }
 
 # the value each REFUSED key may hold (the one llama.cpp assumes when the key is absent)
-_DEFAULTS: dict[str, float] = {
+_DEFAULTS: dict[str, float | bool] = {
     "{a}.rope.scaling.attn_factor": 1.0,
     "{a}.rope.scaling.alpha": 0.0,
     "{a}.rope.scaling.yarn_attn_factor": 1.0,
     "{a}.rope.scaling.yarn_beta_fast": 32.0,
     "{a}.rope.scaling.yarn_beta_slow": 1.0,
     "{a}.rope.scaling.yarn_log_multiplier": 0.0,
+    "{a}.expert_gating_func": 1.0,  # softmax (llama_expert_gating_func_type)
+    "{a}.expert_weights_norm": True,
+    "{a}.expert_weights_scale": 1.0,
+    "{a}.leading_dense_block_count": 0.0,
+    "{a}.nextn_predict_layers": 0.0,
+    "{a}.expert_shared_count": 0.0,
+    "{a}.expert_group_count": 1.0,  # (0 too: no groups)
+    "{a}.expert_group_used_count": 1.0,
 }
 
 ROPE_TYPES = ("none", "linear", "yarn")
+GATINGS = {1: "softmax", 2: "sigmoid"}  # llama.cpp's expert_gating_func values the engine computes
 YARN_BETA_FAST = 32.0
 YARN_BETA_SLOW = 1.0
 
@@ -186,6 +206,10 @@ def check_refused(meta: Mapping[str, Any], arch: str, head_dim: int, scaling: Ro
             continue
         if pattern == "{a}.rope.dimension_sections":
             raise KeyProblem(key, "is set: multi-section (vision) RoPE is not implemented")
+        if isinstance(_DEFAULTS.get(pattern), bool):  # a flag
+            if meta[key] is not _DEFAULTS[pattern] and meta[key] != _DEFAULTS[pattern]:
+                raise KeyProblem(key, f"is {meta[key]!r}: only {_DEFAULTS[pattern]} is implemented for this family")
+            continue
         value = _number(meta, key)
         if pattern in ("{a}.rope.dimension_count", "{a}.attention.value_length"):
             if value != head_dim:
@@ -200,5 +224,7 @@ def check_refused(meta: Mapping[str, Any], arch: str, head_dim: int, scaling: Ro
                 raise KeyProblem(key, f"is {value:g}: only the default ({auto:g} for this scaling) is implemented")
             continue
         default = _DEFAULTS[pattern]
+        if pattern in ("{a}.expert_group_count", "{a}.expert_group_used_count") and value in (0.0, 1.0):
+            continue  # one group, or none: plain top-k
         if value != default:
             raise KeyProblem(key, f"is {value:g}: only the default {default:g} is implemented")

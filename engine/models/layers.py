@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from engine.kernels import moe_kernels
 from engine.kernels.attention import chunk_attention, kernel_for
 from engine.kernels.qk_rope import qk_norm_rope
-from engine.models import routed_experts
+from engine.models import routed_experts, routing
 from engine.models.experts import EXPAND_SCRATCH_BYTES
 from engine.models.gguf_keys import RopeScaling
 from engine.models.kv import LayerKV
@@ -154,6 +154,7 @@ class LayerWeights:
     bk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
     router: torch.Tensor | None = None  # [E, d]
+    router_bias: torch.Tensor | None = None  # [E]: selects experts, weighs nothing (engine/models/routing.py)
     # resident experts: QTensor (as stored; expanded per call) or expanded tensors
     gate_exps: torch.Tensor | QTensor | None = None  # [E, f, d]
     up_exps: torch.Tensor | QTensor | None = None  # [E, f, d]
@@ -300,7 +301,7 @@ class Layer:
         return y if w.gate_inp_shexp is None else y * torch.sigmoid(F.linear(h, w.gate_inp_shexp))
 
     def moe(self, h: torch.Tensor) -> torch.Tensor:
-        """fp32 softmax router -> top-k -> renormalise -> SiLU-gated experts, weighted sum.
+        """fp32 router scores -> top-k (engine/models/routing.py) -> SiLU-gated experts, weighted sum.
 
         Only experts that received tokens are computed.  Tokens are sorted by expert once; the
         per-(token, slot) outputs are put back in order and summed over slots, which keeps the
@@ -308,12 +309,13 @@ class Layer:
         s, w = self.spec, self.w
         n, k = h.shape[0], s.n_experts_used
         fast = self.fused is not None
-        if fast:  # router in bf16 as HF runs it, softmax in fp32
-            probs = torch.softmax(F.linear(h, self.fused.router), dim=-1, dtype=torch.float32)
+        # the GPU's softmax router in bf16 as HF runs qwen3moe's (scores in fp32); a sigmoid router
+        # in fp32 as GLM-4.5's and llama.cpp's: its bias picks between close scores
+        if fast and s.expert_gating == "softmax":
+            logits = F.linear(h, self.fused.router)
         else:
-            probs = torch.softmax(F.linear(h.float(), w.router), dim=-1)
-        top_w, top_i = torch.topk(probs, k, dim=-1)
-        top_w = top_w / top_w.sum(-1, keepdim=True)
+            logits = F.linear(h.float(), w.router)
+        top_w, top_i = routing.route(logits, s, w.router_bias)
         flat = top_i.reshape(-1)
         order = torch.argsort(flat, stable=True)
         token_of = order // k

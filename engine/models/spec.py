@@ -33,6 +33,13 @@ class ModelSpec:
     shared_ffn: int = 0  # the shared expert's FFN size, beside the routed ones (0: none)
     shared_gate: bool = False  # the shared expert's output scaled by sigmoid(a per-token gate) (Qwen3-Next)
     rope_dim: int = 0  # partial rotary: RoPE turns each head's first rope_dim dimensions, the rest pass (0: all)
+    # routing (engine/models/routing.py): the defaults are softmax top-k renormalised, no bias, no scale
+    expert_gating: str = "softmax"  # the router's scores: "softmax" over experts or "sigmoid" per expert
+    expert_bias: bool = False  # a per-expert score-correction bias (exp_probs_b) that only selects
+    expert_weights_norm: bool = True  # the top k weights renormalised to sum 1
+    expert_weights_scale: float = 1.0  # the routed experts' weights multiplied by it
+    expert_groups: int = 0  # grouped top-k: experts in this many groups (0 or 1: none) ...
+    expert_groups_used: int = 0  # ... of which the best this many (by their top-2 scores) are chosen from
 
     @property
     def rotary_dim(self) -> int:
@@ -43,11 +50,20 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.n_experts > 0
 
+    def has_experts(self, i: int) -> bool:
+        """Whether layer i routes experts (a family with leading dense layers says otherwise for them)."""
+        return self.is_moe
+
+    def expert_layers(self, first: int, end: int) -> int:
+        """How many of layers [first, end) route experts (the expert slots and arena count these)."""
+        return sum(self.has_experts(i) for i in range(first, end))
+
     def layer_params(self) -> int:
         """Parameters of one layer (all experts counted)."""
         attn = self.hidden * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
         if self.is_moe:
             ffn = self.n_experts * 3 * self.hidden * self.expert_ffn + self.n_experts * self.hidden
+            ffn += self.n_experts if self.expert_bias else 0
         else:
             ffn = 3 * self.hidden * self.ffn
         return attn + ffn + self.shared_params() + 2 * self.hidden

@@ -243,7 +243,8 @@ class Run:
                 expert_stats.append(st.cache.stats.as_dict())
             elif s.spec.is_moe:
                 expert_stats.append(ExpertStats(st.index, st.name, resident=True,
-                                                slots=(st.end - st.first) * s.spec.n_experts).as_dict())
+                                                slots=s.spec.expert_layers(st.first, st.end) * s.spec.n_experts
+                                                ).as_dict())
         samples = []
         if self.sampler is not None:
             self.sampler.stop()

@@ -141,7 +141,6 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
     for st in stages:
         dsize = torch.empty((), dtype=dtypes[st.device]).element_size()
         dense = _dense_bytes(spec, st, st.index == len(stages) - 1, dsize)
-        n_layers = st.end - st.first
         expanded_expert = expert_elems(spec) * dsize
         experts = slots = scratch = 0
         if spec.is_moe:
@@ -150,7 +149,7 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
                 experts = slots * slot_bytes
                 batch = min(slots, spec.n_experts, max(EXPAND_SCRATCH_BYTES // expanded_expert, 1))
             else:
-                slots = n_layers * spec.n_experts
+                slots = spec.expert_layers(st.first, st.end) * spec.n_experts
                 experts = sum(layouts[i].row_bytes for i in range(st.first, st.end)) * spec.n_experts
                 batch = spec.n_experts
             # the GPU expands a batch of experts for its grouped GEMM; the CPU a batch of whole
@@ -161,7 +160,7 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
             floats = all(p.qtype.name in ("F32", "F16", "BF16") for i in range(st.first, st.end)
                          for p in layouts[i].parts)
             if floats and not eplan.streamed:  # float experts are expanded once at load, as dense
-                experts, scratch = n_layers * spec.n_experts * expanded_expert, 0
+                experts, scratch = spec.expert_layers(st.first, st.end) * spec.n_experts * expanded_expert, 0
         kv = models.states_bytes(spec, range(st.first, st.end), tokens, dtypes[st.device])
         state = models.states_bytes(spec, range(st.first, st.end), 0, dtypes[st.device])  # none grows at 0 tokens
         attends = kv > state or not tokens  # a stage of recurrent layers only holds no attention scores
