@@ -5,7 +5,7 @@
 
 .DESCRIPTION
   On every visible GPU count (1, and 2 when there are two):
-    1. tests/test_cuda.py
+    1. tests/test_cuda.py, tests/test_hybrid_cuda.py
     2. the default `strata-bench run` (chunk auto, CUDA graphs on) as a new user types it
     3. the app's run path (strata_gui.run.run_job, what the Run button drives) without Qt
     4. the process executor on CUDA (tests/test_executor_cuda.py; -NoExecutor skips it)
@@ -61,7 +61,7 @@ if ($n -lt 1) {
 $devLists = @("cuda:0")
 if ($n -ge 2) { $devLists += "cuda:0,cuda:1" }
 
-Step "CUDA tests" @("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py")
+Step "CUDA tests" @("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py", "tests/test_hybrid_cuda.py")
 foreach ($d in $devLists) {
     Step "default strata-bench run on $d" @("-m", "engine.bench", "run", "--model", $Model,
         "--prompt-tokens", "8192,32768", "--arm", "devices=$d", "--peak-tflops", "794")

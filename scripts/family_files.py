@@ -2,7 +2,7 @@
 the family's own transformers class, `save_pretrained`, then llama.cpp's own
 `convert_hf_to_gguf.py` (vendor/llama.cpp of the llama-cpp-python source package, pure Python).
 
-    python scripts/family_files.py mixtral qwen3vlmoe qwen3next gpt-oss [--out tests/data/families] [--source DIR]
+    python scripts/family_files.py mixtral qwen3vlmoe qwen3next qwen35moe gpt-oss ... [--out tests/data/families] [--source DIR]
 
 Writes DIR/<family>/ (the transformers model: config, safetensors, tokenizer) and
 DIR/<family>.gguf (F32), both committed so the oracle tests need neither the network nor the
@@ -177,13 +177,30 @@ def glm4moe(seed: int):
     return Glm4MoeForCausalLM(cfg)
 
 
+def qwen35moe(seed: int):
+    """Qwen3.5-MoE's text model: Qwen3-Next's layers with q/k/v, z, b and a projected apart,
+    interleaved MRoPE sections (text positions: plain RoPE); fewer k than v heads, so the
+    converter's reordering of the value heads (grouped to tiled) is exercised (issue 34)."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    cfg = Qwen3_5MoeTextConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                               linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                               moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+                               num_experts_per_tok=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25,
+                                                "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+                               tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    return Qwen3_5MoeForCausalLM(cfg)
+
+
 FAMILIES: dict[str, Callable] = {"mixtral": mixtral, "qwen3vlmoe": qwen3vlmoe, "qwen3next": qwen3next,
                                  "gpt-oss": gpt_oss, "minimax-m2": minimax_m2, "glm4moe": glm4moe,
-                                 "deepseek3": deepseek3, "deepseek3-lite": deepseek3_lite}
+                                 "deepseek3": deepseek3, "deepseek3-lite": deepseek3_lite, "qwen35moe": qwen35moe}
 # special tokens a family's converter looks up by name
 SPECIALS: dict[str, tuple[str, ...]] = {"glm4moe": ("[gMASK]", "<|user|>", "<|endoftext|>", "<|observation|>")}
 # the converter's flags a family's file needs: Qwen3-Next's MTP block is a draft model, left out
-CONVERT_ARGS: dict[str, tuple[str, ...]] = {"qwen3next": ("--no-mtp",)}
+CONVERT_ARGS: dict[str, tuple[str, ...]] = {"qwen3next": ("--no-mtp",), "qwen35moe": ("--no-mtp",)}
 
 
 def _published_layout(hf_dir: Path, names: tuple[str, ...]) -> None:

@@ -199,3 +199,25 @@ def test_a_prompt_is_never_probed_past_its_length(demo_path, monkeypatch):
     assert got == []  # the 200-token measurement serves
     got, _ = run(1000)
     assert got and max(n for n, _ in got) == 512 and max(n + pos for n, pos in got) <= 512
+
+
+def test_a_hybrid_stage_is_probed_through_one_layer_of_each_kind():
+    """Qwen3-Next's stage 0 holds GDN and attention layers, which cost differently: the probe times
+    the first of each and weights them by their share of the model (three GDN to one); a stage of
+    one kind, and every other family, is probed through its first layer alone."""
+    from pathlib import Path
+
+    from engine.plan import chunk_cost
+
+    path = Path(__file__).parent / "data" / "families" / "qwen3next.gguf"
+    sess = Session(load(path), EngineConfig(devices=["cpu"], chunk_tokens=16))
+    try:
+        layers = sess.stages[0].layers
+        picked = chunk_cost.representatives(layers)
+        assert [(layer.index, w) for layer, w in picked] == [(0, 0.75), (3, 0.25)]
+        assert [(layer.index, w) for layer, w in chunk_cost.representatives(layers[1:3])] == [(1, 1.0)]
+        layer_s, attn_s, host_s = chunk_cost.measure_layers(layers, torch.device("cpu"), torch.float32, False,
+                                                            ((8, 16), 16, 8, 1))
+        assert sorted(layer_s) == [8, 16] and all(t > 0 for t in layer_s.values()) and attn_s >= 0
+    finally:
+        sess.close()

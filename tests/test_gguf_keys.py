@@ -44,6 +44,16 @@ LLAMA_CPP_FAMILY = {
                   "{a}.expert_feed_forward_length", "{a}.expert_shared_count", "{a}.expert_weights_scale",
                   "{a}.expert_weights_norm", "{a}.expert_gating_func", "{a}.rope.scaling.yarn_log_multiplier",
                   "{a}.attention.temperature_scale", "{a}.attention.temperature_length"],  # src/models/deepseek2.cpp
+    "qwen3next": ["{a}.expert_feed_forward_length", "{a}.expert_shared_feed_forward_length",
+                  "{a}.attention.layer_norm_rms_epsilon", "{a}.ssm.conv_kernel", "{a}.ssm.inner_size",
+                  "{a}.ssm.state_size", "{a}.ssm.time_step_rank", "{a}.ssm.group_count",
+                  "{a}.attention.recurrent_layers", "{a}.full_attention_interval",
+                  "{a}.nextn_predict_layers"],  # src/models/qwen3next.cpp (nextn: llama-model.cpp, every family)
+    "qwen35moe": ["{a}.expert_feed_forward_length", "{a}.expert_shared_feed_forward_length",
+                  "{a}.attention.layer_norm_rms_epsilon", "{a}.rope.dimension_sections", "{a}.ssm.conv_kernel",
+                  "{a}.ssm.inner_size", "{a}.ssm.state_size", "{a}.ssm.time_step_rank", "{a}.ssm.group_count",
+                  "{a}.attention.recurrent_layers", "{a}.full_attention_interval",
+                  "{a}.nextn_predict_layers"],  # src/models/qwen35moe.cpp
 }
 # the YaRN keys llama.cpp reads for other families (grok, laguna …): refused here unless default,
 # so a file that carries them for a supported family is not run with them ignored

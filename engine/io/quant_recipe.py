@@ -58,8 +58,8 @@ def tensor_type(name: str, shape: tuple[int, ...], ftype: str, spec: ModelSpec) 
     """The type of one tensor (shape in torch order) in a model of mix `ftype`."""
     if ftype not in _DEFAULT:
         raise ValueError(f"unknown quant mix {ftype!r}: use {', '.join(FTYPES)}")
-    if len(shape) < 2 or "ffn_gate_inp" in name or not name.endswith("weight"):
-        return T.F32  # llama.cpp's quantizer leaves what is not a weight (gpt-oss's 2-D expert biases)
+    if len(shape) < 2 or "ffn_gate_inp" in name or not name.endswith("weight") or "ssm_conv1d" in name:
+        return T.F32  # llama.cpp's quantizer leaves what is not a weight (gpt-oss's 2-D expert biases) and the conv's taps
     if ftype in LOW_BIT_FTYPES:
         return _fit_rows(_low_bit_type(name, shape, ftype, spec), shape[-1])
     new = _DEFAULT[ftype]

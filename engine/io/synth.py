@@ -106,9 +106,23 @@ KIMI_K2 = replace(DEEPSEEK_V3, n_heads=64, n_kv_heads=64, n_experts=384, dense_l
                   expert_groups_used=0, expert_weights_scale=2.827, vocab=163840, context_length=131072,
                   rope_base=50000.0)
 
+
+# Qwen3-Next-80B-A3B shapes (issue 34): 48 layers, three GDN layers to one gated-attention layer
+# (engine/models/qwen3next.py derives the GDN sizes, RoPE's quarter of a head and the shared
+# expert from these, as the 80B has them: 16 q/k and 32 value heads of 128, 4-tap conv, 512)
+QWEN3_NEXT_80B_A3B = ModelRecipe(arch="qwen3next", n_layers=48, hidden=2048, n_heads=16, n_kv_heads=2,
+                                 head_dim=256, n_experts=512, n_experts_used=10, expert_ffn=512, vocab=151936,
+                                 context_length=262144, rope_base=10_000_000.0, quant="f16")
+
+# Qwen3.5-35B-A3B shapes: 40 layers of Qwen3-Next's kinds (the same derived GDN sizes), 256 experts
+QWEN35_35B_A3B = ModelRecipe(arch="qwen35moe", n_layers=40, hidden=2048, n_heads=16, n_kv_heads=2, head_dim=256,
+                             n_experts=256, n_experts_used=8, expert_ffn=512, vocab=248320, context_length=262144,
+                             rope_base=10_000_000.0, quant="f16")
+
 PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B, "gpt-oss-20b": GPT_OSS_20B,
            "gpt-oss-120b": GPT_OSS_120B, "minimax-m2-230b-a10b": MINIMAX_M2, "glm-4.5-air": GLM_45_AIR,
-           "deepseek-v3": DEEPSEEK_V3, "kimi-k2": KIMI_K2}
+           "deepseek-v3": DEEPSEEK_V3, "kimi-k2": KIMI_K2, "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B,
+           "qwen3.5-35b-a3b": QWEN35_35B_A3B}
 
 
 class RecipeError(ValueError):
@@ -207,6 +221,8 @@ def _kind(name: str) -> str:
         return "bias"
     if "ffn_gate_inp" in name:
         return "router"
+    if name.endswith(".ssm_a"):
+        return "decay"  # a GDN layer's -exp(A_log): negative, or its state would grow
     return "embedding" if name == "token_embd.weight" else "matrix"
 
 
@@ -215,6 +231,8 @@ def _std(name: str, shape: tuple[int, ...]) -> float:
     kind = _kind(name)
     if kind in ("norm", "bias"):
         return 0.1
+    if kind == "decay":
+        return 1.0
     if kind == "embedding":
         return 1.0
     return (4.0 if kind == "router" else 1.0) / float(np.sqrt(shape[-1]))
@@ -232,6 +250,8 @@ def _floats(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.n
         arr = 0.1 * arr
     elif kind == "router":
         arr = arr / np.sqrt(shape[-1]) * 4.0
+    elif kind == "decay":
+        arr = -np.exp(0.5 * arr)
     elif kind == "matrix":
         arr = arr / np.sqrt(shape[-1])
     return arr.astype(np.float32, copy=False)
@@ -291,6 +311,8 @@ def _put(w: GGUFWriter, key: str, value: Any) -> None:
         return
     if isinstance(value, bool):
         w.add_bool(key, value)
+    elif isinstance(value, (list, tuple)):  # an array of ints (e.g. qwen35moe's rope.dimension_sections)
+        w.add_array(key, [int(v) for v in value])
     elif isinstance(value, str):
         w.add_string(key, value)
     elif isinstance(value, (list, tuple)):
@@ -514,6 +536,8 @@ class SyntheticSource:
             return 0.1 * t
         if "ffn_gate_inp" in name:
             return t * (4.0 / shape[-1] ** 0.5)
+        if name.endswith(".ssm_a"):
+            return -(0.5 * t).exp()
         if name == "token_embd.weight":
             return t
         return t / shape[-1] ** 0.5

@@ -201,6 +201,10 @@ class Family:
         """What layer i is: its tensors and the state it carries (every layer alike here)."""
         return FULL_ATTENTION
 
+    def layer_params(self, spec: ModelSpec, i: int) -> int:
+        """Parameters of layer i (what loading it asks of its device; every layer alike here)."""
+        return spec.layer_params()
+
     def layer_parts(self, spec: ModelSpec, i: int) -> tuple[Part, ...]:
         """Layer i's tensors (names after `blk.{i}.`), in the order files store them."""
         return self.layer_kind(spec, i).parts(spec)

@@ -18,9 +18,10 @@ triangular system for U = [u_1 .. u_C] (the "WY" form the chunked kernels use):
     O = diag(e^G) Q S_0 + (M * Q K^T) U,             M_ti = e^{G_t - G_i}           (i <= t)
     S_C = e^{G_C} S_0 + K^T diag(e^{G_C - G}) U
 
-so each block costs a few matrix products and one triangular solve, never a loop over tokens.
-This torch version is the reference for CPU and tests; a CUDA run may take the field's Triton
-kernels (flash-linear-attention) where installed.
+so each block costs a few matrix products and one triangular solve, never a loop over tokens;
+the solves and in-block products of many blocks are batched, and only S passes from block to
+block in a loop.  This torch version runs on CPU and CUDA (the field's Triton kernels,
+flash-linear-attention, are not used: they do not install here).
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ class GdnShape:
     head_k: int  # ssm.state_size
     head_v: int  # ssm.inner_size / n_v_heads
     conv_kernel: int  # ssm.conv_kernel
+    # value head h's q/k head: h // (n_v / n_k) as transformers groups them (Qwen3-Next's file), or
+    # h % n_k where the converter tiled them for ggml's broadcast (Qwen3.5's file)
+    v_tiled: bool = False
 
     @property
     def key_dim(self) -> int:
@@ -93,12 +97,17 @@ class GdnState:
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
     """Depthwise causal conv over time of x [T, C] with weight [C, K], continuing from `state`
     [C, K-1] (the inputs before x), then SiLU; `state` is updated in place to x's last K-1 inputs."""
-    t, c = x.shape
+    t = x.shape[0]
     k = weight.shape[1]
     full = torch.cat([state.to(x.dtype), x.t()], dim=1)  # [C, K-1+T]
-    y = F.conv1d(full.unsqueeze(0), weight.to(x.dtype).unsqueeze(1), groups=c)[0]  # [C, T]
+    # K shifted products summed in float32: exact on every device (cuDNN's conv would take TF32
+    # on a GPU), K elementwise passes over the chunk (K is 4)
+    wf = weight.float()
+    y = full[:, 0:t].float() * wf[:, 0:1]
+    for j in range(1, k):
+        y.addcmul_(full[:, j:j + t].float(), wf[:, j:j + 1])
     state.copy_(full[:, full.shape[1] - (k - 1):])
-    return F.silu(y.t())
+    return F.silu(y.t()).to(x.dtype)
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -111,31 +120,59 @@ def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
 
     q, k: [T, H, dk] (normalised and, for q, scaled by the caller), v: [T, H, dv], g, beta: [T, H];
     `state` [H, dk, dv] float32 is the recurrent state before the first token and is updated in
-    place to the state after the last.  Returns o [T, H, dv] in float32."""
-    q, k, v = (x.float().transpose(0, 1) for x in (q, k, v))  # [H, T, d]
-    g, beta = g.float().t(), beta.float().t()  # [H, T]
-    n = q.shape[1]
-    out = torch.empty_like(v)
+    place to the state after the last.  Returns o [T, H, dv] in float32.
+
+    What does not depend on S_0 (the decays, the triangular solves, the in-block products) is
+    computed for up to GROUP blocks at once; only the state's pass from block to block is a loop
+    (four products a block).  The last block is padded with beta = 0 and g = 0 tokens, which
+    neither read nor change the state."""
+    n = q.shape[0]
+    out = torch.empty(n, v.shape[1], v.shape[2], dtype=torch.float32, device=v.device)
+    span = block * GROUP
     s = state
-    for a in range(0, n, block):
-        b = min(a + block, n)
-        qb, kb, vb, gb, bb = q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b]
-        cum = gb.cumsum(-1)  # G_t  [H, C]
-        diff = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # G_t - G_i  [H, C, C]
-        c = b - a
-        lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-        decay = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()  # M (i <= t), 0 above
-        kk = kb @ kb.transpose(-1, -2)  # k_t . k_i
-        strict = decay.masked_fill(torch.eye(c, dtype=torch.bool, device=q.device), 0.0)
-        system = torch.eye(c, device=q.device) + bb.unsqueeze(-1) * strict * kk  # I + A
-        g_exp = cum.exp().unsqueeze(-1)  # e^{G_t}  [H, C, 1]
-        rhs = bb.unsqueeze(-1) * (vb - g_exp * (kb @ s))
-        u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-        out[:, a:b] = g_exp * (qb @ s) + (decay * (qb @ kb.transpose(-1, -2))) @ u
-        tail = (cum[:, -1:] - cum).exp().unsqueeze(-1)  # e^{G_C - G_i}
-        s = cum[:, -1].exp()[:, None, None] * s + kb.transpose(-1, -2) @ (tail * u)
+    for a in range(0, n, span):
+        b = min(a + span, n)
+        out[a:b], s = _blocks(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s, block)
     state.copy_(s)
-    return out.transpose(0, 1)
+    return out
+
+
+GROUP = 16  # blocks whose S_0-free parts are computed together (memory: H x GROUP x block^2 floats a tensor)
+
+
+def _blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+            s: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gated_delta over at most GROUP blocks from state s: (o [T, H, dv], the state after)."""
+    t = q.shape[0]
+    c = min(block, t)
+    pad = (-t) % c
+    q, k, v = (F.pad(x.float(), (0, 0, 0, 0, 0, pad)) for x in (q, k, v))  # [T', H, d]
+    g, beta = (F.pad(x.float(), (0, 0, 0, pad)) for x in (g, beta))  # [T', H]
+    h, nb = q.shape[1], q.shape[0] // c
+    q, k, v = (x.permute(1, 0, 2).reshape(h, nb, c, x.shape[-1]) for x in (q, k, v))  # [H, B, C, d]
+    g, beta = (x.t().reshape(h, nb, c) for x in (g, beta))  # [H, B, C]
+    cum = g.cumsum(-1)  # G_t within each block
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    diff = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # G_t - G_i
+    decay = torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()  # M (i <= t), 0 above
+    strict = decay.masked_fill(torch.eye(c, dtype=torch.bool, device=q.device), 0.0)
+    system = torch.eye(c, device=q.device) + beta.unsqueeze(-1) * strict * (k @ k.transpose(-1, -2))  # I + A
+    g_exp = cum.exp().unsqueeze(-1)  # e^{G_t}
+    # (I + A) U = diag(beta) V - diag(beta e^G) K S_0: the two parts solved apart, S_0 enters below
+    rhs = torch.cat((beta.unsqueeze(-1) * v, beta.unsqueeze(-1) * g_exp * k), dim=-1)
+    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    u_v, u_k = solved[..., :v.shape[-1]], solved[..., v.shape[-1]:]
+    attn = decay * (q @ k.transpose(-1, -2))  # M * Q K^T
+    q_read = g_exp * q  # diag(e^G) Q: what reads S_0
+    tail = (cum[..., -1:] - cum).exp().unsqueeze(-1)  # e^{G_C - G_i}
+    k_write = (tail * k).transpose(-1, -2)  # K^T diag(e^{G_C - G})
+    block_decay = cum[..., -1].exp()[..., None, None]  # e^{G_C}
+    out = torch.empty_like(v)
+    for j in range(nb):
+        u = u_v[:, j] - u_k[:, j] @ s
+        out[:, j] = q_read[:, j] @ s + attn[:, j] @ u
+        s = block_decay[:, j] * s + k_write[:, j] @ u
+    return out.reshape(h, nb * c, -1)[:, :t].transpose(0, 1), s
 
 
 def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -162,7 +199,9 @@ def gdn_mix(qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor
     q = l2norm(q.float().reshape(t, s.n_k_heads, s.head_k)) * s.head_k ** -0.5
     k = l2norm(k.float().reshape(t, s.n_k_heads, s.head_k))
     ratio = s.n_v_heads // s.n_k_heads
-    if ratio > 1:  # each q/k head serves `ratio` consecutive value heads
+    if ratio > 1 and s.v_tiled:  # q/k head g serves value heads g, g + n_k, g + 2 n_k, ...
+        q, k = q.repeat(1, ratio, 1), k.repeat(1, ratio, 1)
+    elif ratio > 1:  # each q/k head serves `ratio` consecutive value heads
         q, k = q.repeat_interleave(ratio, dim=1), k.repeat_interleave(ratio, dim=1)
     v = v.reshape(t, s.n_v_heads, s.head_v)
     beta = torch.sigmoid(b.float())

@@ -85,6 +85,15 @@ TABLE: dict[str, str] = {
     "{a}.attention.temperature_scale": REFUSED,  # Mistral-Large-3's attention temperature tuning (deepseek2)
     "{a}.attention.temperature_length": REFUSED,
     "{a}.n_deepstack_layers": HARMLESS,  # qwen3vlmoe: layers that take image features (text runs without)
+    # hybrids (qwen3next, qwen35moe): read by their family (its own_keys)
+    "{a}.expert_shared_feed_forward_length": USED,
+    "{a}.ssm.conv_kernel": USED,
+    "{a}.ssm.state_size": USED,
+    "{a}.ssm.group_count": USED,
+    "{a}.ssm.time_step_rank": USED,
+    "{a}.ssm.inner_size": USED,
+    "{a}.full_attention_interval": USED,
+    "{a}.attention.recurrent_layers": USED,
     "{a}.vocab_size": HARMLESS,  # llama.cpp names the model's size with it; the engine takes token_embd's
     "tokenizer.ggml.tokens": HARMLESS,  # the vocabulary's length, same use
 }

@@ -408,14 +408,13 @@ class StageProcess(StageRuntime):
         return x
 
     def measure(self, cmd: Measure) -> Measured:
-        """The chunk-cost probe of the first layer (engine/plan/chunk_cost.py), for the controller's
-        plan; with graphs it times graph replays, as a run with cuda_graphs on executes."""
-        from engine.plan.chunk_cost import ChunkCostProbe
+        """The chunk-cost probe of the first layer of each kind (engine/plan/chunk_cost.py), for the
+        controller's plan; with graphs it times graph replays, as a run with cuda_graphs on executes."""
+        from engine.plan.chunk_cost import measure_layers
 
         with torch.inference_mode():
-            p = ChunkCostProbe(self.layers[0], self.device, self.dtype,
-                               graphs=cmd.graphs and self.device.type == "cuda", reps=cmd.reps)
-            layer_s, attn_s, host_s = p.measure(cmd.sizes, prefix=cmd.prefix, probe=cmd.probe).astuple()
+            layer_s, attn_s, host_s = measure_layers(self.layers, self.device, self.dtype, cmd.graphs,
+                                                     (tuple(cmd.sizes), cmd.prefix, cmd.probe, cmd.reps))
         return Measured(self.index, tuple(sorted(layer_s.items())), attn_s, host_s)
 
     def close(self) -> None:

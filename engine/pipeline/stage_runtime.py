@@ -116,11 +116,12 @@ class StageRuntime:
         """Layers `indices` on this stage's device (their experts left in the arena when they
         stream), each prefetching the next one's experts; `before`/`after` run around each."""
         spec = source.spec
-        nbytes = spec.layer_params() * torch.empty((), dtype=self.dtype).element_size()
+        fam, size = models.family_of(spec), torch.empty((), dtype=self.dtype).element_size()
         out: list[Layer] = []
         for i in indices:
             if before is not None:
                 before(i)
+            nbytes = fam.layer_params(spec, i) * size  # a hybrid's layers differ (GDN, attention)
             w = alloc(f"the weights of layer {i}", self.device, nbytes, LAYER_ADVICE,
                       lambda: load_layer_weights(source, i, self.device, self.dtype, experts=not streamed))  # noqa: B023  (alloc calls it now)
             out.append(new_layer(spec, i, w, rope, cache=self.cache if streamed else None))

@@ -134,7 +134,7 @@ class ThreadExecutor:
 
     def measure_layer(self, shape: chunk_cost.ProbeShape) -> chunk_cost.Measured:
         st = self.session.stages[0]
-        return chunk_cost.measure_layer(st.layers[0], st.device, st.dtype, self.session.config.cuda_graphs, shape)
+        return chunk_cost.measure_layers(st.layers, st.device, st.dtype, self.session.config.cuda_graphs, shape)
 
     # ------------------------------------------------------------------ buffers
     def prepare(self, capacity: int, chunk: int, hooks: PipelineHooks | None = None) -> None:

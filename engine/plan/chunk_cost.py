@@ -100,8 +100,8 @@ class ChunkCostProbe:
 
         try:
             with torch.inference_mode():
-                self.kv.k.normal_()
-                self.kv.v.normal_()
+                for t in self.kv.handoff_views(self.kv.capacity):  # KV: every slot; a recurrent state: all of it
+                    t.normal_()
                 layer_s = self._sizes(sizes, tokens)
                 x = tokens(probe)
                 deep = self._best(x, prefix)
@@ -146,7 +146,7 @@ class ChunkCostProbe:
         g = self._graph(x)  # may run an eager pass of its own first: set the cache after it
         kv = self.kv
         assert kv is not None
-        kv.length = pos
+        kv.adopt(pos)  # holds `pos` tokens (a recurrent state: continues from its matrices)
         if g is not None:
             g.forward(0, x, kv, pos)
         else:
@@ -161,7 +161,7 @@ class ChunkCostProbe:
         if n not in self._graphs:
             kv = self.kv
             assert kv is not None
-            kv.length = 0
+            kv.adopt(0)
             self.layer(x, kv, 0)  # first: a layer decides its expert GEMM (and so graphability) here
             if not self.layer.graphable(x):
                 self._graphs[n] = None
@@ -255,9 +255,36 @@ def measure_layer(layer: Layer, device: torch.device, dtype: torch.dtype, cuda_g
     """Time one layer the way a fixed-size chunk runs: per candidate size at position 0,
     attention's extra time per (token x cached key), and host launch time per layer (graph
     replays when `cuda_graphs` is on and the device is a GPU); `shape` from `probe_shape`."""
+    return measure_layers([layer], device, dtype, cuda_graphs, shape)
+
+
+def representatives(layers: Sequence[Layer]) -> list[tuple[Layer, float]]:
+    """The layers a probe times for a stage holding `layers`: the first of each layer kind among
+    them (a hybrid's GDN and attention layers cost differently), weighted by that kind's share of
+    the model's layers; one layer, weight 1, where the layers are all of one kind."""
+    spec = layers[0].spec
+    fam = models.family_of(spec)
+    kinds = [fam.layer_kind(spec, i).name for i in range(spec.n_layers)]
+    first: dict[str, Layer] = {}
+    for layer in layers:
+        first.setdefault(kinds[layer.index], layer)
+    total = sum(kinds.count(k) for k in first)
+    return [(layer, kinds.count(k) / total) for k, layer in first.items()]
+
+
+def measure_layers(layers: Sequence[Layer], device: torch.device, dtype: torch.dtype, cuda_graphs: bool,
+                   shape: ProbeShape | None = None) -> Measured:
+    """`measure_layer` of each of `representatives(layers)`, averaged by their weights (the mean
+    layer of the model, over the sizes every probe timed)."""
     sizes, prefix, probe, reps = shape or probe_shape(device)
-    cost = ChunkCostProbe(layer, device, dtype, graphs=device.type == "cuda" and cuda_graphs, reps=reps)
-    return cost.measure(sizes, prefix=prefix, probe=probe).astuple()
+    graphs = device.type == "cuda" and cuda_graphs
+    costs = [(ChunkCostProbe(layer, device, dtype, graphs=graphs, reps=reps).measure(sizes, prefix=prefix, probe=probe),
+              w) for layer, w in representatives(layers)]
+    if len(costs) == 1:
+        return costs[0][0].astuple()
+    timed = set.intersection(*(set(c.layer_s) for c, _ in costs))
+    return LayerCost({n: sum(w * c.layer_s[n] for c, w in costs) for n in sorted(timed)},
+                     sum(w * c.attn_s for c, w in costs), sum(w * c.host_s for c, w in costs)).astuple()
 
 
 def measure_hop(a: torch.device, b: torch.device, dtype: torch.dtype, hidden: int, n: int = 1024) -> float:

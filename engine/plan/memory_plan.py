@@ -52,6 +52,7 @@ class DevicePlan:
     kv: int
     scratch: int
     attention: int = 0  # a CPU stage's attention scores at the last chunk (SDPA's math kernel holds them)
+    state: int = 0  # of `kv`, what does not grow with the tokens: recurrent layers' state (GDN's conv + matrices)
 
     @property
     def total(self) -> int:
@@ -91,7 +92,9 @@ class MemoryPlan:
             experts = (f"expert cache {size_text(d.experts)} ({d.expert_slots} slots)" if self.streamed
                        else f"experts {size_text(d.experts)}")
             lines.append(f"stage {d.stage} {d.device} (layers {d.first}-{d.end - 1}): dense {size_text(d.dense)}, "
-                         f"{experts}, KV {size_text(d.kv)} ({self.tokens} tokens), scratch {size_text(d.scratch)}"
+                         f"{experts}, KV {size_text(d.kv)} ({self.tokens} tokens"
+                         + (f"; recurrent state {size_text(d.state)} of it" if d.state else "")
+                         + f"), scratch {size_text(d.scratch)}"
                          + (f", attention scores {size_text(d.attention)}" if d.attention else "")
                          + f"; total {size_text(d.total)}")
         if self.streamed:
@@ -162,9 +165,11 @@ def plan_memory(source, config: EngineConfig, tokens: int) -> MemoryPlan:
             scratch += spec.attention_scratch_bytes(config.chunk_tokens if isinstance(config.chunk_tokens, int)
                                                     else None, tokens, dsize)
         kv = models.states_bytes(spec, range(st.first, st.end), tokens, dtypes[st.device])
-        attention = cpu_attention_bytes(spec, config, tokens) if st.device.type == "cpu" else 0
+        state = models.states_bytes(spec, range(st.first, st.end), 0, dtypes[st.device])  # none grows at 0 tokens
+        attends = kv > state or not tokens  # a stage of recurrent layers only holds no attention scores
+        attention = cpu_attention_bytes(spec, config, tokens) if st.device.type == "cpu" and attends else 0
         out.append(DevicePlan(st.index, str(st.device), st.first, st.end, dense, experts, slots, kv, scratch,
-                              attention))
+                              attention, state))
     host = pin = 0
     note = "no arena"
     if eplan.streamed:
