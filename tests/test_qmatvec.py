@@ -99,3 +99,20 @@ def test_every_matvec_kernel_compiles_for_sm90():
     for qt in qmatvec_triton.TYPES:
         for dt in ("*bf16", "*fp32"):
             assert any(line.startswith(f"{qt.name} {dt} cubin") for line in run.stdout.splitlines()), run.stdout
+
+
+@needs_triton
+def test_matvec_reads_experts_a_stride_apart():
+    """The expert cache's slots: each expert's part starts `expert_stride` bytes after the last,
+    with other bytes between; the products are those of the packed tensor."""
+    E, N, K = 3, 8, 256
+    raw, values = expert_tensor(T.Q4_K, E, N, K, seed=5)
+    per = raw.numel() // E
+    pad = 40
+    pool = torch.zeros(E, pad + per + 24, dtype=torch.uint8)
+    pool[:, pad:pad + per] = raw.view(E, per)
+    x = torch.randn(4, K, generator=torch.Generator().manual_seed(1))
+    experts = torch.tensor([2, 0, 1, 2], dtype=torch.int64)
+    packed = qmatvec_triton.matvec(raw, T.Q4_K, (E, N, K), x, experts)
+    strided = qmatvec_triton.matvec(pool.view(-1)[pad:], T.Q4_K, (E, N, K), x, experts, expert_stride=pool.stride(0))
+    assert torch.equal(packed, strided)

@@ -252,8 +252,16 @@ class HostArena:
         """An expert's host row (its blocks) and whether it lies in the page-locked part."""
         return self.layer_rows(layer)[expert], expert < self.pinned_rows[layer]
 
+    def __del__(self) -> None:
+        # an arena dropped without close (a run that raised): its memory must not stay
+        # registered once freed, or a later pageable copy landing there fails ("invalid argument")
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown: CUDA may be gone)
+            pass
+
     def close(self) -> None:
-        if self._registered:
+        if getattr(self, "_registered", None):
             cudart = torch.cuda.cudart()
             for ptr in self._registered:
                 cudart.cudaHostUnregister(ptr)

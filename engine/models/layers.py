@@ -444,6 +444,13 @@ class Layer:
         seq = cache.begin_layer()
         expanded = 3 * s.expert_ffn * s.hidden * xs.element_size()
         step = max(1, min(cache.n_slots, s.n_experts, EXPAND_SCRATCH_BYTES // expanded))
+        if (self.use_grouped_mm and len(needed) <= step
+                and routed_matvec.cache_wanted(cache, self.index, xs.shape[0], xs)):  # as resident decode does
+            slots = cache.ensure(self.index, needed, cache.chunk)
+            row_slots = [slot for e, slot in zip(needed, slots) for _ in range(counts_host[e])]
+            ys = routed_matvec.cache_experts(cache, self.index, xs, torch.tensor(row_slots).to(xs.device))
+            cache.end_layer(seq)
+            return ys
         for b0 in range(0, len(needed), step):
             batch = needed[b0:b0 + step]
             slots = cache.ensure(self.index, batch, cache.chunk)

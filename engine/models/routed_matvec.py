@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from engine.quant.qtensor import QTensor
 
 if TYPE_CHECKING:
+    from engine.models.experts import ExpertCache
     from engine.models.layers import LayerWeights
 
 # rows (tokens x experts used) up to which the stored-block products beat gather + grouped GEMM:
@@ -26,16 +27,40 @@ if TYPE_CHECKING:
 MATVEC_MAX_ROWS = 32
 
 
-def wanted(w: LayerWeights, rows: int, x: torch.Tensor) -> bool:
-    """Whether a chunk of `rows` (token, expert) rows computes its experts here."""
+def _types_ok(rows: int, x: torch.Tensor, qtypes: list) -> bool:
     if rows > MATVEC_MAX_ROWS or x.device.type != "cuda":
         return False
     from engine.quant import qmatvec_triton  # imports triton: only where a GPU runs
 
-    if not qmatvec_triton.available():
-        return False
+    return qmatvec_triton.available() and all(q in qmatvec_triton.TYPES for q in qtypes)
+
+
+def wanted(w: LayerWeights, rows: int, x: torch.Tensor) -> bool:
+    """Whether a chunk of `rows` (token, expert) rows computes its resident experts here."""
     parts = (w.gate_exps, w.up_exps, w.down_exps)
-    return all(isinstance(t, QTensor) and t.qtype in qmatvec_triton.TYPES for t in parts)
+    return all(isinstance(t, QTensor) for t in parts) and _types_ok(rows, x, [t.qtype for t in parts])
+
+
+def cache_wanted(cache: ExpertCache, layer: int, rows: int, x: torch.Tensor) -> bool:
+    """The same rule for streamed experts (the expert cache's slots hold them as stored), so a
+    chunk computes the same way resident or streamed: one digest."""
+    return _types_ok(rows, x, [part.qtype for part in cache.arena.layouts[layer].parts])
+
+
+def cache_experts(cache: ExpertCache, layer: int, xs: torch.Tensor, row_slots: torch.Tensor) -> torch.Tensor:
+    """`experts` over the cache's slots: row m's expert sits in slot `row_slots[m]`."""
+    from engine.quant import qmatvec_triton
+
+    flat = cache.pool.view(-1)
+    parts = cache.arena.layouts[layer].parts
+
+    def mv(i: int, x: torch.Tensor) -> torch.Tensor:
+        part = parts[i]
+        return qmatvec_triton.matvec(flat[part.offset:], part.qtype, (cache.n_slots, *part.shape), x, row_slots,
+                                     expert_stride=cache.pool.stride(0))
+
+    a = F.silu(mv(0, xs)) * mv(1, xs)
+    return mv(2, a)
 
 
 def experts(w: LayerWeights, xs: torch.Tensor, sorted_experts: torch.Tensor) -> torch.Tensor:

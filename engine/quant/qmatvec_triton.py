@@ -166,11 +166,13 @@ def available() -> bool:
 
 
 def matvec(raw: torch.Tensor, qtype: T, shape: tuple[int, ...], x: torch.Tensor, experts: torch.Tensor,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, expert_stride: int | None = None) -> torch.Tensor:
     """`out[m] = W[experts[m]] @ x[m]` for a stored [E, N, K] expert tensor (`raw`: its bytes,
     uint8, contiguous), activations x [M, K] and a 1-D int64 expert index of M entries on x's
     device (each in [0, E): not checked, a check would synchronise the host).  Returns [M, N]
-    in x's dtype.  No host synchronisation: a CUDA graph can hold it."""
+    in x's dtype.  No host synchronisation: a CUDA graph can hold it.  `expert_stride`: bytes
+    from one expert's first block to the next's where they are not packed (the expert cache's
+    slots: `raw` then starts at the part's first byte and runs to the pool's end)."""
     if qtype not in _TABLE:
         raise ValueError(f"no stored-block matrix-vector kernel for {T(qtype).name}")
     E, N, K = shape
@@ -181,7 +183,9 @@ def matvec(raw: torch.Tensor, qtype: T, shape: tuple[int, ...], x: torch.Tensor,
     if x.shape != (M, K) or experts.shape != (M,) or experts.dtype != torch.int64:
         raise ValueError(f"x {list(x.shape)} and experts {list(experts.shape)} do not match [{M}, {K}] / [{M}] int64")
     row_bytes = K // bs * ts
-    if raw.numel() != E * N * row_bytes:
+    stride = N * row_bytes if expert_stride is None else expert_stride
+    if (raw.numel() != E * N * row_bytes if expert_stride is None
+            else stride < N * row_bytes or raw.numel() < (E - 1) * stride + N * row_bytes):
         raise ValueError(f"{raw.numel()} bytes are not a {T(qtype).name} tensor of {list(shape)}")
     if out is None:
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -190,7 +194,7 @@ def matvec(raw: torch.Tensor, qtype: T, shape: tuple[int, ...], x: torch.Tensor,
     kernel, bn, warps = _TABLE[qtype]
     grid = (M, triton.cdiv(N, bn))
     # K is a constexpr (the loop's trip count): one compile per row length of the model
-    args = (raw.reshape(-1), x.contiguous(), experts.contiguous(), out, N, K, row_bytes, N * row_bytes)
+    args = (raw.reshape(-1), x.contiguous(), experts.contiguous(), out, N, K, row_bytes, stride)
     if raw.is_cuda and raw.device.index is not None and raw.device.index != torch.cuda.current_device():
         with torch.cuda.device(raw.device):
             kernel[grid](*args, BN=bn, num_warps=warps, enable_fp_fusion=False)
