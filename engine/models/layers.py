@@ -444,17 +444,17 @@ class Layer:
         seq = cache.begin_layer()
         expanded = 3 * s.expert_ffn * s.hidden * xs.element_size()
         step = max(1, min(cache.n_slots, s.n_experts, EXPAND_SCRATCH_BYTES // expanded))
-        if (self.use_grouped_mm and len(needed) <= step
-                and routed_matvec.cache_wanted(cache, self.index, xs.shape[0], xs)):  # as resident decode does
-            slots = cache.ensure(self.index, needed, cache.chunk)
-            row_slots = [slot for e, slot in zip(needed, slots) for _ in range(counts_host[e])]
-            ys = routed_matvec.cache_experts(cache, self.index, xs, torch.tensor(row_slots).to(xs.device))
-            cache.end_layer(seq)
-            return ys
+        # few rows: the stored-block products, as the resident path takes them (one digest)
+        stored = self.use_grouped_mm and routed_matvec.cache_wanted(cache, self.index, xs.shape[0], xs)
         for b0 in range(0, len(needed), step):
             batch = needed[b0:b0 + step]
             slots = cache.ensure(self.index, batch, cache.chunk)
-            if self.use_grouped_mm:
+            if stored:  # each row's product on its own: the same bits whatever the batches
+                lo, hi = starts[batch[0]], starts[batch[-1] + 1]
+                row_slots = [slot for e, slot in zip(batch, slots) for _ in range(counts_host[e])]
+                ys[lo:hi] = routed_matvec.cache_experts(cache, self.index, xs[lo:hi],
+                                                        torch.tensor(row_slots).to(xs.device))
+            elif self.use_grouped_mm:
                 gate, up, down = cache.expand(self.index, slots, xs.dtype)
                 lo, hi = starts[batch[0]], starts[batch[-1] + 1]
                 offs = torch.tensor([starts[e + 1] - lo for e in batch], dtype=torch.int32).to(xs.device)
