@@ -61,9 +61,12 @@ if ($n -lt 1) {
 $devLists = @("cuda:0")
 if ($n -ge 2) { $devLists += "cuda:0,cuda:1" }
 
-Step "CUDA tests" @("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py", "tests/test_hybrid_cuda.py")
+# tests/test_cuda.py and every family's tests/test_*_cuda.py (the executor's apart, below)
+$cudaTests = @("tests/test_cuda.py") + @(Get-ChildItem tests -Filter "test_*_cuda.py" | Sort-Object Name |
+    Where-Object { $_.Name -ne "test_executor_cuda.py" } | ForEach-Object { "tests/$($_.Name)" })
+Step "CUDA tests" (@("-m", "pytest", "-q", "-p", "no:cacheprovider") + $cudaTests)
 foreach ($d in $devLists) {
-    Step "default strata-bench run on $d" @("-m", "engine.bench", "run", "--model", $Model,
+    Step "default strata-bench run on $d" @("-m", "engine.cli.bench", "run", "--model", $Model,
         "--prompt-tokens", "8192,32768", "--arm", "devices=$d", "--peak-tflops", "794")
 }
 if (-not $NoExecutor) {  # stage processes on CUDA (gloo on Windows)
@@ -75,7 +78,7 @@ Step "app run path on $($devLists -join ' ')" $appArgs
 
 Write-Host ""
 if ($fails.Count -eq 0) {
-    Write-Host "GPU CHECK PASSED ($n GPU(s): tests/test_cuda.py, default strata-bench run, app run path; commit $commit)"
+    Write-Host "GPU CHECK PASSED ($n GPU(s): $($cudaTests -join ' '), default strata-bench run, app run path; commit $commit)"
     Stop-Transcript | Out-Null
     exit 0
 }

@@ -11,7 +11,7 @@ PS = (ROOT / "benchmarks" / "gpu_check.ps1").read_text()
 
 
 def test_both_gates_run_the_same_tests_and_checks():
-    for needle in ("tests/test_cuda.py", "tests/test_hybrid_cuda.py", "tests/test_executor_cuda.py",
+    for needle in ("tests/test_cuda.py", "test_*_cuda.py", "test_executor_cuda.py", "tests/test_executor_cuda.py",
                    "benchmarks/app_run_check.py",
                    "synthetic:qwen3-30b-a3b:n_layers=16", "8192,32768", "794", "GPU CHECK PASSED", "GPU CHECK FAILED"):
         assert needle in SH and needle in PS, needle
