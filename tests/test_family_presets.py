@@ -98,3 +98,42 @@ def test_glm_reads_grouped_top_k_and_refuses_groups_the_experts_cannot_form(tmp_
                             metadata={"{a}.expert_group_count": 3, "{a}.expert_group_used_count": 1})
     with pytest.raises(gguf_model.GGUFError, match=r"glm4moe\.expert_group_count 3"):
         gguf_model.load(bad)
+
+
+def test_mixtral_8x7b_preset_is_a_llama_file_with_experts_in_every_layer():
+    """synthetic:mixtral-8x7b: Mistral's published shapes (46.7B parameters, embedding and head
+    included), written as llama.cpp's converter writes Mixtral: a llama file whose every layer
+    routes 8 experts of 14336, top 2."""
+    spec = bench.synthetic_recipe("synthetic:mixtral-8x7b").spec()
+    assert (spec.arch, spec.is_moe, spec.n_experts, spec.n_experts_used, spec.expert_ffn, spec.rope_style) == \
+        ("llama", True, 8, 2, 14336, "norm")
+    total = spec.n_layers * spec.layer_params() + 2 * spec.vocab * spec.hidden + spec.hidden
+    assert round(total / 1e9, 1) == 46.7
+    shapes = expected_shapes(spec)
+    assert shapes["blk.31.ffn_gate_exps.weight"] == (8, 14336, 4096) and "blk.0.ffn_gate.weight" not in shapes
+    dense = bench.synthetic_recipe("synthetic:demo").spec()  # a llama recipe stays dense unless it asks
+    from dataclasses import replace
+
+    from engine.io import synth
+    assert not synth.recipe_from_args("demo", arch="llama").spec().is_moe and dense.is_moe
+    assert replace(synth.recipe_from_args("demo", arch="llama"), llama_experts=True).spec().is_moe
+
+
+def test_make_model_writes_a_mixtral_style_file_that_runs(tmp_path):
+    """make-model --preset mixtral-8x7b, cut to a few small layers: it reads back as llama with
+    experts (the family's Mixtral path) and runs with one digest over stages."""
+    path = tmp_path / "mixtral.gguf"
+    assert bench.main(["make-model", str(path), "--preset", "mixtral-8x7b", "--layers", "2", "--hidden", "128",
+                       "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--expert-ffn", "64",
+                       "--quant", "q8_0"]) == 0
+    model = gguf_model.load(path)
+    assert (model.spec.arch, model.spec.is_moe, model.spec.n_experts, model.spec.expert_ffn) == ("llama", True, 8, 64)
+    ids = synthetic(40, model.spec.vocab, nonce=3)
+    digests = set()
+    for devices in (["cpu"], ["cpu", "cpu"]):
+        sess = Session(model, EngineConfig(devices=devices, chunk_tokens=16))
+        try:
+            digests.add(sess.run(ids, decode_tokens=2).report.digest)
+        finally:
+            sess.close()
+    assert len(digests) == 1

@@ -47,7 +47,7 @@ StageError: type[Exception] = _NotImportedYet
 Cancelled: type[Exception] = _NotImportedYet
 # synth.PRESETS without importing torch (a test keeps them equal)
 PRESET_NAMES = ("deepseek-v3", "demo", "glm-4.5-air", "gpt-oss-120b", "gpt-oss-20b", "kimi-k2", "minimax-m2-230b-a10b",
-                "qwen3-30b-a3b", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b")  # sorted
+                "mixtral-8x7b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b")  # sorted
 QUANT_NAMES = ("q4_k_m", "q6_k", "q8_0", "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq1_s", "iq1_m",
                "mxfp4", "f16", "f32")  # synth.QUANTS, likewise
 

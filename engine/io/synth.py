@@ -58,6 +58,7 @@ class ModelRecipe:
     expert_groups_used: int = 0
     shared_experts: int = 0  # shared experts of expert_ffn each
     expert_weights_scale: float = 1.0
+    llama_experts: bool = False  # llama only: routed experts in every layer (Mixtral's layout)
 
     def spec(self) -> ModelSpec:
         """The spec its family makes of these shapes (engine/models/); vocab 0: the byte vocabulary's."""
@@ -119,7 +120,13 @@ QWEN35_35B_A3B = ModelRecipe(arch="qwen35moe", n_layers=40, hidden=2048, n_heads
                              n_experts=256, n_experts_used=8, expert_ffn=512, vocab=248320, context_length=262144,
                              rope_base=10_000_000.0, quant="f16")
 
-PRESETS = {"demo": DEMO_RECIPE, "qwen3-30b-a3b": QWEN3_30B_A3B, "gpt-oss-20b": GPT_OSS_20B,
+# Mixtral-8x7B shapes (mistralai/Mixtral-8x7B-v0.1 config.json): a llama file with 8 experts of
+# 14336 in every layer, top 2, 32/8 heads of 128, vocab 32000, rope theta 1e6, rms eps 1e-5
+MIXTRAL_8X7B = ModelRecipe(arch="llama", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, head_dim=128,
+                           n_experts=8, n_experts_used=2, expert_ffn=14336, vocab=32000, context_length=32768,
+                           rope_base=1_000_000.0, rms_eps=1e-5, quant="f16", llama_experts=True)
+
+PRESETS = {"demo": DEMO_RECIPE, "mixtral-8x7b": MIXTRAL_8X7B, "qwen3-30b-a3b": QWEN3_30B_A3B, "gpt-oss-20b": GPT_OSS_20B,
            "gpt-oss-120b": GPT_OSS_120B, "minimax-m2-230b-a10b": MINIMAX_M2, "glm-4.5-air": GLM_45_AIR,
            "deepseek-v3": DEEPSEEK_V3, "kimi-k2": KIMI_K2, "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B,
            "qwen3.5-35b-a3b": QWEN35_35B_A3B}

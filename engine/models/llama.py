@@ -10,6 +10,7 @@ Oracles: tests/test_numerics.py (transformers' LlamaForCausalLM), tests/test_fam
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from engine.models.family import Family, SpecSource
 from engine.models.spec import ModelSpec
@@ -25,6 +26,10 @@ class Llama(Family):
         if not spec.expert_ffn:
             spec = replace(spec, expert_ffn=m.read_int(f"{a}.feed_forward_length"))
         return spec
+
+    def spec_from_recipe(self, r: Any) -> ModelSpec:
+        """A generated llama model; `r.llama_experts` gives it Mixtral's routed experts."""
+        return Family.spec_from_recipe(replace(self, moe=bool(getattr(r, "llama_experts", False))), r)
 
 
 FAMILY = Llama("llama", rope_style="norm")
