@@ -24,17 +24,14 @@ Oracle: tests/test_family_files.py (transformers' DeepseekV3ForCausalLM on the w
 was converted from)."""
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.models.blocks import LayerKind, Part, dense_ffn_parts, moe_parts
-from engine.models.family import Family, SpecSource
+from engine.models.family import Family, SpecSource, layers_without_mtp
 from engine.models.gguf_keys import RopeScaling
 from engine.models.spec import ModelSpec
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -197,14 +194,7 @@ def _attention_sizes(m: SpecSource, a: str, spec: ModelSpec) -> dict[str, Any]:
 
 def _routing_layout(m: SpecSource, a: str, spec: ModelSpec) -> dict[str, Any]:
     """Layers (MTP blocks skipped, leading dense ones) and the expert groups."""
-    nextn = m.read_int(f"{a}.nextn_predict_layers", 0, minimum=0)
-    if nextn >= spec.n_layers:
-        raise m.problem(f"metadata key {a}.nextn_predict_layers is {nextn}: block_count {spec.n_layers} counts "
-                        f"them, so it leaves no layer to run")
-    if nextn:
-        log.info("%s: the last %d of block_count %d blocks are the MTP (nextn) draft block: skipped",
-                 a, nextn, spec.n_layers)
-    n_layers = spec.n_layers - nextn
+    n_layers = layers_without_mtp(m, a, spec.n_layers)
     lead = m.read_int(f"{a}.leading_dense_block_count", 0, minimum=0)
     if lead >= n_layers:
         raise m.problem(f"metadata key {a}.leading_dense_block_count is {lead}: no layer of the {n_layers} "

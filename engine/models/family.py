@@ -9,6 +9,7 @@ sliding-window layers), overrides `spec_from_metadata`, `layer_kind` or `ffn_is_
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from engine.models.blocks import FULL_ATTENTION, LayerKind, Part
 from engine.models.gguf_keys import GATINGS, KeyProblem, check_refused, rope_scaling
 from engine.models.spec import ModelSpec
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the registry imports no torch: the CLI lists the families before torch loads
     import torch
@@ -218,3 +221,28 @@ class Family:
         """Bytes the states of `layers` take for `tokens` tokens (the memory plan's figure, the
         allocator's request, and what prefill-main hands over at most)."""
         return sum(self.layer_kind(spec, i).state.nbytes(spec, tokens, dtype) for i in layers)
+
+
+# ----------------------------------------------------------- keys several families read
+def layers_without_mtp(m: SpecSource, arch: str, n_layers: int) -> int:
+    """The layers to run of a file whose block_count counts its MTP (nextn) draft blocks, as
+    llama.cpp runs them: block_count less `nextn_predict_layers` (the skip is logged)."""
+    nextn = m.read_int(f"{arch}.nextn_predict_layers", 0, minimum=0)
+    if nextn >= n_layers:
+        raise m.problem(f"metadata key {arch}.nextn_predict_layers is {nextn}: block_count {n_layers} counts "
+                        f"them, so it leaves no layer to run")
+    if nextn:
+        log.info("%s: the last %d of block_count %d blocks are the MTP (nextn) draft block: skipped",
+                 arch, nextn, n_layers)
+    return n_layers - nextn
+
+
+def whole_numbers(m: SpecSource, key: str) -> list[int] | None:
+    """An array key's values as ints (None where the file lacks the key)."""
+    raw = m.get(key)
+    if raw is None:
+        return None
+    try:  # an array is left undecoded in the mapped file until asked
+        return [int(x) for x in (raw.decode() if hasattr(raw, "decode") else raw)]
+    except (TypeError, ValueError, OverflowError):
+        raise m.problem(f"metadata key {key} is not a list of whole numbers") from None

@@ -16,15 +16,12 @@ Oracle: tests/test_family_files.py (transformers' Glm4MoeForCausalLM on the weig
 converted from, its checkpoint holding an MTP block as published ones do)."""
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.models.blocks import FULL_ATTENTION, KVState, LayerKind, Part, attention_parts
-from engine.models.family import Family, SpecSource
+from engine.models.family import Family, SpecSource, layers_without_mtp
 from engine.models.spec import ModelSpec
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,14 +71,7 @@ class Glm4Moe(Family):
     def spec_from_metadata(self, m: SpecSource) -> ModelSpec:
         a = self.arch
         spec = super().spec_from_metadata(m)
-        nextn = m.read_int(f"{a}.nextn_predict_layers", 0, minimum=0)
-        if nextn >= spec.n_layers:
-            raise m.problem(f"metadata key {a}.nextn_predict_layers is {nextn}: block_count {spec.n_layers} "
-                            f"counts them, so it leaves no layer to run")
-        if nextn:
-            log.info("%s: the last %d of block_count %d blocks are the MTP (nextn) draft block: skipped",
-                     a, nextn, spec.n_layers)
-        n_layers = spec.n_layers - nextn
+        n_layers = layers_without_mtp(m, a, spec.n_layers)
         lead = m.read_int(f"{a}.leading_dense_block_count", 0, minimum=0)
         if lead > n_layers:
             raise m.problem(f"metadata key {a}.leading_dense_block_count is {lead}: more than the {n_layers} layers")

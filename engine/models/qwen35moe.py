@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.models.blocks import LayerKind, Part
-from engine.models.family import SpecSource
+from engine.models.family import SpecSource, whole_numbers
 from engine.models.qwen3next import GATED_ATTENTION, OWN_KEYS, Qwen3Next, RecurrentState, _gdn_class, gdn_parts
 from engine.models.spec import ModelSpec
 
@@ -48,13 +48,9 @@ class Qwen35Moe(Qwen3Next):
     def spec_from_metadata(self, m: SpecSource) -> ModelSpec:
         spec = replace(super().spec_from_metadata(m), v_tiled=True)
         key = f"{self.arch}.rope.dimension_sections"
-        raw = m.get(key)
-        if raw is None:
+        values = whole_numbers(m, key)
+        if values is None:
             raise m.problem(f"missing metadata key {key} (llama.cpp requires Qwen3.5's MRoPE sections)")
-        try:  # an array is left undecoded in the mapped file until asked
-            values = [int(x) for x in (raw.decode() if hasattr(raw, "decode") else raw)]
-        except (TypeError, ValueError, OverflowError):
-            raise m.problem(f"metadata key {key} is not a list of whole numbers") from None
         if any(v < 0 for v in values) or sum(values) * 2 > spec.rotary_dim:
             raise m.problem(f"metadata key {key} is {values}: the sections must be >= 0 and cover at most the "
                             f"{spec.rotary_dim} rotated dimensions (one entry per rotated pair)")

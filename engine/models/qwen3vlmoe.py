@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from engine.models.family import Family, SpecSource
+from engine.models.family import Family, SpecSource, whole_numbers
 from engine.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -25,12 +25,8 @@ class Qwen3VLMoe(Family):
         a = self.arch
         skey, dkey = f"{a}.rope.dimension_sections", f"{a}.n_deepstack_layers"
         spec = super().spec_from_metadata(m)
-        sections = m.get(skey)
-        if sections is not None:
-            try:  # an array is left undecoded in the mapped file until asked
-                values = [int(x) for x in (sections.decode() if hasattr(sections, "decode") else sections)]
-            except (TypeError, ValueError, OverflowError):
-                raise m.problem(f"metadata key {skey} is not a list of whole numbers") from None
+        values = whole_numbers(m, skey)
+        if values is not None:
             if any(v < 0 for v in values) or sum(values) * 2 > spec.head_dim:
                 raise m.problem(f"metadata key {skey} is {values}: the sections must be >= 0 and cover at most "
                                 f"half the head dimension {spec.head_dim} (one entry per rotated pair)")
