@@ -7,10 +7,12 @@ weights, tensor by tensor (`fill_gpt_oss`): both sides run the same values, so t
 also holds the routing (which experts get how many rows) equal.  tests/test_vs_hf_gpt_oss.py
 checks the bridge: fp32 logits of both on CPU equal to 1e-4.
 
-gpt-oss's attention has per-head sinks: transformers refuses sdpa for it (`_supports_sdpa =
-False`) and its flash-attention path drops the sinks where the kernel takes none, so only
-flex_attention (sinks through the log-sum-exp, CUDA only) and eager qualify; `choose_attention`
-takes the first of an order that runs a short probe.
+gpt-oss's attention has per-head sinks: transformers 5.17 and 5.24 refuse sdpa for it
+(`_supports_sdpa = False`; it stays first in the order, in case a later version takes it) and
+their flash-attention path drops the sinks where the kernel takes none (left out), so of the
+rest flex_attention (sinks through the log-sum-exp, CUDA only) and eager qualify;
+`choose_attention` takes the first of the order that runs a short probe, and says why each
+earlier one did not.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch
 log = logging.getLogger(__name__)
 
 # transformers' GptOss attention implementations that apply the sinks (see the docstring)
-GPT_OSS_ATTENTION = ("flex_attention", "eager")
+GPT_OSS_ATTENTION = ("sdpa", "flex_attention", "eager")
 PROBE_TOKENS = 256  # longer than the 128-token window: the probe runs a sliding layer's mask too
 
 
@@ -87,7 +89,8 @@ def hf_hybrid(spec, device: str):
 def gpt_oss_config(spec):
     """transformers' GptOssConfig of a gpt-oss spec (engine/models/gpt_oss.py GptOssSpec): the
     window and which layers slide, YaRN as the spec holds it, biases everywhere (GptOss's
-    default), the clamped SwiGLU's alpha and limit as our layer's constants."""
+    default), the clamped SwiGLU's alpha and limit as our layer's constants (config fields from
+    transformers 5.24; earlier versions hold the same numbers as constants: `hf_gpt_oss` checks)."""
     import transformers
 
     from engine.models.gpt_oss_layer import SWIGLU_ALPHA, SWIGLU_LIMIT
@@ -188,6 +191,12 @@ def hf_gpt_oss(src, device: str, dtype: torch.dtype = torch.bfloat16,
     cfg = gpt_oss_config(src.spec)
     with torch.device(device):
         model = transformers.GptOssForCausalLM._from_config(cfg, dtype=dtype).eval()
+    from engine.models.gpt_oss_layer import SWIGLU_ALPHA, SWIGLU_LIMIT
+
+    for layer in model.model.layers:
+        got = (layer.mlp.experts.alpha, layer.mlp.experts.limit)
+        if got != (SWIGLU_ALPHA, SWIGLU_LIMIT):
+            raise ValueError(f"transformers' GptOss SwiGLU alpha, limit {got}, ours {(SWIGLU_ALPHA, SWIGLU_LIMIT)}")
     fill_gpt_oss(model, src)
     impl, skipped = choose_attention(model, attention, src.spec.vocab)
     return model, transformers.__version__, impl, skipped

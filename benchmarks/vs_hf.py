@@ -118,10 +118,13 @@ def main() -> int:
     if not ns.skip_hf:
         torch.cuda.reset_peak_memory_stats(dev)
         if ns.preset in GPT_OSS:
+            # flex_attention is torch.compile'd once per shape: the probe and every size must not
+            # exhaust dynamo's recompiles (past them flex runs uncompiled, scores materialised)
+            torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
             model, version, impl, skipped = hf_models.hf_gpt_oss(SyntheticSource(recipe, dev), dev,
                                                                  attention=ns.hf_attn.split(","))
-            hf_version = f"{version}, GptOss on our weights, attention: {impl}" + "".join(
-                f" ({s})" for s in skipped)
+            hf_version = (f"{version}, GptOss on our weights, attention: {impl}, experts: "
+                          f"{model.config._experts_implementation}" + "".join(f" ({s})" for s in skipped))
         elif ns.preset == "qwen3-30b-a3b":
             model, hf_version = hf_models.hf_qwen3moe(spec, dev)
         else:

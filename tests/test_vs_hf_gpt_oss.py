@@ -45,7 +45,7 @@ def test_the_config_is_openais():
     published = transformers.GptOssConfig()
     keys = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
             "head_dim", "num_experts_per_tok", "sliding_window", "max_position_embeddings", "rms_norm_eps",
-            "swiglu_alpha", "swiglu_limit", "attention_bias", "tie_word_embeddings", "layer_types",
+            "attention_bias", "tie_word_embeddings", "layer_types",
             "num_hidden_layers", "num_local_experts")
     ours = hf_models.gpt_oss_config(vs_hf.bench_recipe("gpt-oss-120b", 36).spec())
     assert {k: getattr(ours, k) for k in keys} == {k: getattr(published, k) for k in keys}
@@ -55,10 +55,18 @@ def test_the_config_is_openais():
     assert (small.num_hidden_layers, small.num_local_experts, small.num_experts_per_tok) == (24, 32, 4)
 
 
-def test_on_the_cpu_transformers_takes_eager_attention_and_says_why_not_flex(tiny):
+def test_transformers_experts_clamp_as_ours(tiny):
+    from engine.models.gpt_oss_layer import SWIGLU_ALPHA, SWIGLU_LIMIT
+
+    experts = [layer.mlp.experts for layer in tiny[1].model.layers]
+    assert {(e.alpha, e.limit) for e in experts} == {(SWIGLU_ALPHA, SWIGLU_LIMIT)}
+
+
+def test_on_the_cpu_transformers_takes_eager_attention_and_says_why_not_sdpa_or_flex(tiny):
     _, _, impl, skipped = tiny
     assert impl == "eager"
-    assert len(skipped) == 1 and skipped[0].startswith("flex_attention: ValueError: Attention sinks cannot be run on CPU")
+    assert len(skipped) == 2 and skipped[0].startswith("sdpa: ValueError: GptOssForCausalLM does not support")
+    assert skipped[1].startswith("flex_attention: ValueError: Attention sinks cannot be run on CPU")
 
 
 @pytest.mark.parametrize("chunk", [64, 512])
