@@ -121,7 +121,9 @@ def variants(ns: argparse.Namespace, device: torch.device, dtype: torch.dtype) -
     m = mla_recipe(ns)
     out = [build(f"MLA {m.n_heads}h q/k {m.head_dim} v {m.v_head_dim or m.head_dim - m.rope_dim}, "
                  f"latent {m.kv_lora_rank}+{m.rope_dim}", m, device, dtype)]
-    for item in ns.std.split(","):
+    std = ns.std or f"{m.n_heads}x{m.v_head_dim},{m.n_heads}x{m.head_dim}" + (
+        f",8x{m.v_head_dim}" if m.n_heads > 8 and m.n_heads % 8 == 0 else "")  # MHA at v's and q/k's width, GQA-8
+    for item in std.split(","):
         kv, hd = (int(v) for v in item.lower().split("x"))
         kind = "MHA" if kv == m.n_heads else "GQA"
         out.append(build(f"{kind} {m.n_heads}h/{kv}kv x {hd}", std_recipe(m, kv, hd), device, dtype))
@@ -198,8 +200,16 @@ def measure(v: Variant, tokens: int, chunk: int, device: torch.device, dtype: to
                state.nbytes // state.capacity, models.states_bytes(s, [0], tokens, dtype) // tokens, kernel)
 
 
+def device_of(name: str) -> torch.device:
+    """The device, with its index (the attention kernel's choice is kept per device name)."""
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def run(ns: argparse.Namespace) -> list[Row]:
-    device = torch.device(ns.device)
+    device = device_of(ns.device)
     dtype = resolve_dtype(device, ns.dtype)
     vs = variants(ns, device, dtype)
     rows = []
@@ -241,8 +251,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--preset", default="deepseek-v3", choices=[k for k, r in synth.PRESETS.items()
                                                                 if r.arch == "deepseek2"])
-    ap.add_argument("--std", default="", help="standard blocks as KVxHD, comma-separated "
-                                              "(default: heads x v, heads x (nope+rope), 8 x v)")
+    ap.add_argument("--std", default="", help="standard blocks as KVxHD, comma-separated (default: heads x v, "
+                                              "heads x (nope+rope), and 8 x v where 8 divides the heads)")
     for flag in ("hidden", "heads", "kv-lora", "rope", "nope", "v"):
         ap.add_argument(f"--{flag}", type=int, default=0, help="override the preset's size (tiny smoke runs)")
     ap.add_argument("--q-lora", type=int, default=None, help="override the q LoRA rank (0: a plain q projection)")
@@ -251,14 +261,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
-    if not ns.std:
-        m = mla_recipe(ns)
-        ns.std = f"{m.n_heads}x{m.v_head_dim},{m.n_heads}x{m.head_dim},8x{m.v_head_dim}"
     rows = run(ns)
     bad = [r for r in rows if r.kv_bytes_per_token != r.plan_bytes_per_token]
     if bad:
         raise RuntimeError(f"state bytes differ from the memory plan's figure: {bad[0].variant.name}")
-    print(render(rows, ns.device, resolve_dtype(torch.device(ns.device), ns.dtype), ns.repeat))
+    device = device_of(ns.device)
+    print(render(rows, str(device), resolve_dtype(device, ns.dtype), ns.repeat))
     return 0
 
 
