@@ -1,6 +1,9 @@
 """The independent numerics oracle: HF transformers loading the same GGUF file, fp32 on CPU."""
 from __future__ import annotations
 
+import contextlib
+import importlib
+
 import torch
 
 
@@ -21,3 +24,37 @@ def hf_model(path, spec, rope_parameters: dict | None = None):
         extra["rope_parameters"] = rope_parameters
     return transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32, **extra).eval()
+
+
+# transformers' hybrid modeling modules pick flash-linear-attention's Triton kernels at import when
+# `fla` imports (the gdn extra, a GPU machine): those run on CUDA tensors only (a CPU reference
+# crashes in them) and take TF32 products in fp32, so the oracle would not be the plain-torch one
+# the bounds assume.  Each such function is a wrapper that keeps its torch version in __wrapped__.
+_HYBRID_MODULES = ("transformers.models.qwen3_next.modeling_qwen3_next",
+                   "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+_KERNEL_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",  # 5.24's names
+                     "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule",  # older ones
+                     "causal_conv1d_fn", "causal_conv1d_update")
+
+
+@contextlib.contextmanager
+def torch_linear_attention():
+    """Within: transformers' Qwen3-Next / Qwen3.5 gated-DeltaNet layers run their torch code,
+    whatever kernel packages are installed; restored after."""
+    swapped: list[tuple[object, str, object]] = []
+    try:
+        for name in _HYBRID_MODULES:
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+            for fn_name in _KERNEL_FUNCTIONS:
+                fn = getattr(module, fn_name, None)
+                torch_fn = getattr(fn, "__wrapped__", None)
+                if torch_fn is not None:
+                    swapped.append((module, fn_name, fn))
+                    setattr(module, fn_name, torch_fn)
+        yield
+    finally:
+        for module, fn_name, fn in swapped:
+            setattr(module, fn_name, fn)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_reference import torch_linear_attention
 
 from engine.config import EngineConfig
 from engine.io import gguf_model
@@ -132,7 +133,7 @@ def test_hybrid_logits_over_chunks_across_the_delta_rules_blocks(hybrid, chunk, 
     ids = synthetic(96, model.spec.vocab, nonce=3)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(DATA / hybrid), dtype=torch.float32,
                                                            experts_implementation="eager").eval()
-    with torch.no_grad():
+    with torch.no_grad(), torch_linear_attention():
         fp32 = hf(input_ids=torch.tensor([ids])).logits[0].double()
         exact = hf.double()(input_ids=torch.tensor([ids])).logits[0]
     sess = Session(model, EngineConfig(devices=devices, dtype="float32", chunk_tokens=chunk))
@@ -154,7 +155,7 @@ def test_hybrid_decode_continues_transformers_greedy_generation(hybrid, cfg):
     model = gguf_model.load(DATA / f"{hybrid}.gguf")
     ids = synthetic(TOKENS, model.spec.vocab, nonce=5)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(DATA / hybrid), dtype=torch.float32).eval()
-    with torch.no_grad():
+    with torch.no_grad(), torch_linear_attention():
         want = hf.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0, len(ids):].tolist()
     sess = Session(model, EngineConfig(dtype="float32", chunk_tokens=16, **cfg))
     try:
@@ -216,3 +217,20 @@ def test_hybrid_digest_with_interleaved_groups(hybrid):
     one = _run_digest(model, ids, devices=["cpu"])
     for extra in (dict(), dict(pipeline_depth=0), dict(prefill_main=True)):
         assert _run_digest(model, ids, devices=["cpu", "cpu"], layer_split="interleave:2", **extra) == one
+
+
+def test_the_hybrid_oracle_runs_transformers_torch_delta_rule():
+    """transformers binds flash-linear-attention's kernels at import where `fla` imports (they
+    crash on CPU tensors and take TF32 in fp32); the reference swaps in the torch functions its
+    wrappers keep, and puts the wrappers back after.  Fails if transformers stops keeping them."""
+    pytest.importorskip("transformers")
+    import importlib
+
+    module = importlib.import_module("transformers.models.qwen3_next.modeling_qwen3_next")
+    name = next(n for n in ("torch_chunk_gated_delta_rule", "chunk_gated_delta_rule") if hasattr(module, n))
+    wrapper = getattr(module, name)
+    assert hasattr(wrapper, "__wrapped__")
+    with torch_linear_attention():
+        inside = getattr(module, name)
+        assert inside is wrapper.__wrapped__ and not hasattr(inside, "__wrapped__")
+    assert getattr(module, name) is wrapper

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_reference import torch_linear_attention
 
 from engine.config import EngineConfig
 from engine.io import gguf_model
@@ -35,7 +36,7 @@ def test_fp32_on_the_gpu_agrees_with_transformers(hybrid):
     model = gguf_model.load(DATA / f"{hybrid}.gguf")
     ids = synthetic(96, model.spec.vocab, nonce=3)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(DATA / hybrid), dtype=torch.float32).eval()
-    with torch.no_grad():
+    with torch.no_grad(), torch_linear_attention():
         ref = hf(input_ids=torch.tensor([ids])).logits[0]
     ours = _run(model, ids, logits_all=True, devices=["cuda:0"], dtype="float32", chunk_tokens=40).logits.cpu()
     # the file amplifies rounding (transformers' own fp32 and fp64 logits differ by 1.5e-4 here);
