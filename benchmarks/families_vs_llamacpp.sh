@@ -11,12 +11,14 @@
 # as soon as it exists (the GPU is idle during the build); llama-bench runs after both, alone.
 #   run(command="bash benchmarks/families_vs_llamacpp.sh", carry=[".whl", "third_party/llama.cpp"])
 # FAMILIES: space-separated PRESET:LAYERS:QUANT; SIZES: prompt sizes; STREAM=0 skips the streamed runs.
-# A prebuilt llama-bench (LLAMA_BIN=dir holding llama-bench and its libraries) skips the build.
+# A prebuilt llama-bench (LLAMA_BIN=dir holding llama-bench and its libraries) skips the build;
+# MAKE_ARGS adds make-model flags (a smoke test of the script at small shapes).
 . "$(dirname "$0")/device_env.sh"
 SIZES=${SIZES:-8192,32768}
 FAMILIES=${FAMILIES:-"qwen3-30b-a3b:16:iq3_s mixtral-8x7b:4:q4_k_m glm-4.5-air:4:q4_k_m qwen3-next-80b-a3b:4:q4_k_m minimax-m2-230b-a10b:3:q4_k_m deepseek-v3:4:q4_k_m gpt-oss-20b:24:mxfp4"}
 DEADLINE=${DEADLINE:-540}  # seconds: later steps are skipped (and said so) so that the tables still print
 STREAM=${STREAM:-1}
+DEVICES=${DEVICES:-cuda:0}  # cpu: a smoke test of the script where there is no GPU
 BUILD=/tmp/llama-build
 RES=/tmp/fam-results; mkdir -p "$RES"
 t_start=$(date +%s); df -h /tmp . | tail -2
@@ -29,7 +31,7 @@ section "write the files in the background (nice), one process each"
 declare -A MAKER
 for f in $FAMILIES; do
   IFS=: read -r p l q <<< "$f"; F=$(file_of "$f")
-  ( [ -f "$F" ] || nice -n 10 python3 -m engine.cli.bench make-model "$F" --preset "$p" --layers "$l" --quant "$q" \
+  ( [ -f "$F" ] || nice -n 10 python3 -m engine.cli.bench make-model "$F" --preset "$p" --layers "$l" --quant "$q" ${MAKE_ARGS:-} \
       > "$RES/make-$p.log" 2>&1 ) &
   MAKER[$f]=$!
 done
@@ -52,43 +54,56 @@ section "pinned host->device peak (strata-bench devices --probe)"
 python3 -m engine.cli.bench devices --probe --format json > "$RES/probe.json" 2> "$RES/probe.err" || tail -5 "$RES/probe.err"
 head -c 600 "$RES/probe.json"; echo
 
-section "ours, each file as soon as it is written"
-for f in $FAMILIES; do
-  IFS=: read -r p l q <<< "$f"; F=$(file_of "$f")
-  wait "${MAKER[$f]}"; tail -1 "$RES/make-$p.log"
-  [ -f "$F" ] || { echo "no file for $f: $(tail -3 "$RES/make-$p.log")"; continue; }
-  late && continue
+built() { [ -x "$LB_BIN" ] && { [ -z "$BUILDER" ] || ! kill -0 "$BUILDER" 2>/dev/null; }; }
+declare -A LB_DONE
+llama_one() {  # llama-bench on one family's file, once, while the deadline allows
+  local f=$1 p l q F; IFS=: read -r p l q <<< "$f"; F=$(file_of "$f")
+  [ -f "$F" ] && [ -z "${LB_DONE[$f]:-}" ] || return 0
+  late && return 0
+  LB_DONE[$f]=1
+  stamp "llama-bench: $F"
+  local LB="$LB_BIN -m $F -p $SIZES -n 0 -fa 1 -ngl 99 -r 2 -o json"
+  $LB > "$RES/lb-default-$p.json" 2> "$RES/lb-default-$p.err" || tail -5 "$RES/lb-default-$p.err"
+  $LB -b 8192 -ub 4096 > "$RES/lb-big-$p.json" 2> "$RES/lb-big-$p.err" || tail -5 "$RES/lb-big-$p.err"
+}
+ours_one() {  # our resident (and streamed) runs on one family's file
+  local f=$1 p l q F; IFS=: read -r p l q <<< "$f"; F=$(file_of "$f")
+  tail -1 "$RES/make-$p.log"
+  [ -f "$F" ] || { echo "no file for $f: $(tail -3 "$RES/make-$p.log")"; return 0; }
+  late && return 0
   stamp "ours resident: $F"
-  python3 -m engine.cli.bench run -m "$F" --devices cuda:0 -p "$SIZES" -r 2 --expert-cache all -o json \
+  python3 -m engine.cli.bench run -m "$F" --devices "$DEVICES" -p "$SIZES" -r 2 --expert-cache all -o json \
     > "$RES/ours-$p.json" 2> "$RES/ours-$p.err" || tail -5 "$RES/ours-$p.err"
   if [ "$STREAM" = 1 ]; then
     stamp "ours streamed (4 GiB expert cache, arena pinned): $F"
-    python3 -m engine.cli.bench run -m "$F" --devices cuda:0 -p "$SIZES" -r 1 --expert-cache 4 --pin-limit-gib 64 \
+    python3 -m engine.cli.bench run -m "$F" --devices "$DEVICES" -p "$SIZES" -r 1 --expert-cache 4 --pin-limit-gib 64 \
       -o json > "$RES/stream-$p.json" 2> "$RES/stream-$p.err" || tail -5 "$RES/stream-$p.err"
   fi
+}
+
+section "each file as soon as it is written: ours, then llama-bench once it is built (the GPU runs one at a time)"
+pending=($FAMILIES); measured=()
+while [ ${#pending[@]} -gt 0 ]; do
+  rest=()
+  for f in "${pending[@]}"; do
+    if kill -0 "${MAKER[$f]}" 2>/dev/null; then rest+=("$f"); continue; fi
+    ours_one "$f"; measured+=("$f")
+    if built; then for m in "${measured[@]}"; do llama_one "$m"; done; fi
+  done
+  pending=("${rest[@]}")
+  [ ${#pending[@]} -gt 0 ] && sleep 2
 done
 
 if [ -n "$BUILDER" ]; then
   wait "$BUILDER" || { tail -30 /tmp/llama-cmake.log /tmp/llama-build.log; }
   stamp "llama-bench built: $(nvcc --version | tail -1)"
-  # the binaries, for a later call to carry (LLAMA_BIN) instead of building again
-  ( cd "$BUILD/bin" && tar cf - llama-bench ./*.so* 2>/dev/null | xz -T0 -6 > /tmp/llama-bin.tar.xz ) \
-    && ls -l /tmp/llama-bin.tar.xz && split -b 15M -d /tmp/llama-bin.tar.xz "$OUTDIR/llama-bin.tar.xz.part"
+  if [ "${KEEP_BIN:-1}" = 1 ]; then  # the binaries, for a later call of the session to carry (LLAMA_BIN)
+    ( cd "$BUILD/bin" && tar cf - llama-bench ./*.so* 2>/dev/null | xz -T0 -6 > /tmp/llama-bin.tar.xz ) \
+      && ls -l /tmp/llama-bin.tar.xz && split -b 15M -d /tmp/llama-bin.tar.xz "$OUTDIR/llama-bin.tar.xz.part"
+  fi
 fi
-
-section "llama.cpp llama-bench, each file (the issues' bars first)"
-LB_ORDER=${LB_ORDER:-"gpt-oss-20b deepseek-v3 glm-4.5-air qwen3-next-80b-a3b qwen3-30b-a3b minimax-m2-230b-a10b mixtral-8x7b"}
-ordered=(); for pr in $LB_ORDER; do for f in $FAMILIES; do [ "${f%%:*}" = "$pr" ] && ordered+=("$f"); done; done
-for f in $FAMILIES; do [[ " ${ordered[*]} " == *" $f "* ]] || ordered+=("$f"); done
-for f in "${ordered[@]}"; do
-  IFS=: read -r p l q <<< "$f"; F=$(file_of "$f")
-  [ -f "$F" ] || continue
-  late && continue
-  stamp "llama-bench: $F"
-  LB="$LB_BIN -m $F -p $SIZES -n 0 -fa 1 -ngl 99 -r 2 -o json"
-  $LB > "$RES/lb-default-$p.json" 2> "$RES/lb-default-$p.err" || tail -5 "$RES/lb-default-$p.err"
-  $LB -b 8192 -ub 4096 > "$RES/lb-big-$p.json" 2> "$RES/lb-big-$p.err" || tail -5 "$RES/lb-big-$p.err"
-done
+section "llama.cpp llama-bench on the files not yet measured"
+for f in $FAMILIES; do llama_one "$f"; done
 stamp "done"
 ( cd "$RES" && tar czf "$OUTDIR/families-results.tar.gz" . )
 
