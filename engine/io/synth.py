@@ -220,10 +220,22 @@ def byte_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
+# The spread of a router's score-correction bias (exp_probs_b: GLM-4.5, MiniMax-M2, DeepSeek-V3).
+# It only selects, and the sigmoid scores of the top experts under the router's logits (spread 4)
+# lie within about 1e-3 of 1, so a bias of a plain bias's 0.1 decided every token's top k alone:
+# the same high-bias experts for every token, under half of a layer's ever used, and a cache of
+# those held "every" expert (tests/test_streamed_families.py).  This small a bias breaks near
+# ties and leaves every expert its share, as a trained model's load balancing does.
+ROUTER_BIAS_STD = 1e-4
+
+
 def _kind(name: str) -> str:
-    """Which spread a tensor's random weights take: norm, bias, router, embedding or matrix."""
+    """Which spread a tensor's random weights take: norm, bias, router (and its bias), embedding
+    or matrix."""
     if name.endswith("norm.weight"):
         return "norm"
+    if name.endswith("exp_probs_b.bias"):
+        return "router_bias"
     if name.endswith(".bias"):
         return "bias"
     if "ffn_gate_inp" in name:
@@ -238,6 +250,8 @@ def _std(name: str, shape: tuple[int, ...]) -> float:
     kind = _kind(name)
     if kind in ("norm", "bias"):
         return 0.1
+    if kind == "router_bias":
+        return ROUTER_BIAS_STD
     if kind == "decay":
         return 1.0
     if kind == "embedding":
@@ -255,6 +269,8 @@ def _floats(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.n
         arr = 1.0 + 0.1 * arr
     elif kind == "bias":
         arr = 0.1 * arr
+    elif kind == "router_bias":
+        arr = ROUTER_BIAS_STD * arr
     elif kind == "router":
         arr = arr / np.sqrt(shape[-1]) * 4.0
     elif kind == "decay":
@@ -539,6 +555,8 @@ class SyntheticSource:
         t = torch.randn(shape, generator=g, device=self.device, dtype=torch.float32)
         if name.endswith("norm.weight"):
             return 1.0 + 0.1 * t
+        if _kind(name) == "router_bias":
+            return ROUTER_BIAS_STD * t
         if name.endswith(".bias"):
             return 0.1 * t
         if "ffn_gate_inp" in name:
