@@ -1,7 +1,14 @@
 """The runs whose digests the house move (issue 31) must leave unchanged: the demo model and
 each synthetic family on CPU, threads and processes, pipeline depth 0/1, interleaved groups and
-prefill-main.  `python tests/digest_cases.py` records them into tests/data/digests_before_house.json
-(done once, on the commit before the move); tests/test_digests_unchanged.py compares."""
+prefill-main.  `python tests/digest_cases.py` records them for this machine's CPU kernels;
+tests/test_digests_unchanged.py compares.
+
+A digest is the md5 of fp32 bytes, so it is a property of the CPU kernels too: torch's AVX2 and
+AVX512 kernels (and oneDNN's) round differently in the last bits.  So there is one record per
+torch CPU capability (`torch.backends.cpu.get_cpu_capability()`): tests/data/digests_before_house.json
+was written at fa4ce70, the commit before the move, on the machines of that time (not AVX2: an
+AVX2 machine's digests differ from it); tests/data/digests_before_house_AVX2.json was written at
+fa4ce70 too, on an AVX2 machine (AMD EPYC, session 10), with this file's cases."""
 from __future__ import annotations
 
 import json
@@ -9,7 +16,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-RECORD = Path(__file__).resolve().parent / "data" / "digests_before_house.json"
+DATA = Path(__file__).resolve().parent / "data"
+RECORD = DATA / "digests_before_house.json"  # the first record (see above)
+
+
+def record_path(capability: str | None = None) -> Path:
+    """The record for a torch CPU capability (this machine's by default)."""
+    if capability is None:
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+    own = DATA / f"digests_before_house_{capability}.json"
+    return own if own.exists() or capability == "AVX2" else RECORD
 TOKENS, CHUNK, DECODE = 80, 16, 3
 
 
@@ -84,7 +102,7 @@ def main() -> None:
             out[case.name] = run_case(case, Path(d))
             if not logging_quiet:
                 sys.stdout.write(f"{case.name}: {out[case.name]}\n")
-    RECORD.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    record_path().write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
