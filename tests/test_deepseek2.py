@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from session_support import SAME_DIGEST, run_digest
 
 from engine import models
 from engine.config import EngineConfig
@@ -76,18 +77,8 @@ def test_digest_is_the_same_over_stages_depths_executors_and_prefill_main():
     invariance is the next test.)"""
     model = gguf_model.load(FILE)
     ids = synthetic(TOKENS, model.spec.vocab, nonce=4)
-    digests = set()
-    for cfg in (dict(devices=["cpu"], chunk_tokens=16), dict(devices=["cpu", "cpu"], chunk_tokens=16),
-                dict(devices=["cpu", "cpu"], chunk_tokens=16, pipeline_depth=0),
-                dict(devices=["cpu", "cpu"], chunk_tokens=16, prefill_main=True),
-                dict(devices=["cpu", "cpu"], chunk_tokens=16, executor="processes"),
-                dict(devices=["cpu", "cpu"], chunk_tokens=16, executor="processes", prefill_main=True)):
-        sess = Session(model, EngineConfig(**cfg))
-        try:
-            digests.add(sess.run(ids, decode_tokens=2).report.digest)
-        finally:
-            sess.close()
-    assert len(digests) == 1
+    settings = SAME_DIGEST + (dict(devices=["cpu", "cpu"], executor="processes", prefill_main=True),)
+    assert len({run_digest(model, ids, **cfg) for cfg in settings}) == 1
 
 
 def test_latent_attention_is_the_same_over_chunk_sizes(attention_form):

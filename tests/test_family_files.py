@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from hf_reference import torch_linear_attention
+from session_support import SAME_DIGEST, run_digest
 
 from engine.config import EngineConfig
 from engine.io import gguf_model
@@ -99,17 +100,7 @@ def test_digest_is_the_same_over_stages_depths_executors_and_prefill_main(family
     """(Chunk sizes change the arithmetic's order, so the logits test above covers them.)"""
     model = gguf_model.load(DATA / f"{family}.gguf")
     ids = synthetic(TOKENS, model.spec.vocab, nonce=4)
-    digests = set()
-    for cfg in (dict(devices=["cpu"], chunk_tokens=16), dict(devices=["cpu", "cpu"], chunk_tokens=16),
-                dict(devices=["cpu", "cpu"], chunk_tokens=16, pipeline_depth=0),
-                dict(devices=["cpu", "cpu"], chunk_tokens=16, prefill_main=True),
-                dict(devices=["cpu", "cpu"], chunk_tokens=16, executor="processes")):
-        sess = Session(model, EngineConfig(**cfg))
-        try:
-            digests.add(sess.run(ids, decode_tokens=2).report.digest)
-        finally:
-            sess.close()
-    assert len(digests) == 1
+    assert len({run_digest(model, ids, **cfg) for cfg in SAME_DIGEST}) == 1
 
 
 def test_the_gpu_paths_code_run_on_the_cpu_agrees_with_transformers(family, monkeypatch):
@@ -195,7 +186,7 @@ def test_hybrid_prefill_main_hands_each_stage_its_state_bytes(hybrid):
     model = gguf_model.load(DATA / f"{hybrid}.gguf")
     spec = model.spec
     ids = synthetic(TOKENS, spec.vocab, nonce=4)
-    one = _run_digest(model, ids, devices=["cpu"])
+    one = run_digest(model, ids, devices=["cpu"])
     for executor in ("threads", "processes"):
         cfg = dict(devices=["cpu", "cpu"], chunk_tokens=16, prefill_main=True, executor=executor)
         sess = Session(model, EngineConfig(**cfg))
@@ -219,23 +210,15 @@ def test_hybrid_prefill_main_hands_each_stage_its_state_bytes(hybrid):
     assert 0 < plan.devices[1].state < plan.devices[1].kv and "recurrent state" in plan.render()
 
 
-def _run_digest(model, ids, **cfg) -> str:
-    sess = Session(model, EngineConfig(chunk_tokens=16, **cfg))
-    try:
-        return sess.run(ids, decode_tokens=2).report.digest
-    finally:
-        sess.close()
-
-
 @pytest.mark.parametrize("hybrid", HYBRIDS)
 def test_hybrid_digest_with_interleaved_groups(hybrid):
     """interleave:2 makes each layer its own stage (GDN, GDN, GDN, attention, on alternating
     devices): each stage keeps its one layer's state across chunks; depth 0/1 and prefill-main."""
     model = gguf_model.load(DATA / f"{hybrid}.gguf")
     ids = synthetic(TOKENS, model.spec.vocab, nonce=4)
-    one = _run_digest(model, ids, devices=["cpu"])
+    one = run_digest(model, ids, devices=["cpu"])
     for extra in (dict(), dict(pipeline_depth=0), dict(prefill_main=True)):
-        assert _run_digest(model, ids, devices=["cpu", "cpu"], layer_split="interleave:2", **extra) == one
+        assert run_digest(model, ids, devices=["cpu", "cpu"], layer_split="interleave:2", **extra) == one
 
 
 def test_the_hybrid_oracle_runs_transformers_torch_delta_rule():

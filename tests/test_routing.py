@@ -53,17 +53,22 @@ def test_minimax_m2_router():
     assert not torch.equal(unbiased[1].sort(-1).values, ours[1].sort(-1).values)  # the bias chose
 
 
-@pytest.mark.parametrize("norm", [True, False])
-def test_glm4moe_router_with_routed_scaling(norm):
-    glm = pytest.importorskip("transformers.models.glm4_moe.modeling_glm4_moe")
-    h, w, bias = _logits_and_bias(2)
-    cfg = SimpleNamespace(num_experts_per_tok=2, num_local_experts=E, hidden_size=D, routed_scaling_factor=2.5,
-                          n_group=1, topk_group=1, norm_topk_prob=norm)
-    ref = glm.Glm4MoeTopkRouter(cfg)
+def _glm_router(glm, h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, **config) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' GLM-4.5 router (DeepSeek-V3's too) with these weights: (top weights, top ids)."""
+    ref = glm.Glm4MoeTopkRouter(SimpleNamespace(hidden_size=D, **config))
     with torch.no_grad():
         ref.weight.copy_(w)
         ref.e_score_correction_bias.copy_(bias)
         _, tw, ti = ref(h)
+    return tw, ti
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_glm4moe_router_with_routed_scaling(norm):
+    glm = pytest.importorskip("transformers.models.glm4_moe.modeling_glm4_moe")
+    h, w, bias = _logits_and_bias(2)
+    tw, ti = _glm_router(glm, h, w, bias, num_experts_per_tok=2, num_local_experts=E, routed_scaling_factor=2.5,
+                         n_group=1, topk_group=1, norm_topk_prob=norm)
     spec = replace(SPEC, expert_gating="sigmoid", expert_bias=True, expert_weights_norm=norm, expert_weights_scale=2.5)
     _same_choice(routing.route(torch.nn.functional.linear(h, w), spec, bias), (tw, ti))
 
@@ -81,13 +86,8 @@ def test_grouped_top_k_is_glm4moes_and_deepseeks():
     glm = pytest.importorskip("transformers.models.glm4_moe.modeling_glm4_moe")
     g = torch.Generator().manual_seed(4)
     h, w, bias = torch.randn(N, D, generator=g), torch.randn(16, D, generator=g), torch.randn(16, generator=g)
-    cfg = SimpleNamespace(num_experts_per_tok=4, num_local_experts=16, hidden_size=D, routed_scaling_factor=1.0,
-                          n_group=4, topk_group=2, norm_topk_prob=True)
-    ref = glm.Glm4MoeTopkRouter(cfg)
-    with torch.no_grad():
-        ref.weight.copy_(w)
-        ref.e_score_correction_bias.copy_(bias)
-        _, tw, ti = ref(h)
+    tw, ti = _glm_router(glm, h, w, bias, num_experts_per_tok=4, num_local_experts=16, routed_scaling_factor=1.0,
+                         n_group=4, topk_group=2, norm_topk_prob=True)
     spec = replace(SPEC, n_experts=16, n_experts_used=4, expert_gating="sigmoid", expert_bias=True,
                    expert_groups=4, expert_groups_used=2)
     ours = routing.route(torch.nn.functional.linear(h, w), spec, bias)
