@@ -110,6 +110,7 @@ def main() -> int:
     recipe = bench_recipe(ns.preset, ns.layers)
     spec = recipe.spec()
     dev = ns.device
+    torch.empty(1, device=dev)  # the device's allocator exists before its peak is reset (else "Invalid device argument")
     ids = {n: prompts.synthetic(n, spec.vocab, nonce=n) for n in sizes}
 
     hf_s: dict[int, float | None] = {}
