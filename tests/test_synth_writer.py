@@ -56,3 +56,30 @@ def test_host_memory_does_not_grow_with_the_file(tmp_path):
     small, big = write(2), write(8)
     assert big["size"] > 3 * small["size"]
     assert big["peak"] - small["peak"] < 0.25 * (big["size"] - small["size"]), (small, big)
+
+
+@pytest.mark.parametrize("qt", ["Q8_0", "Q4_0", "Q5_1"])
+def test_a_tensor_past_the_quantiser_limit_is_random_valid_blocks(monkeypatch, qt):
+    """gguf's numpy quantiser is single-threaded (minutes for gpt-oss's 579M-value Q8_0
+    embedding): past synth.QUANTISE_LIMIT values the writer draws no floats and stores random
+    valid blocks of the tensor's spread, which gguf's own dequantiser reads back."""
+    import gguf
+    import numpy as np
+
+    qtype = gguf.GGMLQuantizationType[qt]
+    name, shape = "token_embd.weight", (64, 256)
+    monkeypatch.setattr(synth, "QUANTISE_LIMIT", 64 * 256 - 1)
+
+    def no_floats():
+        raise AssertionError("floats drawn for a tensor past the limit")
+
+    raw = synth._stored(name, qtype, shape, no_floats, seed=7)
+    assert raw.dtype == np.uint8 and raw.shape == tuple(gguf.quants.quant_shape_to_byte_shape(shape, qtype))
+    values = gguf.quants.dequantize(raw, qtype)
+    assert values.shape == shape and np.isfinite(values).all()
+    std = synth._std(name, shape)
+    assert 0.5 * std < float(values.std()) < 2.0 * std
+    # under the limit the same tensor is gguf's quantisation of its floats
+    monkeypatch.setattr(synth, "QUANTISE_LIMIT", 64 * 256)
+    floats = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    assert np.array_equal(synth._stored(name, qtype, shape, lambda: floats, seed=7), gguf.quants.quantize(floats, qtype))

@@ -285,6 +285,16 @@ QUANTS = (*quant_recipe.FTYPES, "f16", "f32")
 _GGUF_QUANTIZES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
                              GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0})
 _F32, _F16 = GGMLQuantizationType.F32, GGMLQuantizationType.F16
+# gguf's quantiser is single-threaded numpy (minutes for gpt-oss-20b's 579M-value Q8_0 embedding):
+# a tensor past this many values is random valid blocks of the same spread instead
+QUANTISE_LIMIT = 1 << 26
+
+
+def _from_floats(qt: GGMLQuantizationType, shape: tuple[int, ...]) -> bool:
+    """Whether the writer draws the tensor's floats (a cast, or gguf's quantiser), not random blocks."""
+    if qt in (_F32, _F16):
+        return True
+    return qt in _GGUF_QUANTIZES and int(np.prod(shape, dtype=np.float64)) <= QUANTISE_LIMIT
 
 
 def _stored_type(name: str, quant: str, shape: tuple[int, ...], spec: ModelSpec) -> GGMLQuantizationType:
@@ -301,12 +311,13 @@ def _stored_type(name: str, quant: str, shape: tuple[int, ...], spec: ModelSpec)
 def _stored(name: str, qt: GGMLQuantizationType, shape: tuple[int, ...], floats: Callable[[], np.ndarray],
             seed: int) -> np.ndarray:
     """The tensor's bytes as stored in `qt`: its floats (drawn only where the type is made from
-    them) cast or quantised by gguf, or random valid blocks of the floats' spread."""
+    them) cast or quantised by gguf (up to QUANTISE_LIMIT values), or random valid blocks of the
+    floats' spread."""
     if qt == _F32:
         return floats()
     if qt == _F16:
         return floats().astype(np.float16)
-    if qt in _GGUF_QUANTIZES:
+    if _from_floats(qt, shape):
         return gguf.quants.quantize(floats(), qt)
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ seed)
     raw = quant_recipe.random_blocks(qt, shape, _std(name, shape), g).numpy()
@@ -361,7 +372,7 @@ def write_needs(recipe: ModelRecipe) -> tuple[int, int, str]:
     for name, shape in expected_shapes(spec).items():
         qt = _stored_type(name, recipe.quant, shape, spec)
         stored = int(np.prod(_byte_shape(qt, shape), dtype=np.float64))
-        floats = int(np.prod(shape, dtype=np.float64)) * 4 if qt in (_F32, _F16) or qt in _GGUF_QUANTIZES else 0
+        floats = int(np.prod(shape, dtype=np.float64)) * 4 if _from_floats(qt, shape) else 0
         file_bytes += stored
         held = 2 * floats + 2 * stored  # the draws and their product (a cast or quantisation), the bytes
         if held > peak:
