@@ -13,6 +13,8 @@
 # FAMILIES: space-separated PRESET:LAYERS:QUANT; SIZES: prompt sizes; STREAM=0 skips the streamed runs.
 # A prebuilt llama-bench (LLAMA_BIN=dir holding llama-bench and its libraries) skips the build;
 # MAKE_ARGS adds make-model flags (a smoke test of the script at small shapes).
+# A second call on the same warm machine resumes: files already written and runs already measured
+# (results kept per file under /tmp/fam-results) are not made or run again; RESUME=0 starts afresh.
 . "$(dirname "$0")/device_env.sh"
 SIZES=${SIZES:-8192,32768}
 FAMILIES=${FAMILIES:-"qwen3-30b-a3b:16:iq3_s mixtral-8x7b:4:q4_k_m glm-4.5-air:4:q4_k_m qwen3-next-80b-a3b:4:q4_k_m minimax-m2-230b-a10b:3:q4_k_m deepseek-v3:4:q4_k_m gpt-oss-20b:24:mxfp4"}
@@ -20,19 +22,24 @@ DEADLINE=${DEADLINE:-540}  # seconds: later steps are skipped (and said so) so t
 STREAM=${STREAM:-1}
 DEVICES=${DEVICES:-cuda:0}  # cpu: a smoke test of the script where there is no GPU
 BUILD=/tmp/llama-build
-RES=/tmp/fam-results; mkdir -p "$RES"
+RES=/tmp/fam-results; [ "${RESUME:-1}" = 1 ] || rm -rf "$RES"; mkdir -p "$RES"
 t_start=$(date +%s); df -h /tmp . | tail -2
 stamp() { echo "[+$(( $(date +%s) - t_start )) s] $*"; }
 late() { [ $(( $(date +%s) - t_start )) -lt "$DEADLINE" ] && return 1; stamp "past ${DEADLINE} s: skipped"; return 0; }
 
 file_of() { local p l q; IFS=: read -r p l q <<< "$1"; echo "/tmp/fam-$p-${l}L-$q.gguf"; }
+tag_of() { local p l q; IFS=: read -r p l q <<< "$1"; echo "$p-${l}L-$q"; }
+have() {  # have FILE: a result of an earlier call (non-empty JSON): not measured again
+  [ -s "$1" ] && python3 -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])) else 1)' "$1" 2>/dev/null \
+    && stamp "kept from an earlier call: $1"
+}
 
 section "write the files in the background (nice), one process each"
 declare -A MAKER
 for f in $FAMILIES; do
-  IFS=: read -r p l q <<< "$f"; F=$(file_of "$f")
+  IFS=: read -r p l q <<< "$f"; F=$(file_of "$f"); t=$(tag_of "$f")
   ( [ -f "$F" ] || nice -n 10 python3 -m engine.cli.bench make-model "$F" --preset "$p" --layers "$l" --quant "$q" ${MAKE_ARGS:-} \
-      > "$RES/make-$p.log" 2>&1 ) &
+      > "$RES/make-$t.log" 2>&1 ) &
   MAKER[$f]=$!
 done
 
@@ -51,33 +58,43 @@ else
 fi
 
 section "pinned host->device peak (strata-bench devices --probe)"
-python3 -m engine.cli.bench devices --probe --format json > "$RES/probe.json" 2> "$RES/probe.err" || tail -5 "$RES/probe.err"
+have "$RES/probe.json" || python3 -m engine.cli.bench devices --probe --format json > "$RES/probe.json" 2> "$RES/probe.err" \
+  || tail -5 "$RES/probe.err"
 head -c 600 "$RES/probe.json"; echo
 
 built() { [ -x "$LB_BIN" ] && { [ -z "$BUILDER" ] || ! kill -0 "$BUILDER" 2>/dev/null; }; }
 declare -A LB_DONE
 llama_one() {  # llama-bench on one family's file, once, while the deadline allows
-  local f=$1 p l q F; IFS=: read -r p l q <<< "$f"; F=$(file_of "$f")
+  local f=$1 p l q F t; IFS=: read -r p l q <<< "$f"; F=$(file_of "$f"); t=$(tag_of "$f")
   [ -f "$F" ] && [ -z "${LB_DONE[$f]:-}" ] || return 0
-  late && return 0
   LB_DONE[$f]=1
-  stamp "llama-bench: $F"
   local LB="$LB_BIN -m $F -p $SIZES -n 0 -fa 1 -ngl 99 -r 2 -o json"
-  $LB > "$RES/lb-default-$p.json" 2> "$RES/lb-default-$p.err" || tail -5 "$RES/lb-default-$p.err"
-  $LB -b 8192 -ub 4096 > "$RES/lb-big-$p.json" 2> "$RES/lb-big-$p.err" || tail -5 "$RES/lb-big-$p.err"
+  if ! have "$RES/lb-default-$t.json"; then
+    late && return 0
+    stamp "llama-bench: $F"
+    $LB > "$RES/lb-default-$t.json" 2> "$RES/lb-default-$t.err" || tail -5 "$RES/lb-default-$t.err"
+  fi
+  if ! have "$RES/lb-big-$t.json"; then
+    late && return 0
+    stamp "llama-bench -b 8192 -ub 4096: $F"
+    $LB -b 8192 -ub 4096 > "$RES/lb-big-$t.json" 2> "$RES/lb-big-$t.err" || tail -5 "$RES/lb-big-$t.err"
+  fi
 }
 ours_one() {  # our resident (and streamed) runs on one family's file
-  local f=$1 p l q F; IFS=: read -r p l q <<< "$f"; F=$(file_of "$f")
-  tail -1 "$RES/make-$p.log"
-  [ -f "$F" ] || { echo "no file for $f: $(tail -3 "$RES/make-$p.log")"; return 0; }
-  late && return 0
-  stamp "ours resident: $F"
-  python3 -m engine.cli.bench run -m "$F" --devices "$DEVICES" -p "$SIZES" -r 2 --expert-cache all -o json \
-    > "$RES/ours-$p.json" 2> "$RES/ours-$p.err" || tail -5 "$RES/ours-$p.err"
-  if [ "$STREAM" = 1 ]; then
+  local f=$1 p l q F t; IFS=: read -r p l q <<< "$f"; F=$(file_of "$f"); t=$(tag_of "$f")
+  tail -1 "$RES/make-$t.log" 2>/dev/null
+  [ -f "$F" ] || { echo "no file for $f: $(tail -3 "$RES/make-$t.log")"; return 0; }
+  if ! have "$RES/ours-$t.json"; then
+    late && return 0
+    stamp "ours resident: $F"
+    python3 -m engine.cli.bench run -m "$F" --devices "$DEVICES" -p "$SIZES" -r 2 --expert-cache all -o json \
+      > "$RES/ours-$t.json" 2> "$RES/ours-$t.err" || tail -5 "$RES/ours-$t.err"
+  fi
+  if [ "$STREAM" = 1 ] && ! have "$RES/stream-$t.json"; then
+    late && return 0
     stamp "ours streamed (4 GiB expert cache, arena pinned): $F"
     python3 -m engine.cli.bench run -m "$F" --devices "$DEVICES" -p "$SIZES" -r 1 --expert-cache 4 --pin-limit-gib 64 \
-      -o json > "$RES/stream-$p.json" 2> "$RES/stream-$p.err" || tail -5 "$RES/stream-$p.err"
+      -o json > "$RES/stream-$t.json" 2> "$RES/stream-$t.err" || tail -5 "$RES/stream-$t.err"
   fi
 }
 
@@ -122,15 +139,16 @@ except Exception:
     peak = 0.0
 for fam in families:
     preset, layers, quant = fam.split(":")
+    tag = f"{preset}-{layers}L-{quant}"
     llama = {}
     for kind in ("default", "big"):
-        for r in rows(f"lb-{kind}-{preset}.json"):
+        for r in rows(f"lb-{kind}-{tag}.json"):
             if r.get("n_gen", 0) == 0 and r.get("avg_ts"):
                 n = r["n_prompt"]
                 if r["avg_ts"] > llama.get(n, (0, ""))[0]:
                     llama[n] = (r["avg_ts"], f"b {r['n_batch']} ub {r['n_ubatch']}")
-    ours = {r["prompt_tokens"]: r for r in rows(f"ours-{preset}.json") if r.get("row") == "summary"}
-    stream = {r["prompt_tokens"]: r for r in rows(f"stream-{preset}.json") if r.get("row") == "summary"}
+    ours = {r["prompt_tokens"]: r for r in rows(f"ours-{tag}.json") if r.get("row") == "summary"}
+    stream = {r["prompt_tokens"]: r for r in rows(f"stream-{tag}.json") if r.get("row") == "summary"}
     print(f"\n### {preset}, {layers} layers, {quant} (file /tmp/fam-{preset}-{layers}L-{quant}.gguf)\n")
     print("| prompt | llama.cpp best tok/s (batch) | ours resident tok/s | ours / llama.cpp | ours streamed tok/s "
           "(4 GiB cache) | streamed GiB | H2D GB/s (of pinned peak) |")
