@@ -60,9 +60,10 @@ def test_q4_k_m_mix():
         quant_recipe.tensor_type("output.weight", (300, 256), "q3_k_s", s)
 
 
+@pytest.mark.parametrize("source", ["torch", "numpy"])  # the synthetic source's stream, the file writer's
 @pytest.mark.parametrize("qtype", sorted(quant_recipe.QUANTIZED, key=lambda t: t.name), ids=lambda t: t.name)
-def test_random_blocks_are_valid_and_of_the_asked_size(qtype):
-    g = torch.Generator().manual_seed(3)
+def test_random_blocks_are_valid_and_of_the_asked_size(qtype, source):
+    g = torch.Generator().manual_seed(3) if source == "torch" else np.random.default_rng(3)
     raw = quant_recipe.random_blocks(qtype, (64, 512), 0.05, g)
     vals = gguf_quants.dequantize(raw.numpy().reshape(64, -1), qtype)  # the independent reader
     assert np.isfinite(vals).all()

@@ -319,7 +319,7 @@ def _stored(name: str, qt: GGMLQuantizationType, shape: tuple[int, ...], floats:
         return floats().astype(np.float16)
     if _from_floats(qt, shape):
         return gguf.quants.quantize(floats(), qt)
-    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ seed)
+    g = np.random.default_rng(zlib.crc32(name.encode()) ^ seed)
     raw = quant_recipe.random_blocks(qt, shape, _std(name, shape), g).numpy()
     return raw.reshape(_byte_shape(qt, shape))
 
