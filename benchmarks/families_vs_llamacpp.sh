@@ -15,6 +15,8 @@
 # MAKE_ARGS adds make-model flags (a smoke test of the script at small shapes).
 # A second call on the same warm machine resumes: files already written and runs already measured
 # (results kept per file under /tmp/fam-results) are not made or run again; RESUME=0 starts afresh.
+# DROP_FILES=1 deletes a file once ours and llama-bench have measured it (the device's 64 GB disk
+# holds no 16-layer glm-4.5-air, qwen3-next and deepseek-v3 files at once).
 . "$(dirname "$0")/device_env.sh"
 SIZES=${SIZES:-8192,32768}
 FAMILIES=${FAMILIES:-"qwen3-30b-a3b:16:iq3_s mixtral-8x7b:4:q4_k_m glm-4.5-air:4:q4_k_m qwen3-next-80b-a3b:4:q4_k_m minimax-m2-230b-a10b:3:q4_k_m deepseek-v3:4:q4_k_m gpt-oss-20b:24:mxfp4"}
@@ -33,12 +35,16 @@ have() {  # have FILE: a result of an earlier call (non-empty JSON): not measure
   [ -s "$1" ] && python3 -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])) else 1)' "$1" 2>/dev/null \
     && stamp "kept from an earlier call: $1"
 }
+measured_all() {  # measured_all TAG: every result of that file is kept (ours, streamed, both llama-bench runs)
+  have "$RES/ours-$1.json" && { [ "$STREAM" != 1 ] || have "$RES/stream-$1.json"; } \
+    && have "$RES/lb-default-$1.json" && have "$RES/lb-big-$1.json"
+}
 
 section "write the files in the background (nice), one process each"
 declare -A MAKER
 for f in $FAMILIES; do
   IFS=: read -r p l q <<< "$f"; F=$(file_of "$f"); t=$(tag_of "$f")
-  ( [ -f "$F" ] || nice -n 10 python3 -m engine.cli.bench make-model "$F" --preset "$p" --layers "$l" --quant "$q" ${MAKE_ARGS:-} \
+  ( [ -f "$F" ] || measured_all "$t" > /dev/null || nice -n 10 python3 -m engine.cli.bench make-model "$F" --preset "$p" --layers "$l" --quant "$q" ${MAKE_ARGS:-} \
       > "$RES/make-$t.log" 2>&1 ) &
   MAKER[$f]=$!
 done
@@ -79,9 +85,13 @@ llama_one() {  # llama-bench on one family's file, once, while the deadline allo
     stamp "llama-bench -b 8192 -ub 4096: $F"
     $LB -b 8192 -ub 4096 > "$RES/lb-big-$t.json" 2> "$RES/lb-big-$t.err" || tail -5 "$RES/lb-big-$t.err"
   fi
+  if [ "${DROP_FILES:-0}" = 1 ] && [ -f "$F" ] && measured_all "$t" > /dev/null; then
+    rm -f "$F" && stamp "measured by both, deleted: $F"
+  fi
 }
 ours_one() {  # our resident (and streamed) runs on one family's file
   local f=$1 p l q F t; IFS=: read -r p l q <<< "$f"; F=$(file_of "$f"); t=$(tag_of "$f")
+  have "$RES/ours-$t.json" && { [ "$STREAM" != 1 ] || have "$RES/stream-$t.json"; } && return 0
   tail -1 "$RES/make-$t.log" 2>/dev/null
   [ -f "$F" ] || { echo "no file for $f: $(tail -3 "$RES/make-$t.log")"; return 0; }
   if ! have "$RES/ours-$t.json"; then
