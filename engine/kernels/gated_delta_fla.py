@@ -1,7 +1,7 @@
 """The chunked gated delta rule of a GDN layer on flash-linear-attention's Triton kernels (the `gdn`
 extra, `fla-core`), with the state carried in place from chunk to chunk.
 
-`engine.models.gated_delta.gdn_mix` asks `serves(x)` for each chunk: on a CUDA tensor in bf16/fp16,
+`engine.models.gated_delta.gdn_mix` asks `serves` for each chunk: on a CUDA tensor in bf16/fp16 (dk <= 256),
 where `fla` imports and STRATA_GDN_KERNEL is not `torch`, it calls `chunk_rule`; everywhere else
 (CPU, fp32 activations, no fla, the switch) the torch chunked rule (`gated_delta.gated_delta`), the
 reference that the CPU tests hold to transformers, serves.  fp32 stays on torch on purpose: fla's
@@ -70,9 +70,13 @@ def status() -> tuple[str, str]:
     return (what, "") if fn is not None else ("torch", what)
 
 
-def serves(x: torch.Tensor) -> bool:
-    """Whether a chunk whose activations are `x` takes fla's rule (logged once per answer)."""
-    if not (x.is_cuda and x.dtype in DTYPES):
+MAX_HEAD_K = 256  # fla's state kernel asserts dk <= 256
+
+
+def serves(x: torch.Tensor, head_k: int) -> bool:
+    """Whether a chunk whose activations are `x`, of a layer with q/k heads of `head_k`, takes fla's
+    rule (logged once per answer)."""
+    if not (x.is_cuda and x.dtype in DTYPES and head_k <= MAX_HEAD_K):
         return False
     kernel, why = status()
     _say(kernel, why)

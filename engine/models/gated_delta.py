@@ -213,7 +213,7 @@ def gdn_mix(qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor
     v = v.reshape(t, s.n_v_heads, s.head_v)
     beta = torch.sigmoid(b.float())
     g = ssm_a.float() * F.softplus(a.float() + dt_bias.float())
-    if gated_delta_fla.serves(qkv):  # fla normalises q/k itself and reads a q/k head per value-head group
+    if gated_delta_fla.serves(qkv, s.head_k):  # fla normalises q/k itself and reads a q/k head per value-head group
         if s.v_tiled:
             q, k = per_value_head(q, k, s)
         o = gated_delta_fla.chunk_rule(q, k, v, g, beta, state.recurrent, scale=s.head_k ** -0.5)
