@@ -11,8 +11,9 @@ llama.cpp and the authors' code; no file key carries them).
 Every device takes the reference path (`fast_ok` is False: no fused q/k/v, no CUDA graphs);
 on CUDA with bf16 and grouped GEMMs the resident experts run as grouped GEMMs with each row's
 expert bias added (with Triton: the biased clamped SwiGLU in one pass, and the down bias inside
-the weighted sum over the k slots, `engine.kernels.moe_kernels`).  Stored experts (MXFP4 as published, any other type) are expanded right
-before their GEMMs, only the routed ones where they are few, as `Layer` does.
+the weighted sum over the k slots, `engine.kernels.moe_kernels`).  Stored experts (MXFP4 as
+published, any other type) are expanded right before their GEMMs, only the routed ones where
+they are few, as `Layer` does.
 """
 from __future__ import annotations
 
