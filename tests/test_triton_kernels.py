@@ -63,6 +63,11 @@ def test_gpt_oss_swiglu_kernel():
     out = torch.empty(9, 12)
     swiglu_oai[(9, 1)](g, u, row_e, gb, ub, out, 12, gl.SWIGLU_ALPHA, gl.SWIGLU_LIMIT, BLOCK=16)
     assert torch.allclose(out, gl.swiglu_oai(g + gb[row_e], u + ub[row_e]), atol=1e-5)
+    g[1, 3], u[4, 5] = float("nan"), float("nan")  # a NaN passes the clamps as it does torch's
+    swiglu_oai[(9, 1)](g, u, row_e, gb, ub, out, 12, gl.SWIGLU_ALPHA, gl.SWIGLU_LIMIT, BLOCK=16)
+    want = gl.swiglu_oai(g + gb[row_e], u + ub[row_e])
+    assert torch.equal(out.isnan(), want.isnan()) and out.isnan().sum() == 2
+    assert torch.allclose(out.nan_to_num(), want.nan_to_num(), atol=1e-5)
 
 
 @pytest.mark.parametrize("pos,span", [(0, 64), (37, 64), (200, 300), (299, 300)])

@@ -82,7 +82,8 @@ def _sliding(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int
     rep = H // KV
     nb = -(-n // w)
     base = pos - w  # the position of the padded keys' first row
-    kept = max(base, first)
+    kept = max(base + 1, first)  # the row at `base` is in no query's window: never copied (a NaN there
+    # would reach the output as 0 * NaN, where the reference path never reads it)
     kpad = keys.new_zeros((nb + 1) * w, KV, hd)
     vpad = values.new_zeros((nb + 1) * w, KV, hd)
     kpad[kept - base:pos + n - base] = keys[kept - first:]
