@@ -79,7 +79,7 @@ def main() -> None:
         by_kind[kind_of(e.key)][1] += e.count
     # the prefill's kernels are in the profile too: a kind's share per step is an upper bound
     total = sum(v[0] for v in by_kind.values())
-    print(f"\n| kind | GPU ms a step | kernels a step | share |")
+    print("\n| kind | GPU ms a step | kernels a step | share |")
     print("|---|---:|---:|---:|")
     for k, (us, n) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
         print(f"| {k} | {us / steps / 1e3:.3f} | {n / steps:.0f} | {us / total * 100 if total else 0:.1f}% |")
