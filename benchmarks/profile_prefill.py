@@ -4,7 +4,7 @@ Parts: attention (cuDNN/flash/efficient kernels), expert GEMMs (grouped GEMM), d
 (q/k/v, output projection, router), everything else (norms, RoPE, top-k, sort, gathers,
 casts, copies). FLOPs per part are counted from the model's shapes and the run's chunks.
 
-    python3 benchmarks/profile_prefill.py --layers 16 --tokens 32768 [--prefill auto|N]
+    python3 benchmarks/profile_prefill.py --layers 16 --tokens 32768 [--prefill auto|N] [--preset gpt-oss-20b]
 """
 from __future__ import annotations
 
@@ -40,7 +40,12 @@ def part_flops(spec, bounds: list[tuple[int, int]]) -> dict[str, float]:
     """FLOPs of each part over the run (all layers), from shapes and chunk bounds."""
     L, d, H, KV, hd = spec.n_layers, spec.hidden, spec.n_heads, spec.n_kv_heads, spec.head_dim
     tokens = sum(n for _, n in bounds)
-    attn = sum(4.0 * H * hd * n * (p + (n + 1) / 2) for p, n in bounds)  # QK^T and PV, causal diagonal
+    window_of = getattr(spec, "window_of", lambda i: None)  # gpt-oss: a sliding layer sees its window
+
+    def seen(p: int, n: int, window: int | None) -> float:  # keys per query, averaged over the chunk
+        return p + (n + 1) / 2 if window is None else min(window, p + (n + 1) / 2)
+
+    attn = sum(4.0 * H * hd * n * seen(p, n, window_of(i)) for i in range(L) for p, n in bounds) / L
     dense = 2.0 * tokens * (d * (H + 2 * KV) * hd + H * hd * d + (d * spec.n_experts if spec.n_experts else 0))
     experts = 2.0 * tokens * 3 * d * (spec.expert_ffn * spec.n_experts_used if spec.n_experts else spec.ffn)
     return {"attention": L * attn, "expert GEMMs": L * experts, "dense GEMMs": L * dense, "everything else": 0.0}
@@ -54,8 +59,10 @@ def main() -> None:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--peak-tflops", type=float, default=794.0)
     ap.add_argument("--top", type=int, default=18)
+    ap.add_argument("--preset", default="qwen3-30b-a3b", help="an engine.io.synth preset")
+    ap.add_argument("--quant", default=None, help="the preset's quant mix unless given (f16, q4_k_m, mxfp4, …)")
     ns = ap.parse_args()
-    src = SyntheticSource(recipe_from_args("qwen3-30b-a3b", n_layers=ns.layers), ns.device)
+    src = SyntheticSource(recipe_from_args(ns.preset, n_layers=ns.layers, quant=ns.quant), ns.device)
     from engine.pipeline.session import Session
 
     sess = Session(src, EngineConfig.from_sources({"devices": ns.device, "prefill": ns.prefill}))

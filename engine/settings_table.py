@@ -207,6 +207,10 @@ DIAGNOSTICS: tuple[Setting, ...] = (
         "decode_attention", "text", "", "`torch` turns the Triton split-K decode attention off",
         "Triton where it runs", env="STRATA_DECODE_ATTENTION", group="diagnostics"),
     Setting(
+        "gdn_kernel", "text", "", "`torch` keeps the torch chunked gated delta rule (Qwen3-Next/Qwen3.5 GDN "
+        "layers) instead of flash-linear-attention's Triton kernels", "fla where it runs (the `gdn` extra, CUDA, "
+        "bf16/fp16)", env="STRATA_GDN_KERNEL", group="diagnostics"),
+    Setting(
         "dequant", "text", "", "`torch` keeps the torch GGUF dequantiser instead of the Triton one",
         "Triton where it runs", env="STRATA_DEQUANT", group="diagnostics"),
     Setting(

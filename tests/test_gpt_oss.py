@@ -121,6 +121,24 @@ def test_sink_attention_over_chunks_equals_transformers_eager(monkeypatch, windo
     assert (got - want).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize("pos", [9, 24])
+def test_a_key_no_query_sees_never_reaches_the_sliding_output(pos):
+    """The window-blocked path over a cache that still holds the key just before every query's
+    window: that key (here NaN, as a poisoned cache row would be) changes nothing, as in the
+    row-block reference that never reads it."""
+    g = torch.Generator().manual_seed(3)
+    w, n, H, KV, hd = 8, 16, 4, 2, 8
+    first = pos - w  # the cache starts at the key no query of the chunk sees
+    q = torch.randn(n, H, hd, generator=g)
+    k, v = (torch.randn(pos + n - first, KV, hd, generator=g) for _ in range(2))
+    k[0], v[0] = float("nan"), float("nan")
+    sinks = torch.randn(H, generator=g)
+    got = sa.sink_attention(q, k, v, pos, sinks, w)
+    want = sa._reference(q, k, v, pos, sinks, w, first)
+    assert torch.isfinite(want).all() and torch.isfinite(got).all()
+    assert (got - want).abs().max().item() <= 1e-5
+
+
 @pytest.mark.parametrize("window,chunk", [(1, 3), (4, 1), (4, 3), (8, 10), (40, 7)])
 def test_a_sliding_cache_holds_the_window_and_attends_as_the_full_one(window, chunk):
     """SlidingKV keeps window - 1 tokens, yet each chunk's attention equals the one over every

@@ -95,3 +95,33 @@ def test_gpt_oss_20b_shapes_run_a_prompt_of_several_chunks():
         print(f"{len(devices)} stage(s): prefill {rep.prefill_s:.2f} s, digest {rep.digest[:12]}")
         digests.add(rep.digest)
     assert len(digests) == 1
+
+
+def test_the_fused_moe_kernels_give_the_torch_expressions():
+    """The one-pass biased clamped SwiGLU and the weighted sum with the down bias against the
+    family's torch expressions in fp32, at a 2048-token chunk of gpt-oss-20b's experts."""
+    from engine.kernels import moe_kernels
+    from engine.models import gpt_oss_layer as gl
+
+    assert moe_kernels.available(torch.ones(1, device=DEV)), "Triton kernels expected on the GPU machine"
+    gen = torch.Generator(device=DEV).manual_seed(2)
+    n, k, E, f = 2048, 4, 32, 2880
+    g, u = (4 * torch.randn(n * k, f, device=DEV, generator=gen) for _ in range(2))  # past the clamp at 7
+    row_e = torch.sort(torch.randint(0, E, (n * k,), device=DEV, generator=gen)).values
+    gb, ub, db = (torch.randn(E, f, device=DEV, generator=gen) for _ in range(3))
+    want = gl.swiglu_oai(g + gb[row_e], u + ub[row_e])
+    got = moe_kernels.swiglu_oai(g.bfloat16(), u.bfloat16(), row_e, gb.bfloat16(), ub.bfloat16(),
+                                 gl.SWIGLU_ALPHA, gl.SWIGLU_LIMIT).float()
+    ref = gl.swiglu_oai(g.bfloat16() + gb.bfloat16()[row_e], u.bfloat16() + ub.bfloat16()[row_e]).float()
+    err, err_ref = (got - want).abs().max().item(), (ref - want).abs().max().item()
+    print(f"swiglu_oai: fused {err:.3g}, torch bf16 {err_ref:.3g} against fp32")
+    assert err <= err_ref
+    ys = torch.randn(n * k, f, device=DEV, generator=gen)
+    inv = torch.randperm(n * k, device=DEV, generator=gen)
+    top_i = torch.randint(0, E, (n, k), device=DEV, generator=gen)
+    top_w = torch.softmax(torch.randn(n, k, device=DEV, generator=gen), -1)
+    want = ((ys[inv].view(n, k, f) + db[top_i]) * top_w.unsqueeze(-1)).sum(1)
+    got = moe_kernels.combine(ys.bfloat16(), inv, top_w, db.bfloat16(), top_i).float()
+    err = (got - want).abs().max().item()
+    print(f"combine with the down bias: {err:.3g} (max |y| {want.abs().max().item():.2f})")
+    assert err <= 2 ** -7 * want.abs().max().item()

@@ -194,3 +194,46 @@ def test_low_bit_mixes_expand_every_quantised_type_on_triton(monkeypatch):
     dq = next(p for p in parts if p.part == "dequant")
     assert dq.kernel.startswith("Triton") and not dq.missing, dq
     assert dq.detail == "IQ2_S, IQ3_S, IQ3_XXS, MXFP4, Q5_K, Q8_0", dq.detail
+
+
+def test_a_gdn_model_names_its_delta_rule(monkeypatch):
+    """The GDN layers' rule is a part of its own (only for a model that has them): torch on CPU and
+    in fp32, fla on CUDA where it imports; without fla a CUDA bf16 split says torch with the gdn
+    extra's fix, and STRATA_GDN_KERNEL=torch is named, not warned about."""
+    import sys
+
+    from engine.kernels import gated_delta_fla
+
+    cpu = kernel_report.kernel_parts(["cpu"], is_moe=True, gdn=True)
+    assert cpu[-1] == kernel_report.PartKernel("GDN rule", "torch", "CPU")
+    assert "GDN rule" not in kernel_report.describe(kernel_report.kernel_parts(["cpu"], is_moe=True))
+    fp32 = kernel_report.kernel_parts(["cuda"], is_moe=True, gdn=True, half=False)[-1]
+    assert (fp32.kernel, fp32.missing) == ("torch", False) and "fp32" in fp32.detail
+    monkeypatch.delenv(gated_delta_fla.ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "fla", None)  # `import fla` raises ImportError
+    gated_delta_fla._load.cache_clear()
+    try:
+        part = kernel_report.kernel_parts(["cuda"], is_moe=True, gdn=True)[-1]
+        assert part.part == "GDN rule" and part.kernel == "torch" and part.missing
+        assert part.detail.startswith("fla is not importable")
+        note = kernel_report.warnings([part])[0]
+        assert note.startswith("fast kernel missing: GDN rule runs on torch on CUDA") and "gdn extra" in note
+        monkeypatch.setenv(gated_delta_fla.ENV, "torch")
+        off = kernel_report.kernel_parts(["cuda"], is_moe=True, gdn=True)[-1]
+        assert (off.kernel, off.detail, off.missing) == ("torch", "STRATA_GDN_KERNEL=torch", False)
+        assert kernel_report.warnings([off]) == []
+    finally:
+        gated_delta_fla._load.cache_clear()
+
+
+def test_a_qwen3next_session_reports_the_gdn_rule():
+    from engine.config import EngineConfig
+    from engine.io import gguf_model
+    from engine.pipeline.session import Session
+
+    sess = Session(gguf_model.load(ROOT / "tests" / "data" / "families" / "qwen3next.gguf"),
+                   EngineConfig(devices=["cpu"], chunk_tokens=16))
+    try:
+        assert sess.kernels().endswith("; GDN rule: torch (CPU)")
+    finally:
+        sess.close()

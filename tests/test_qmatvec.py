@@ -116,3 +116,40 @@ def test_matvec_reads_experts_a_stride_apart():
     packed = qmatvec_triton.matvec(raw, T.Q4_K, (E, N, K), x, experts)
     strided = qmatvec_triton.matvec(pool.view(-1)[pad:], T.Q4_K, (E, N, K), x, experts, expert_stride=pool.stride(0))
     assert torch.equal(packed, strided)
+
+
+@needs_triton
+@pytest.mark.parametrize("n", [1, 3])
+def test_decode_moe_from_stored_blocks_needs_no_sort(monkeypatch, n):
+    """Layer.moe on the stored-block path leaves the (token, slot) rows unsorted: the output is
+    bit for bit the sorted path's (rows sorted by expert, products, then un-permuted), since
+    each row's product is its own program's and the slot sum keeps its order."""
+    import torch.nn.functional as F
+
+    from engine.io import synth
+    from engine.models import routed_matvec, routing
+    from engine.models.layers import Layer, Rope
+    from engine.models.loading import load_layer_weights
+
+    shapes = dict(hidden=256, head_dim=64, n_experts=16, expert_ffn=256, ffn=512)
+    src = synth.SyntheticSource(synth.recipe_from_args("demo", quant="q4_k_m", n_layers=2, **shapes))
+    spec, dev = src.spec, torch.device("cpu")
+    w = load_layer_weights(src, 1, dev, torch.float32)
+    layer = Layer(spec, 1, w, Rope(spec.head_dim, spec.rope_base, spec.rope_style, dev))
+    layer.use_grouped_mm = True
+    monkeypatch.setattr(routed_matvec, "wanted", lambda *_: True)  # the CUDA rule, here on the interpreter
+    k = spec.n_experts_used
+    for seed in range(50):  # tokens whose routing the sort really permutes
+        h = torch.randn(n, spec.hidden, generator=torch.Generator().manual_seed(seed))
+        top_w, top_i = routing.route(F.linear(h.float(), w.router), spec, w.router_bias)
+        flat = top_i.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        if not torch.equal(order, torch.arange(order.numel())):
+            break
+    got = layer.moe(h)
+    ys = routed_matvec.experts(w, h[order // k], flat[order])
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(order.numel())
+    want = (ys[inv].view(n, k, spec.hidden).float() * top_w.unsqueeze(-1)).sum(1).to(h.dtype)
+    assert not torch.equal(order, torch.arange(order.numel()))  # a real permutation
+    assert torch.equal(got, want)

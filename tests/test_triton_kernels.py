@@ -36,7 +36,7 @@ def test_qk_norm_rope_kernel(norm, rot):
 
 def test_swiglu_and_combine_kernels():
     torch.manual_seed(1)
-    swiglu, combine = moe_kernels._kernels()
+    swiglu, combine, swiglu_oai = moe_kernels._kernels()
     gu = torch.randn(9, 24)
     out = torch.empty(9, 12)
     swiglu[(9, 1)](gu, out, 12, gu.stride(0), BLOCK=16)
@@ -44,8 +44,30 @@ def test_swiglu_and_combine_kernels():
     ys, inv = torch.randn(15, 20), torch.randperm(15)
     w = torch.softmax(torch.randn(5, 3), -1)
     o = torch.empty(5, 20)
-    combine[(5, 1)](ys, inv, w, o, 20, K=3, BLOCK=32)
+    combine[(5, 1)](ys, inv, w, o, ys, inv, 20, K=3, HAS_BIAS=False, BLOCK=32)
     assert torch.allclose(o, (ys[inv].view(5, 3, 20) * w.unsqueeze(-1)).sum(1), atol=1e-6)
+    bias, experts = torch.randn(4, 20), torch.randint(0, 4, (5, 3))
+    combine[(5, 1)](ys, inv, w, o, bias, experts, 20, K=3, HAS_BIAS=True, BLOCK=32)
+    want = ((ys[inv].view(5, 3, 20) + bias[experts]) * w.unsqueeze(-1)).sum(1)
+    assert torch.allclose(o, want, atol=1e-5)
+
+
+def test_gpt_oss_swiglu_kernel():
+    from engine.models import gpt_oss_layer as gl
+
+    torch.manual_seed(2)
+    _, _, swiglu_oai = moe_kernels._kernels()
+    g, u = 5 * torch.randn(9, 12), 5 * torch.randn(9, 12)
+    row_e = torch.sort(torch.randint(0, 3, (9,))).values
+    gb, ub = torch.randn(3, 12), torch.randn(3, 12)
+    out = torch.empty(9, 12)
+    swiglu_oai[(9, 1)](g, u, row_e, gb, ub, out, 12, gl.SWIGLU_ALPHA, gl.SWIGLU_LIMIT, BLOCK=16)
+    assert torch.allclose(out, gl.swiglu_oai(g + gb[row_e], u + ub[row_e]), atol=1e-5)
+    g[1, 3], u[4, 5] = float("nan"), float("nan")  # a NaN passes the clamps as it does torch's
+    swiglu_oai[(9, 1)](g, u, row_e, gb, ub, out, 12, gl.SWIGLU_ALPHA, gl.SWIGLU_LIMIT, BLOCK=16)
+    want = gl.swiglu_oai(g + gb[row_e], u + ub[row_e])
+    assert torch.equal(out.isnan(), want.isnan()) and out.isnan().sum() == 2
+    assert torch.allclose(out.nan_to_num(), want.nan_to_num(), atol=1e-5)
 
 
 @pytest.mark.parametrize("pos,span", [(0, 64), (37, 64), (200, 300), (299, 300)])

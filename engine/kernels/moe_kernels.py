@@ -9,7 +9,11 @@ elementwise work there was a third of the GPU time.  Two kernels take most of it
 * `combine(ys, inv, weights)`: out[t] = sum_j weights[t, j] * ys[inv[t*k + j]] — the expert
   outputs (sorted by expert) gathered back to (token, slot) order, weighted and summed over
   the slots in one pass, in fp32, in a fixed order (deterministic; no atomics).  torch needs a
-  gather, a broadcast product and a reduction, each a full pass over [N, hidden].
+  gather, a broadcast product and a reduction, each a full pass over [N, hidden].  With a
+  per-expert bias (gpt-oss's down-projection bias) each slot adds its expert's row there too.
+* `swiglu_oai(g, u, row_e, gate_b, up_b, alpha, limit)`: gpt-oss's clamped SwiGLU with the
+  gate and up biases of each row's expert, from the two GEMM outputs: one pass where torch
+  makes two bias gathers, two adds and seven elementwise passes.
 
 Both run where Triton can (CUDA with triton installed; STRATA_MOE_KERNELS=torch turns them
 off for an A/B) and fall back to the torch expressions elsewhere (CPU, no Triton).  Results
@@ -60,7 +64,8 @@ def _kernels():
         tl.store(out_ptr + r * f + cols, a.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def combine_kernel(ys_ptr, inv_ptr, w_ptr, out_ptr, hidden, K: tl.constexpr, BLOCK: tl.constexpr):
+    def combine_kernel(ys_ptr, inv_ptr, w_ptr, out_ptr, bias_ptr, e_ptr, hidden, K: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < hidden
@@ -68,11 +73,31 @@ def _kernels():
         for j in tl.static_range(K):
             row = tl.load(inv_ptr + t * K + j).to(tl.int64)
             wj = tl.load(w_ptr + t * K + j).to(tl.float32)
-            acc += wj * tl.load(ys_ptr + row * hidden + cols, mask=mask, other=0.0).to(tl.float32)
+            y = tl.load(ys_ptr + row * hidden + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                e = tl.load(e_ptr + t * K + j).to(tl.int64)
+                y += tl.load(bias_ptr + e * hidden + cols, mask=mask, other=0.0).to(tl.float32)
+            acc += wj * y
         tl.store(out_ptr + t * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
+    @triton.jit
+    def swiglu_oai_kernel(g_ptr, u_ptr, e_ptr, gb_ptr, ub_ptr, out_ptr, f, alpha, limit, BLOCK: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < f
+        e = tl.load(e_ptr + r).to(tl.int64)
+        g = tl.load(g_ptr + r * f + cols, mask=mask, other=0.0).to(tl.float32)
+        g += tl.load(gb_ptr + e * f + cols, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + r * f + cols, mask=mask, other=0.0).to(tl.float32)
+        u += tl.load(ub_ptr + e * f + cols, mask=mask, other=0.0).to(tl.float32)
+        nan = tl.PropagateNan.ALL  # as torch's clamp: a NaN stays NaN
+        g = tl.minimum(g, limit, propagate_nan=nan)
+        u = tl.minimum(tl.maximum(u, -limit, propagate_nan=nan), limit, propagate_nan=nan)
+        a = (u + 1.0) * (g / (1.0 + tl.exp(-alpha * g)))
+        tl.store(out_ptr + r * f + cols, a.to(out_ptr.dtype.element_ty), mask=mask)
+
     log.info("MoE kernels: Triton %s", triton.__version__)
-    return swiglu_kernel, combine_kernel
+    return swiglu_kernel, combine_kernel, swiglu_oai_kernel
 
 
 def status() -> tuple[str, str]:
@@ -97,8 +122,10 @@ def swiglu(gu: torch.Tensor, f: int) -> torch.Tensor:
     return out
 
 
-def combine(ys: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum_j weights[t, j] * ys[inv[t*k + j]] for t < n: [n, hidden] in ys's dtype.
+def combine(ys: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None = None,
+            experts: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_j weights[t, j] * (ys[inv[t*k + j]] + bias[experts[t, j]]) for t < n: [n, hidden] in
+    ys's dtype (the bias term only where `bias` [E, hidden] is given, with `experts` [n, k]).
 
     ys [n*k, hidden] (rows sorted by expert), inv [n*k] (the row of each (token, slot)),
     weights [n, k]."""
@@ -106,10 +133,33 @@ def combine(ys: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor) -> torch
     ks = _kernels() if ys.is_cuda else None
     if ks is None or n == 0:
         y = ys[inv].view(n, k, ys.shape[1])
+        if bias is not None:
+            y = y + bias[experts].to(ys.dtype)
         return (y * weights.to(ys.dtype).unsqueeze(-1)).sum(1)
     hidden = ys.shape[1]
     out = torch.empty(n, hidden, device=ys.device, dtype=ys.dtype)
     block = min(1024, 1 << (hidden - 1).bit_length())
+    has_bias = bias is not None
     ks[1][(n, -(-hidden // block))](ys.contiguous(), inv.contiguous(), weights.float().contiguous(), out,
-                                    hidden, K=k, BLOCK=block)
+                                    bias.contiguous() if has_bias else ys, experts.contiguous() if has_bias else inv,
+                                    hidden, K=k, HAS_BIAS=has_bias, BLOCK=block)
+    return out
+
+
+def swiglu_oai(g: torch.Tensor, u: torch.Tensor, row_e: torch.Tensor, gate_b: torch.Tensor, up_b: torch.Tensor,
+               alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's unit over rows sorted by expert: with g' = g + gate_b[row_e] clamped above at
+    `limit` and u' = u + up_b[row_e] clamped to [-limit, limit], (u' + 1) * g' * sigmoid(alpha g').
+    g, u [N, f] contiguous; row_e [N] each row's expert; gate_b, up_b [E, f].  CUDA with Triton
+    only (`available`): the torch expression lives with the family (engine/models/gpt_oss_layer.py)."""
+    ks = _kernels()
+    if ks is None or not g.is_cuda:
+        raise RuntimeError("moe_kernels.swiglu_oai needs CUDA and Triton (check available() first)")
+    n, f = g.shape
+    out = torch.empty_like(g)
+    if n == 0:
+        return out
+    block = min(1024, 1 << (f - 1).bit_length())
+    ks[2][(n, -(-f // block))](g.contiguous(), u.contiguous(), row_e.contiguous(), gate_b.contiguous(),
+                               up_b.contiguous(), out, f, float(alpha), float(limit), BLOCK=block)
     return out

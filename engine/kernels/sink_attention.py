@@ -10,10 +10,18 @@ A sliding window of w tokens lets the query at position p see keys (p - w, p] (i
 included: llama.cpp's LLAMA_SWA_TYPE_STANDARD, transformers' sliding-window mask).
 
 The reference path, every device: the chunk's queries in blocks whose fp32 score tensor fits
-`SCORE_BYTES`, each against only the keys its window can reach (a sliding layer's block costs
-O(block * (block + w)) whatever the prefix), scores and products in the input's dtype as
-transformers' eager path computes them, the softmax in fp32.  Grouped-query heads are batched
-per KV head (no repeated K/V).
+`SCORE_BYTES`, each against only the keys its window can reach, scores and products in the
+input's dtype as transformers' eager path computes them, the softmax in fp32.  Grouped-query
+heads are batched per KV head (no repeated K/V).
+
+A sliding layer's chunk of at least a window's queries takes the same arithmetic batched over
+query blocks of w tokens: block j's queries can reach only the 2w keys of blocks j-1 and j, so
+the blocks become one batch of [w x 2w] score tiles under one fixed mask (an unfolded view of
+the keys, zero-padded where the cache holds no key any query sees, and before position 0,
+hidden), cut into
+groups whose scores fit `SLIDING_SCORE_BYTES`.  A handful of kernels a group, whatever the
+chunk's length: the row-block loop above needs one batch of kernels per block, and its blocks
+shrink as the chunk grows (an 8192-token chunk at gpt-oss-20b's shapes took 264 of them).
 
 On CUDA a full (not sliding) layer's chunk takes the cuDNN split of `engine.kernels.attention`
 where that device chose it: the prefix block and the causal diagonal each return their
@@ -37,6 +45,7 @@ from engine.kernels import attention
 log = logging.getLogger(__name__)
 
 SCORE_BYTES = 64 << 20  # fp32 scores of one query block (bounded scratch on any device)
+SLIDING_SCORE_BYTES = 4 * SCORE_BYTES  # fp32 score tiles of one group of sliding query blocks
 
 
 def _block_rows(n_heads: int, keys_per_row: int, n: int) -> int:
@@ -59,7 +68,46 @@ def sink_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
                          f"it needs every key from position {need}")
     if window is None and n > 1 and q.is_cuda and _split_ok(q.device, H, KV, hd, q.dtype):
         return _split(q, keys, values, pos, sinks)
+    if window is not None and n >= window:
+        return _sliding(q, keys, values, pos, sinks, window, first)
     return _reference(q, keys, values, pos, sinks, window, first)
+
+
+def _sliding(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int, sinks: torch.Tensor,
+             window: int, first: int) -> torch.Tensor:
+    """A sliding layer's chunk as a batch of query blocks of `window` tokens, each against the
+    2 * window keys of its own and the previous block (the module docstring)."""
+    n, H, hd = q.shape
+    KV, w = keys.shape[1], window
+    rep = H // KV
+    nb = -(-n // w)
+    base = pos - w  # the position of the padded keys' first row
+    kept = max(base + 1, first)  # the row at `base` is in no query's window: never copied (a NaN there
+    # would reach the output as 0 * NaN, where the reference path never reads it)
+    kpad = keys.new_zeros((nb + 1) * w, KV, hd)
+    vpad = values.new_zeros((nb + 1) * w, KV, hd)
+    kpad[kept - base:pos + n - base] = keys[kept - first:]
+    vpad[kept - base:pos + n - base] = values[kept - first:]
+    qpad = q if nb * w == n else torch.cat((q, q.new_zeros(nb * w - n, H, hd)))
+    kb = kpad.unfold(0, 2 * w, w)  # [nb, KV, hd, 2w]: block j's keys, positions base + j*w + t
+    vb = vpad.unfold(0, 2 * w, w).transpose(-1, -2)  # [nb, KV, 2w, hd]
+    qb = qpad.view(nb, w, KV, rep, hd).permute(0, 2, 1, 3, 4).reshape(nb, KV, w * rep, hd)
+    i = torch.arange(w, device=q.device).view(w, 1)  # a query's offset in its block
+    t = torch.arange(2 * w, device=q.device).view(1, 2 * w)  # a key's offset in the block's keys
+    hidden = ((t > i + w) | (t <= i)).view(1, 1, w, 1, 2 * w)  # key t at i + w - t tokens back: seen in [0, w)
+    sink = sinks.float().view(1, KV, 1, rep, 1)
+    out = torch.empty(nb, w, KV, rep, hd, device=q.device, dtype=q.dtype)
+    step = max(1, SLIDING_SCORE_BYTES // (4 * H * w * 2 * w))
+    for a in range(0, nb, step):
+        b = min(nb, a + step)
+        s = torch.matmul(qb[a:b], kb[a:b]).float().mul_(hd ** -0.5).view(b - a, KV, w, rep, 2 * w)
+        s.masked_fill_(hidden, float("-inf"))
+        if a == 0 and base < 0:  # a chunk at the start: block 0's padded rows stand for no token
+            s[0, ..., :-base] = float("-inf")
+        p = torch.softmax(torch.cat((s, sink.expand(b - a, KV, w, rep, 1)), dim=-1), dim=-1)[..., :-1]
+        o = torch.matmul(p.to(vb.dtype).reshape(b - a, KV, w * rep, 2 * w), vb[a:b])  # [g, KV, w*rep, hd]
+        out[a:b] = o.view(b - a, KV, w, rep, hd).permute(0, 2, 1, 3, 4)
+    return out.view(nb * w, H * hd)[:n]
 
 
 def _reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int, sinks: torch.Tensor,

@@ -20,8 +20,13 @@ triangular system for U = [u_1 .. u_C] (the "WY" form the chunked kernels use):
 
 so each block costs a few matrix products and one triangular solve, never a loop over tokens;
 the solves and in-block products of many blocks are batched, and only S passes from block to
-block in a loop.  This torch version runs on CPU and CUDA (the field's Triton kernels,
-flash-linear-attention, are not used: they do not install here).
+block in a loop.  This torch version is the reference: it runs on CPU and wherever fla does not.
+
+On CUDA in bf16/fp16 `gdn_mix` hands the rule to flash-linear-attention's Triton kernels where the
+`gdn` extra is installed (engine/kernels/gated_delta_fla.py says what it is given and why that is
+this math; STRATA_GDN_KERNEL=torch keeps this one).  The conv there is one grouped `F.conv1d` in
+the half dtype (fp32 accumulation, one rounding); on CPU and in fp32 it stays the K shifted
+products in fp32 below, exact on every device (cuDNN would take fp32 convs as TF32).
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from engine.kernels import gated_delta_fla
 
 BLOCK = 64  # tokens per block of the chunked rule (the kernels' usual size)
 
@@ -100,6 +107,12 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor) ->
     t = x.shape[0]
     k = weight.shape[1]
     full = torch.cat([state.to(x.dtype), x.t()], dim=1)  # [C, K-1+T]
+    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+        # one grouped conv (cuDNN, fp32 accumulation in a half dtype): one pass instead of K
+        # passes that each widen a copy of the chunk to fp32
+        y = F.conv1d(full.unsqueeze(0), weight.to(x.dtype).unsqueeze(1), groups=full.shape[0])[0]
+        state.copy_(full[:, full.shape[1] - (k - 1):])
+        return F.silu(y.t())
     # K shifted products summed in float32: exact on every device (cuDNN's conv would take TF32
     # on a GPU), K elementwise passes over the chunk (K is 4)
     wf = weight.float()
@@ -196,19 +209,30 @@ def gdn_mix(qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor
     t = qkv.shape[0]
     mixed = causal_conv1d(qkv, conv_weight, state.conv)
     q, k, v = torch.split(mixed, [s.key_dim, s.key_dim, s.value_dim], dim=-1)
-    q = l2norm(q.float().reshape(t, s.n_k_heads, s.head_k)) * s.head_k ** -0.5
-    k = l2norm(k.float().reshape(t, s.n_k_heads, s.head_k))
-    ratio = s.n_v_heads // s.n_k_heads
-    if ratio > 1 and s.v_tiled:  # q/k head g serves value heads g, g + n_k, g + 2 n_k, ...
-        q, k = q.repeat(1, ratio, 1), k.repeat(1, ratio, 1)
-    elif ratio > 1:  # each q/k head serves `ratio` consecutive value heads
-        q, k = q.repeat_interleave(ratio, dim=1), k.repeat_interleave(ratio, dim=1)
+    q, k = q.reshape(t, s.n_k_heads, s.head_k), k.reshape(t, s.n_k_heads, s.head_k)
     v = v.reshape(t, s.n_v_heads, s.head_v)
     beta = torch.sigmoid(b.float())
     g = ssm_a.float() * F.softplus(a.float() + dt_bias.float())
-    o = gated_delta(q, k, v, g, beta, state.recurrent)
+    if gated_delta_fla.serves(qkv, s.head_k):  # fla normalises q/k itself and reads a q/k head per value-head group
+        if s.v_tiled:
+            q, k = per_value_head(q, k, s)
+        o = gated_delta_fla.chunk_rule(q, k, v, g, beta, state.recurrent, scale=s.head_k ** -0.5)
+    else:
+        q, k = per_value_head(l2norm(q.float()) * s.head_k ** -0.5, l2norm(k.float()), s)
+        o = gated_delta(q, k, v, g, beta, state.recurrent)
     o = gated_rmsnorm(o.to(qkv.dtype), z.reshape(t, s.n_v_heads, s.head_v), norm_weight, eps)
     return o.reshape(t, s.value_dim)
+
+
+def per_value_head(q: torch.Tensor, k: torch.Tensor, shape: GdnShape) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k [T, n_k, dk] repeated to the value heads [T, n_v, dk] in the file's grouping."""
+    ratio = shape.n_v_heads // shape.n_k_heads
+    if ratio == 1:
+        return q, k
+    if shape.v_tiled:  # q/k head g serves value heads g, g + n_k, g + 2 n_k, ...
+        return q.repeat(1, ratio, 1), k.repeat(1, ratio, 1)
+    # each q/k head serves `ratio` consecutive value heads
+    return q.repeat_interleave(ratio, dim=1), k.repeat_interleave(ratio, dim=1)
 
 
 def split_ba(ba: torch.Tensor, shape: GdnShape) -> tuple[torch.Tensor, torch.Tensor]:

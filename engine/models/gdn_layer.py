@@ -5,8 +5,11 @@ The block: RMSNorm, the q/k/v, z and b/a projections, `gated_delta.gdn_mix` (cau
 rolling tail, L2-normed q/k, decay and beta gates, the chunked delta rule, the z-gated RMSNorm),
 the output projection, residual; then the FFN norm and `layers.Layer`'s FFN (routed experts,
 resident or streamed, plus the shared expert), residual.  It runs the reference path on every
-device (fp32 delta rule; matrices in the compute dtype) and is never captured in a CUDA graph
-(`graphable` is False, so a stage holding one runs eagerly).
+device (matrices in the compute dtype; the delta rule in fp32 torch, or on CUDA in bf16/fp16
+flash-linear-attention's kernels where the `gdn` extra is installed: `gated_delta.gdn_mix`) and
+is never captured in a CUDA graph (`graphable` is False, so a stage holding one runs eagerly:
+`advance` checks the state's position on the host each chunk, and fla autotunes on a shape's
+first call).
 
 `GdnLayerState` is the `kv.LayerState` of such a layer: its conv tail and recurrent matrices,
 fixed in size, handed over whole by prefill-main (`handoff_views` ignore the length, which only

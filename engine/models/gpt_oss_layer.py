@@ -10,8 +10,10 @@ llama.cpp and the authors' code; no file key carries them).
 
 Every device takes the reference path (`fast_ok` is False: no fused q/k/v, no CUDA graphs);
 on CUDA with bf16 and grouped GEMMs the resident experts run as grouped GEMMs with each row's
-expert bias added.  Stored experts (MXFP4 as published, any other type) are expanded right
-before their GEMMs, only the routed ones where they are few, as `Layer` does.
+expert bias added (with Triton: the biased clamped SwiGLU in one pass, and the down bias inside
+the weighted sum over the k slots, `engine.kernels.moe_kernels`).  Stored experts (MXFP4 as
+published, any other type) are expanded right before their GEMMs, only the routed ones where
+they are few, as `Layer` does.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import moe_kernels
 from engine.kernels.sink_attention import sink_attention
 from engine.models import routed_experts
 from engine.models.experts import EXPAND_SCRATCH_BYTES
@@ -101,14 +104,18 @@ class GptOssLayer(Layer):
         counts.index_add_(0, flat, torch.ones_like(flat))
         if self.use_grouped_mm is None:
             self.use_grouped_mm = _grouped_mm_ok(h)
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(order.numel(), device=order.device)
+        if self.cache is None and self.use_grouped_mm and moe_kernels.available(h):
+            # one pass each for the biased unit and the weighted sum with the down bias (fp32 inside)
+            ys = self._grouped(xs, flat, order, counts, n, fused=True)
+            return moe_kernels.combine(ys, inv, top_w, w.down_b, top_i)
         if self.cache is not None:
             ys = self._streamed(xs, counts)
         elif self.use_grouped_mm:
             ys = self._grouped(xs, flat, order, counts, n)
         else:
             ys = self._per_expert(xs, counts)
-        inv = torch.empty_like(order)
-        inv[order] = torch.arange(order.numel(), device=order.device)
         y = ys[inv].view(n, k, s.hidden).float() * top_w.unsqueeze(-1)
         return y.sum(1).to(h.dtype)
 
@@ -152,15 +159,20 @@ class GptOssLayer(Layer):
         return ys
 
     def _grouped(self, xs: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, counts: torch.Tensor,
-                 n: int) -> torch.Tensor:
+                 n: int, fused: bool = False) -> torch.Tensor:
         """Grouped GEMMs over rows sorted by expert (CUDA, bf16), each row's expert bias added:
-        no host synchronisation."""
+        no host synchronisation.  `fused`: the unit with its biases in one Triton pass, and the
+        down bias left to the caller's weighted sum (`moe_kernels.combine`)."""
         w = self.w
         row_e = flat[order]
         gate, up, down, offs = self._grouped_experts(flat, order, counts, n, xs.dtype)
-        g = torch._grouped_mm(xs, gate.transpose(-2, -1), offs=offs) + w.gate_b[row_e]
-        u = torch._grouped_mm(xs, up.transpose(-2, -1), offs=offs) + w.up_b[row_e]
-        return torch._grouped_mm(swiglu_oai(g, u), down.transpose(-2, -1), offs=offs) + w.down_b[row_e]
+        g = torch._grouped_mm(xs, gate.transpose(-2, -1), offs=offs)
+        u = torch._grouped_mm(xs, up.transpose(-2, -1), offs=offs)
+        if fused:
+            a = moe_kernels.swiglu_oai(g, u, row_e, w.gate_b, w.up_b, SWIGLU_ALPHA, SWIGLU_LIMIT)
+            return torch._grouped_mm(a, down.transpose(-2, -1), offs=offs)
+        a = swiglu_oai(g + w.gate_b[row_e], u + w.up_b[row_e])
+        return torch._grouped_mm(a, down.transpose(-2, -1), offs=offs) + w.down_b[row_e]
 
     def _streamed(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Experts from the device's ExpertCache, in batches it can hold, one expert at a time

@@ -328,18 +328,18 @@ class Layer:
             logits = F.linear(h.float(), w.router)
         top_w, top_i = routing.route(logits, s, w.router_bias)
         flat = top_i.reshape(-1)
+        if self.use_grouped_mm is None:
+            self.use_grouped_mm = _grouped_mm_ok(h)
+        if self.cache is None and self.use_grouped_mm and routed_matvec.wanted(w, flat.numel(), h):
+            return self._unsorted_matvec_experts(h, flat, top_w, fast)  # decode: from the stored blocks
         order = torch.argsort(flat, stable=True)
         token_of = order // k
         xs = h[token_of]
         # scatter-add, not bincount: bincount syncs the host with the GPU to size its output
         counts = torch.zeros(s.n_experts, dtype=torch.int64, device=h.device)
         counts.index_add_(0, flat, torch.ones_like(flat))
-        if self.use_grouped_mm is None:
-            self.use_grouped_mm = _grouped_mm_ok(h)
         if self.cache is not None:
             ys = self._streamed_experts(xs, counts)
-        elif self.use_grouped_mm and routed_matvec.wanted(w, flat.numel(), h):  # decode: from the stored blocks
-            ys = routed_matvec.experts(w, xs, flat[order])
         elif self.use_grouped_mm:
             if fast and self.fused.gate_up_exps is not None:  # float experts: no expansion to save
                 offs = torch.cumsum(counts, 0, dtype=torch.int32)
@@ -363,6 +363,21 @@ class Layer:
             return moe_kernels.combine(ys, inv, top_w)
         y = ys[inv]
         y = y.view(n, k, s.hidden).float() * top_w.unsqueeze(-1)
+        return y.sum(1).to(h.dtype)
+
+    def _unsorted_matvec_experts(self, h: torch.Tensor, flat: torch.Tensor, top_w: torch.Tensor,
+                                 fast: bool) -> torch.Tensor:
+        """Decode's routed experts from their stored blocks (routed_matvec), the rows left in
+        (token, slot) order: each row's product is its own program's, the same bits wherever
+        the row sits, so the sort, the gather by it, the counts and the inverse permutation the
+        grouped GEMMs need (about ten kernels a layer, a decode step's time inside its graph) are
+        not made; the sum over slots is the sorted path's, in the same order."""
+        n, k, hidden = h.shape[0], self.spec.n_experts_used, self.spec.hidden
+        xs = h.unsqueeze(1).expand(n, k, hidden).reshape(n * k, hidden)  # row t*k + j: token t
+        ys = routed_matvec.experts(self.w, xs, flat)
+        if fast:
+            return moe_kernels.combine(ys, torch.arange(n * k, device=h.device), top_w)
+        y = ys.view(n, k, hidden).float() * top_w.unsqueeze(-1)
         return y.sum(1).to(h.dtype)
 
     def _resident_experts(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

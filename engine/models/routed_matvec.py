@@ -63,13 +63,14 @@ def cache_experts(cache: ExpertCache, layer: int, xs: torch.Tensor, row_slots: t
     return mv(2, a)
 
 
-def experts(w: LayerWeights, xs: torch.Tensor, sorted_experts: torch.Tensor) -> torch.Tensor:
-    """The SiLU-gated expert FFN of rows `xs` (sorted by expert; `sorted_experts` their expert
-    ids, int64 on the device): [rows, hidden] in xs's dtype, as the grouped-GEMM path computes it."""
+def experts(w: LayerWeights, xs: torch.Tensor, row_experts: torch.Tensor) -> torch.Tensor:
+    """The SiLU-gated expert FFN of rows `xs` (`row_experts` each row's expert id, int64 on the
+    device; rows in any order: each row's product is computed on its own): [rows, hidden] in
+    xs's dtype, as the grouped-GEMM path computes it."""
     from engine.quant import qmatvec_triton
 
     def mv(t: QTensor, x: torch.Tensor) -> torch.Tensor:
-        return qmatvec_triton.matvec(t.raw, t.qtype, t.shape, x, sorted_experts)
+        return qmatvec_triton.matvec(t.raw, t.qtype, t.shape, x, row_experts)
 
     a = F.silu(mv(w.gate_exps, xs)) * mv(w.up_exps, xs)
     return mv(w.down_exps, a)

@@ -5,11 +5,14 @@ The parts: the GGUF dequantiser (`engine.quant.dequant_triton`), the MoE's SwiGL
 (`engine.kernels.moe_kernels`), q/k-norm + RoPE (`engine.kernels.qk_rope`), a decode token's attention
 (`engine.kernels.decode_attention`, split-K) — each Triton on CUDA where it can be defined, torch
 otherwise — and attention (`engine.kernels.attention`, named per device in the report's
-own `attention` field).  Without Triton the first three run at torch speed (Q4_K_M prefill at
-0.39x/0.62x of F16 instead of 0.86x/0.97x, docs/benchmarks.md), which used to happen silently:
+own `attention` field).  A model with GDN layers (Qwen3-Next, Qwen3.5-MoE) adds its chunked
+delta rule (`engine.kernels.gated_delta_fla`): flash-linear-attention's Triton kernels on CUDA in
+bf16/fp16 where the `gdn` extra is installed, torch otherwise.  Without Triton the first three
+run at torch speed (Q4_K_M prefill at 0.39x/0.62x of F16 instead of 0.86x/0.97x,
+docs/benchmarks.md), which used to happen silently:
 `kernel_parts` says it, and `warnings` turns it into a note the run report, the CLI and the
 app's summary show.  A part switched off on purpose (STRATA_DEQUANT / STRATA_MOE_KERNELS /
-STRATA_QK_KERNEL / STRATA_DECODE_ATTENTION=torch) is named, not warned about.
+STRATA_QK_KERNEL / STRATA_DECODE_ATTENTION / STRATA_GDN_KERNEL=torch) is named, not warned about.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ log = logging.getLogger(__name__)
 
 INSTALL_FIX = "install the cuda extra: pip install -e \".[cuda]\" (triton on Linux, triton-windows on Windows)"
 FROZEN_FIX = "build the bundle with packaging/strata_gui.spec, which collects engine/ as source"
+GDN_FIX = "install the gdn extra: pip install -e \".[cuda,gdn]\" (fla-core)"
+GDN_PART = "GDN rule"
 UNQUANTISED = frozenset({T.F32, T.F16, T.BF16})
 
 
@@ -54,9 +59,11 @@ def _opted_out(why: str) -> bool:
     return why.endswith("=torch")
 
 
-def kernel_parts(device_types: Iterable[str], *, is_moe: bool, qtypes: Iterable[T | int] = ()) -> list[PartKernel]:
+def kernel_parts(device_types: Iterable[str], *, is_moe: bool, qtypes: Iterable[T | int] = (), gdn: bool = False,
+                 half: bool = True) -> list[PartKernel]:
     """The kernel of each Triton-capable part for a split over devices of these types ("cuda",
-    "cpu"), a model that is MoE or not, with weights stored in `qtypes`."""
+    "cpu"), a model that is MoE or not, with weights stored in `qtypes`; `gdn`: the model has GDN
+    layers, `half`: its CUDA devices compute in bf16/fp16 (fla's rule serves only those)."""
     cuda = "cuda" in set(device_types)
     quant = sorted({T(q) for q in qtypes} - UNQUANTISED, key=lambda q: q.name)
     statuses = _statuses() if cuda else {}
@@ -83,7 +90,21 @@ def kernel_parts(device_types: Iterable[str], *, is_moe: bool, qtypes: Iterable[
             out.append(PartKernel(part, kernel if fast else "torch", detail if fast else f"no kernel for {', '.join(slow)}"))
         else:
             out.append(PartKernel(part, kernel))
+    if gdn:
+        out.append(_gdn_part(cuda, half))
     return out
+
+
+def _gdn_part(cuda: bool, half: bool) -> PartKernel:
+    """The GDN layers' delta rule: fla on CUDA in a half dtype where it imports, else torch."""
+    if not cuda:
+        return PartKernel(GDN_PART, "torch", "CPU")
+    if not half:
+        return PartKernel(GDN_PART, "torch", "fp32 (fla serves bf16/fp16)")
+    from engine.kernels import gated_delta_fla
+
+    kernel, why = gated_delta_fla.status()
+    return PartKernel(GDN_PART, kernel, why, missing=kernel == "torch" and not _opted_out(why))
 
 
 def describe(parts: Iterable[PartKernel]) -> str:
@@ -100,7 +121,7 @@ def warnings(parts: Iterable[PartKernel]) -> list[str]:
             by_reason.setdefault(p.detail, []).append(p.part)
     notes = []
     for why, names in by_reason.items():
-        fix = FROZEN_FIX if "cannot read the source" in why else INSTALL_FIX
+        fix = FROZEN_FIX if "cannot read the source" in why else GDN_FIX if names == [GDN_PART] else INSTALL_FIX
         note = (f"fast kernel missing: {', '.join(names)} {'runs' if len(names) == 1 else 'run'} on torch on CUDA "
                 f"(slower): {why}; {fix}")
         _warn_once(note)

@@ -122,8 +122,10 @@ class Session:
                                         max((lay.row_bytes for lay in self.expert_layouts), default=None),
                                         expert_qtypes(self.expert_layouts))
         # which kernel each Triton-capable part runs, and a note when a fast one is missing on CUDA
+        half = all(self.dtypes[d] in (torch.bfloat16, torch.float16) for d in self.devices if d.type == "cuda")
         self.kernel_parts = kernel_report.kernel_parts((d.type for d in self.devices), is_moe=self.spec.is_moe,
-                                                       qtypes=self._weight_qtypes())
+                                                       qtypes=self._weight_qtypes(),
+                                                       gdn=any(getattr(self.spec, "recurrent", ())), half=half)
         self.setup_notes.extend(kernel_report.warnings(self.kernel_parts))
         # the executor: where the stages run (threads of this process, or processes of their own)
         self.executor: ThreadExecutor | ProcessExecutor = (
