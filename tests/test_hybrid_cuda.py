@@ -6,8 +6,8 @@ digest.  A stage holding a GDN or gated-attention layer runs eagerly (no CUDA gr
 
 With flash-linear-attention installed (the `gdn` extra; skipped without it): its chunked rule
 against the torch rule on random inputs (bf16 as the engine feeds it, fp32 as fla's TF32 gives
-it), the state carried over chunks, the grouped conv against the fp32 loop, and whole sessions
-with STRATA_GDN_KERNEL=torch against the default; each asserts that fla actually ran."""
+it), the state carried over chunks, the grouped conv against the fp32 loop, and whole bf16 sessions
+(the default and STRATA_GDN_KERNEL=torch) against the fp32 session; each asserts that fla actually ran."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -164,12 +164,24 @@ def test_gdn_mix_on_fla_agrees_with_torch_over_chunks(monkeypatch, v_tiled):
     assert torch.equal(got_st.conv, want_st.conv)
 
 
+def _token_rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The mean over tokens of each token's largest logit error, relative to the largest |logit|."""
+    return ((got.float() - want.float()).abs().amax(-1) / want.float().abs().max().clamp_min(1e-6)).mean().item()
+
+
 @cuda
 @pytest.mark.parametrize("hybrid", HYBRIDS)
-def test_a_bf16_session_on_fla_agrees_with_the_torch_rule(monkeypatch, hybrid):
+def test_a_bf16_session_on_fla_is_as_close_to_fp32_as_the_torch_rule(monkeypatch, hybrid):
+    """Whole bf16 sessions, the default (fla) and STRATA_GDN_KERNEL=torch, against the fp32 session
+    (the torch rule in fp32, which test_fp32_on_the_gpu_agrees_with_transformers holds to
+    transformers).  These random files amplify rounding: one bf16 token's logits may be off by the
+    whole logit range under either rule (the CPU's bf16 session too: test_qwen3next.py's
+    test_a_bf16_session_stays_near_fp32_and_a_wrong_grouping_does_not), so the measure is the mean
+    over tokens, where bf16 rounding gives ~0.06 and q/k heads read in the wrong grouping ~0.7."""
     _fla()
     model = gguf_model.load(DATA / f"{hybrid}.gguf")
     ids = synthetic(200, model.spec.vocab, nonce=5)
+    ref = _run(model, ids, logits_all=True, devices=["cuda:0"], dtype="float32", chunk_tokens=48).logits.cpu()
     monkeypatch.setenv(gated_delta_fla.ENV, "torch")
     before = gated_delta_fla.calls
     want = _run(model, ids, logits_all=True, devices=["cuda:0"], chunk_tokens=48)
@@ -178,4 +190,5 @@ def test_a_bf16_session_on_fla_agrees_with_the_torch_rule(monkeypatch, hybrid):
     got = _run(model, ids, logits_all=True, devices=["cuda:0"], chunk_tokens=48)
     assert gated_delta_fla.calls > before and "GDN rule: fla " in got.report.kernels, got.report.kernels
     assert bool(torch.isfinite(got.logits).all())
-    assert _rel(got.logits.cpu(), want.logits.cpu()) <= 5e-2, _rel(got.logits.cpu(), want.logits.cpu())
+    fla_err, torch_err = _token_rel(got.logits.cpu(), ref), _token_rel(want.logits.cpu(), ref)
+    assert torch_err <= 0.15 and fla_err <= 0.15, (fla_err, torch_err)

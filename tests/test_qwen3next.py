@@ -156,3 +156,39 @@ def test_older_files_with_the_fused_ssm_in_run_as_the_converters(tmp_path):
         finally:
             sess.close()
     assert (logits[0] - logits[1]).abs().max().item() <= 1e-5
+
+
+def _token_rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().amax(-1) / want.float().abs().max()).mean().item()
+
+
+@pytest.mark.parametrize("hybrid", ["qwen3next", "qwen35moe"])
+def test_a_bf16_session_stays_near_fp32_and_a_wrong_grouping_does_not(monkeypatch, hybrid):
+    """The measure tests/test_hybrid_cuda.py holds fla's bf16 sessions to, on CPU: these random
+    files amplify rounding so that one bf16 token may be off by the whole logit range (the largest
+    error over all tokens is about 1 for a right rule and a wrong one alike), while the mean over
+    tokens is ~0.06 for bf16 rounding and ~0.7 where value heads read the other q/k grouping."""
+    from engine.models import gated_delta
+
+    model = gguf_model.load(DATA / f"{hybrid}.gguf")
+    ids = synthetic(200, model.spec.vocab, nonce=5)
+
+    def logits(dtype: str) -> torch.Tensor:
+        sess = Session(model, EngineConfig(devices=["cpu"], dtype=dtype, chunk_tokens=48))
+        try:
+            return sess.run(ids, logits_all=True).logits
+        finally:
+            sess.close()
+
+    ref, bf16 = logits("float32"), logits("bfloat16")
+    assert _token_rel(bf16, ref) <= 0.15
+    right = gated_delta.per_value_head
+
+    def other_grouping(q, k, shape):
+        ratio = shape.n_v_heads // shape.n_k_heads
+        if shape.v_tiled:
+            return q.repeat_interleave(ratio, dim=1), k.repeat_interleave(ratio, dim=1)
+        return right(q, k, replace(shape, v_tiled=True))
+
+    monkeypatch.setattr(gated_delta, "per_value_head", other_grouping)
+    assert _token_rel(logits("bfloat16"), ref) > 0.3

@@ -90,9 +90,10 @@ def _kernels():
         g += tl.load(gb_ptr + e * f + cols, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(u_ptr + r * f + cols, mask=mask, other=0.0).to(tl.float32)
         u += tl.load(ub_ptr + e * f + cols, mask=mask, other=0.0).to(tl.float32)
-        nan = tl.PropagateNan.ALL  # as torch's clamp: a NaN stays NaN
-        g = tl.minimum(g, limit, propagate_nan=nan)
-        u = tl.minimum(tl.maximum(u, -limit, propagate_nan=nan), limit, propagate_nan=nan)
+        # as torch's clamp, a NaN stays NaN; the enum goes inline (the compiler refuses it in a local)
+        g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
+        u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
+                       propagate_nan=tl.PropagateNan.ALL)
         a = (u + 1.0) * (g / (1.0 + tl.exp(-alpha * g)))
         tl.store(out_ptr + r * f + cols, a.to(out_ptr.dtype.element_ty), mask=mask)
 
