@@ -5,7 +5,7 @@
 
 .DESCRIPTION
   On every visible GPU count (1, and 2 when there are two):
-    1. tests/test_cuda.py, tests/test_hybrid_cuda.py
+    1. tests/test_cuda.py and every family's tests/test_*_cuda.py
     2. the default `strata-bench run` (chunk auto, CUDA graphs on) as a new user types it
     3. the app's run path (strata_gui.run.run_job, what the Run button drives) without Qt
     4. the process executor on CUDA (tests/test_executor_cuda.py; -NoExecutor skips it)

@@ -17,7 +17,7 @@ if "STRATA_LOG_DIR" not in os.environ:  # internal-error logs of the tests stay 
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():
-    # Triton's kernels (where triton is installed: it is not a dependency) run interpreted on a
+    # Triton's kernels (where triton is installed: the test extra brings it on Linux) run interpreted on a
     # CPU. The mode is fixed when an engine module defines its kernels, so it is set here, before
     # any test module imports one: set later, kernels defined earlier stay compiled-only
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,6 +1,6 @@
 """The Triton dequantiser (engine/quant/dequant_triton.py) against gguf's numpy dequantiser and the
-torch path, bit for bit, run on CPU through Triton's interpreter where triton is installed (it
-is not a dependency: CI skips those; tests/test_cuda.py runs the compiled kernels on the GPU
+torch path, bit for bit, run on CPU through Triton's interpreter where triton is installed (the
+test extra brings it on Linux, so CI runs them; tests/test_cuda.py runs the compiled kernels on the GPU
 machine, where FMA contraction and the conversions are the real risks).  The dispatch tests
 run everywhere."""
 from __future__ import annotations
@@ -31,7 +31,7 @@ except ImportError:
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 interpreted = pytest.mark.skipif(
     not HAVE_TRITON or torch.cuda.is_available(),
-    reason="needs triton (not a dependency) and no GPU (tests/test_cuda.py runs the compiled kernels)")
+    reason="needs triton (the test extra, Linux) and no GPU (tests/test_cuda.py runs the compiled kernels)")
 KERNEL_TYPES = [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K,
                 T.IQ4_NL, T.IQ4_XS, T.IQ3_XXS, T.IQ3_S, T.MXFP4, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S,
                 T.IQ1_M, T.NVFP4, T.TQ2_0, T.TQ1_0]
@@ -232,7 +232,7 @@ for qt, (kernel, r, w) in sorted(dt._TABLE.items(), key=lambda kv: kv[0].name):
 """
 
 
-@pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (not a dependency)")
+@pytest.mark.skipif(not HAVE_TRITON, reason="needs triton (the test extra, Linux)")
 def test_every_kernel_compiles_for_sm90_without_fused_multiply_add():
     """The interpreter accepts code the compiler may refuse, and cannot show FMA contraction:
     each kernel is compiled for sm_90 (through ptxas) with the dequantiser's launch options and

@@ -5,8 +5,8 @@ CPU) accepts code that the compiler refuses: gpt-oss's clamped SwiGLU once held 
 `tl.PropagateNan` in a local, which the interpreter ran and the GPU machine's Triton refused
 ("cannot convert PROPAGATE_NAN.ALL to tensor").  So each kernel is compiled here for an H100's
 target in a process without the interpreter, in bf16 and float32, with the constexprs its
-callers pass.  Skipped where triton is not installed (it is not a dependency; CI skips this,
-the GPU gate runs it).  The quantised kernels have their own such checks (test_qmatvec.py,
+callers pass.  Skipped where triton is not installed (the test extra brings it on Linux, so CI
+runs this; the GPU gate runs only the *_cuda.py files).  The quantised kernels have their own such checks (test_qmatvec.py,
 test_dequant_triton.py)."""
 from __future__ import annotations
 

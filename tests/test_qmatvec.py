@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 from engine.quant import qmatvec_triton  # noqa: E402
 
 needs_triton = pytest.mark.skipif(not qmatvec_triton.available() or torch.cuda.is_available(),
-                                  reason="needs triton (not a dependency) and no GPU (tests/test_cuda.py)")
+                                  reason="needs triton (the test extra, Linux) and no GPU (tests/test_cuda.py)")
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
@@ -83,7 +83,7 @@ for qt, (kernel, bn, warps) in sorted(q._TABLE.items(), key=lambda kv: kv[0].nam
 """
 
 
-@pytest.mark.skipif(not qmatvec_triton.available(), reason="needs triton (not a dependency)")
+@pytest.mark.skipif(not qmatvec_triton.available(), reason="needs triton (the test extra, Linux)")
 def test_every_matvec_kernel_compiles_for_sm90():
     """The interpreter accepts code the compiler may refuse: each kernel is compiled for sm_90
     (through ptxas) with its launch options, for bf16 and float32 activations."""

@@ -1,5 +1,5 @@
 """The Triton kernels compute the torch expressions they replace, checked on CPU through
-Triton's interpreter where triton is installed (it is not a dependency: CI skips this; the
+Triton's interpreter where triton is installed (the test extra brings it on Linux, so CI runs this; the
 CUDA variants in tests/test_cuda.py run the compiled kernels on the GPU machine)."""
 from __future__ import annotations
 
