@@ -6,9 +6,6 @@ run everywhere."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +13,7 @@ import torch
 from dequant_support import assert_bit_exact, random_blocks
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
+from triton_compile_support import compiled_lines
 
 from engine.quant import dequant
 
@@ -237,15 +235,10 @@ def test_every_kernel_compiles_for_sm90_without_fused_multiply_add():
     """The interpreter accepts code the compiler may refuse, and cannot show FMA contraction:
     each kernel is compiled for sm_90 (through ptxas) with the dequantiser's launch options and
     its PTX holds only rounded .rn float operations, no fma."""
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE_CHECK, str(root)], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = run.stdout.split("\n")
+    lines = compiled_lines(_COMPILE_CHECK)
     from engine.quant import dequant_triton
     for qt in dequant_triton.TYPES:
         for out in ("*fp32", "*bf16"):
             line = next((x for x in lines if x.startswith(f"{qt.name} {out} ")), None)
-            assert line is not None, (qt.name, out, run.stdout[-2000:])
+            assert line is not None, (qt.name, out, lines[-20:])
             assert " fused-or-contractible 0 " in line, line

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from hf_reference import torch_linear_attention
+from session_support import token_rel_error
 
 from engine.config import EngineConfig
 from engine.io import gguf_model
@@ -164,11 +165,6 @@ def test_gdn_mix_on_fla_agrees_with_torch_over_chunks(monkeypatch, v_tiled):
     assert torch.equal(got_st.conv, want_st.conv)
 
 
-def _token_rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    """The mean over tokens of each token's largest logit error, relative to the largest |logit|."""
-    return ((got.float() - want.float()).abs().amax(-1) / want.float().abs().max().clamp_min(1e-6)).mean().item()
-
-
 @cuda
 @pytest.mark.parametrize("hybrid", HYBRIDS)
 def test_a_bf16_session_on_fla_is_as_close_to_fp32_as_the_torch_rule(monkeypatch, hybrid):
@@ -190,5 +186,5 @@ def test_a_bf16_session_on_fla_is_as_close_to_fp32_as_the_torch_rule(monkeypatch
     got = _run(model, ids, logits_all=True, devices=["cuda:0"], chunk_tokens=48)
     assert gated_delta_fla.calls > before and "GDN rule: fla " in got.report.kernels, got.report.kernels
     assert bool(torch.isfinite(got.logits).all())
-    fla_err, torch_err = _token_rel(got.logits.cpu(), ref), _token_rel(want.logits.cpu(), ref)
+    fla_err, torch_err = token_rel_error(got.logits.cpu(), ref), token_rel_error(want.logits.cpu(), ref)
     assert torch_err <= 0.15 and fla_err <= 0.15, (fla_err, torch_err)

@@ -13,6 +13,7 @@ import torch
 from dequant_support import random_blocks
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
+from triton_compile_support import compiled_lines
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -87,18 +88,10 @@ for qt, (kernel, bn, warps) in sorted(q._TABLE.items(), key=lambda kv: kv[0].nam
 def test_every_matvec_kernel_compiles_for_sm90():
     """The interpreter accepts code the compiler may refuse: each kernel is compiled for sm_90
     (through ptxas) with its launch options, for bf16 and float32 activations."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE_CHECK, str(root)], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    lines = compiled_lines(_COMPILE_CHECK)
     for qt in qmatvec_triton.TYPES:
         for dt in ("*bf16", "*fp32"):
-            assert any(line.startswith(f"{qt.name} {dt} cubin") for line in run.stdout.splitlines()), run.stdout
+            assert any(line.startswith(f"{qt.name} {dt} cubin") for line in lines), lines
 
 
 @needs_triton

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from session_support import token_rel_error
 
 from engine import models
 from engine.cli import bench
@@ -158,10 +159,6 @@ def test_older_files_with_the_fused_ssm_in_run_as_the_converters(tmp_path):
     assert (logits[0] - logits[1]).abs().max().item() <= 1e-5
 
 
-def _token_rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want.float()).abs().amax(-1) / want.float().abs().max()).mean().item()
-
-
 @pytest.mark.parametrize("hybrid", ["qwen3next", "qwen35moe"])
 def test_a_bf16_session_stays_near_fp32_and_a_wrong_grouping_does_not(monkeypatch, hybrid):
     """The measure tests/test_hybrid_cuda.py holds fla's bf16 sessions to, on CPU: these random
@@ -181,7 +178,7 @@ def test_a_bf16_session_stays_near_fp32_and_a_wrong_grouping_does_not(monkeypatc
             sess.close()
 
     ref, bf16 = logits("float32"), logits("bfloat16")
-    assert _token_rel(bf16, ref) <= 0.15
+    assert token_rel_error(bf16, ref) <= 0.15
     right = gated_delta.per_value_head
 
     def other_grouping(q, k, shape):
@@ -191,4 +188,4 @@ def test_a_bf16_session_stays_near_fp32_and_a_wrong_grouping_does_not(monkeypatc
         return right(q, k, replace(shape, v_tiled=True))
 
     monkeypatch.setattr(gated_delta, "per_value_head", other_grouping)
-    assert _token_rel(logits("bfloat16"), ref) > 0.3
+    assert token_rel_error(logits("bfloat16"), ref) > 0.3
