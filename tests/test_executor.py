@@ -204,7 +204,9 @@ def test_hung_stage_process_ends_the_run_within_the_timeout(two, ids, threads_di
     took = time.monotonic() - t0
     msg = str(info.value)
     assert "stage 1" in msg and "no progress for 3 s" in msg and "last chunk computed: C1" in msg, msg
-    assert 3 <= took < 10, took
+    # Not a speed figure: at least the timeout (it did wait), and far less than a hang would take;
+    # the upper bound is loose so that a loaded machine (respawning a stage costs seconds) passes.
+    assert 3 <= took < 45, took
     assert all(process_gone(p) for p in old), "the stopped stage process was left behind"
     assert two.run(ids).report.digest == threads_digests(("cpu", "cpu"))[0]
 
