@@ -37,18 +37,30 @@ def part_of(name: str) -> str:
 
 
 def part_flops(spec, bounds: list[tuple[int, int]]) -> dict[str, float]:
-    """FLOPs of each part over the run (all layers), from shapes and chunk bounds."""
+    """FLOPs of each part over the run (all layers), from shapes and chunk bounds.  A hybrid's GDN
+    layers (`spec.recurrent`) have no scores and their own projections; their delta rule, conv and
+    norms count as "everything else" (no FLOPs given)."""
     L, d, H, KV, hd = spec.n_layers, spec.hidden, spec.n_heads, spec.n_kv_heads, spec.head_dim
     tokens = sum(n for _, n in bounds)
     window_of = getattr(spec, "window_of", lambda i: None)  # gpt-oss: a sliding layer sees its window
+    recurrent = tuple(getattr(spec, "recurrent", ())) or (False,) * L
 
     def seen(p: int, n: int, window: int | None) -> float:  # keys per query, averaged over the chunk
         return p + (n + 1) / 2 if window is None else min(window, p + (n + 1) / 2)
 
-    attn = sum(4.0 * H * hd * n * seen(p, n, window_of(i)) for i in range(L) for p, n in bounds) / L
-    dense = 2.0 * tokens * (d * (H + 2 * KV) * hd + H * hd * d + (d * spec.n_experts if spec.n_experts else 0))
+    attn = sum(4.0 * H * hd * n * seen(p, n, window_of(i)) for i in range(L) if not recurrent[i] for p, n in bounds)
+    router = d * spec.n_experts if spec.n_experts else 0
+    shared = spec.shared_params() if spec.n_experts else 0  # a shared expert's three matrices
+    qkvo = d * (H + 2 * KV) * hd + H * hd * d
+    if any(recurrent):
+        key, value = spec.linear_k_heads * spec.linear_head_k, spec.linear_v_heads * spec.linear_head_v
+        gdn = d * (2 * key + 2 * value + 2 * spec.linear_v_heads) + value * d  # in-projections, out-projection
+        qkvo += H * hd * d  # gated attention: the q projection also writes the output gate
+    else:
+        gdn = 0
+    dense = sum(2.0 * tokens * ((gdn if recurrent[i] else qkvo) + router + shared) for i in range(L))
     experts = 2.0 * tokens * 3 * d * (spec.expert_ffn * spec.n_experts_used if spec.n_experts else spec.ffn)
-    return {"attention": L * attn, "expert GEMMs": L * experts, "dense GEMMs": L * dense, "everything else": 0.0}
+    return {"attention": attn, "expert GEMMs": L * experts, "dense GEMMs": dense, "everything else": 0.0}
 
 
 def main() -> None:
