@@ -5,9 +5,9 @@ recurrent state handed over between stages: threads, processes, prefill-main and
 digest.  A stage holding a GDN or gated-attention layer runs eagerly (no CUDA graph captured).
 
 With flash-linear-attention installed (the `gdn` extra; skipped without it): its chunked rule
-against the torch rule on random inputs (bf16 as the engine feeds it, fp32 as fla's TF32 gives
-it), the state carried over chunks, the grouped conv against the fp32 loop, and whole bf16 sessions
-(the default and STRATA_GDN_KERNEL=torch) against the fp32 session; each asserts that fla actually ran."""
+against the torch rule on random inputs (bf16 as the engine feeds it), the state carried over
+chunks, the grouped conv against the fp32 loop, and whole bf16 sessions (the default and
+STRATA_GDN_KERNEL=torch) against the fp32 session; each asserts that fla actually ran."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -93,12 +93,13 @@ def _torch_rule(q, k, v, g, beta, state, shape: GdnShape) -> torch.Tensor:
 
 
 @cuda
-@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float32, 5e-3)])
 @pytest.mark.parametrize("shape", [GdnShape(4, 8, 128, 128, 4), GdnShape(2, 4, 16, 16, 4, v_tiled=True)],
                          ids=["grouped-128", "tiled-16"])
-def test_fla_rule_agrees_with_the_torch_rule_and_carries_its_state(dtype, tol, shape):
+def test_fla_rule_agrees_with_the_torch_rule_and_carries_its_state(shape):
     """One pass and chunks cut off the 64-token blocks (state handed on in place) on fla, against
-    the torch rule's one pass: outputs and final states."""
+    the torch rule's one pass: outputs and final states, in bf16 as the engine feeds fla.  (An fp32
+    case, which the engine never hands fla, took 125 s of the GPU gate's autotuning in session 17.)"""
+    dtype, tol = torch.bfloat16, 2e-2
     _fla()
     t = 333
     q, k, v, g, beta, s0 = _rule_inputs(t, shape, dtype, seed=7)
