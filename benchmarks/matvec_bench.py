@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -38,30 +37,15 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 
 from engine.plan.roofline import cuda_bandwidth  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gdn_bench import _time  # noqa: E402  (best of N by CUDA events, in ms)
+
 from engine.quant import qmatvec_triton  # noqa: E402
 
 # (projection, stored type, N rows, K values a row) of one Qwen3-30B-A3B layer in a Q4_K_M file
 PROJECTIONS = (("gate/up", T.Q4_K, 768, 2048), ("down", T.Q6_K, 2048, 768))
 DEFAULT_LAUNCH = "2:1,4:1,4:2,8:1,8:2,8:4,16:2,16:4,32:4,32:8"
-
-
-def time_call(fn, device: torch.device, repeat: int) -> float:
-    """Best seconds of one call (CUDA events on a GPU), after a warm-up call."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"| {proj} | {qtype.name} | {N}x{K} | {m} | {bn}:{warps} | differs from the engine's "
                               f"shape | | | |")
                         continue
-                    s = time_call(lambda raw=raw, qtype=qtype, shape=(ns.experts, N, K), x=x, experts=experts:
+                    s = _time(lambda raw=raw, qtype=qtype, shape=(ns.experts, N, K), x=x, experts=experts:
                                   qmatvec_triton.matvec(raw, qtype, shape, x, experts),
-                                  device, ns.repeat)
+                                  device, ns.repeat) / 1e3
                 except Exception as exc:  # a shape this Triton or GPU refuses (too many registers, …)
                     print(f"| {proj} | {qtype.name} | {N}x{K} | {m} | {bn}:{warps} | failed: "
                           f"{type(exc).__name__} | | | |")
