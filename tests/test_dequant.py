@@ -76,7 +76,7 @@ def test_three_dimensional_tensor_and_chunked_out(monkeypatch, qtype):
     ref = gguf_quants.dequantize(raw, qtype).reshape(3, 4, cols)
     t = torch.from_numpy(raw)
     one = dequant.dequantize(t, qtype, (3, 4, cols))
-    monkeypatch.setattr(dequant, "CHUNK_BLOCKS", 5)
+    monkeypatch.setattr(dequant, "CHUNK_VALUES", 5 * dequant.block_geometry(qtype)[0])  # 5 blocks a step
     out = torch.full((3, 4, cols), 7.0)
     dequant.dequantize(t, qtype, (3, 4, cols), out=out)
     assert torch.equal(one.nan_to_num(), out.nan_to_num())

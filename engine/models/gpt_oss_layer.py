@@ -26,7 +26,6 @@ import torch.nn.functional as F
 
 from engine.kernels import moe_kernels
 from engine.kernels.sink_attention import sink_attention
-from engine.models import routed_experts
 from engine.models.experts import EXPAND_SCRATCH_BYTES
 from engine.models.kv import LayerKV
 from engine.models.layers import Layer, LayerWeights, _grouped_mm_ok, rms_norm
@@ -128,22 +127,14 @@ class GptOssLayer(Layer):
     def _resident_batches(self, used: list[int], dtype: torch.dtype,
                           device: torch.device) -> Iterator[tuple[list[int], tuple[torch.Tensor, ...]]]:
         """(experts, (gate, up, down) of them in `dtype`) for the resident experts `used`: float
-        ones as views, stored ones expanded in batches within the reference scratch (only the
-        used ones where they are few, else consecutive slices of every expert)."""
-        w, s = self.w, self.spec
+        ones as views, stored ones as `Layer._expanded_batches` expands them."""
+        w = self.w
         parts = (w.gate_exps, w.up_exps, w.down_exps)
         if not isinstance(w.gate_exps, QTensor):
             for e in used:
                 yield [e], tuple(t[e:e + 1] for t in parts)
             return
-        per_expert = 3 * s.expert_ffn * s.hidden * torch.empty((), dtype=dtype).element_size()
-        compact = routed_experts.compact_wanted(len(used), s.n_experts, device.type)
-        for batch in routed_experts.batches(used if compact else list(range(s.n_experts)), per_expert):
-            if compact:
-                idx = torch.tensor(batch, dtype=torch.int64, device=device)
-                yield batch, tuple(t.gather(idx, dtype) for t in parts)
-            else:
-                yield batch, tuple(t.experts(batch[0], batch[-1] + 1).dequantize(dtype) for t in parts)
+        yield from self._expanded_batches(used, dtype, device)
 
     def _per_expert(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """One expert at a time over rows sorted by expert (CPU, or a GPU without grouped GEMMs)."""

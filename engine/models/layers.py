@@ -9,6 +9,7 @@ features, never on the architecture's name.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -25,6 +26,7 @@ from engine.models.experts import EXPAND_SCRATCH_BYTES
 from engine.models.gguf_keys import RopeScaling
 from engine.models.kv import LayerKV
 from engine.models.spec import ModelSpec
+from engine.quant import host_scratch
 from engine.quant.qtensor import QTensor, has_blocks
 
 if TYPE_CHECKING:
@@ -411,7 +413,7 @@ class Layer:
         `routed_experts.REFERENCE_SCRATCH_BYTES`: only the experts the chunk routes to where
         they are few (`routed_experts.compact_wanted` on the distinct count), else every expert
         in consecutive slices.  Each expert's arithmetic is the same either way."""
-        s, w = self.spec, self.w
+        w = self.w
         counts_host = counts.tolist()
         starts = [0]
         for c in counts_host:
@@ -428,19 +430,32 @@ class Layer:
             for e in used:
                 run(e, w.gate_exps[e], w.up_exps[e], w.down_exps[e])
             return ys
-        parts = (w.gate_exps, w.up_exps, w.down_exps)
-        per_expert = 3 * s.expert_ffn * s.hidden * torch.empty((), dtype=dtype).element_size()
-        compact = routed_experts.compact_wanted(len(used), s.n_experts, xs.device.type)
-        for batch in routed_experts.batches(used if compact else list(range(s.n_experts)), per_expert):
-            if compact:
-                idx = torch.tensor(batch, dtype=torch.int64, device=xs.device)
-                gate, up, down = (t.gather(idx, dtype) for t in parts)
-            else:  # consecutive experts: a slice of the stored bytes, no gather
-                gate, up, down = (t.experts(batch[0], batch[-1] + 1).dequantize(dtype) for t in parts)
+        for batch, (gate, up, down) in self._expanded_batches(used, dtype, xs.device):
             for j, e in enumerate(batch):
                 if counts_host[e]:
                     run(e, gate[j], up[j], down[j])
         return ys
+
+    def _expanded_batches(self, used: list[int], dtype: torch.dtype,
+                          device: torch.device) -> Iterator[tuple[list[int], tuple[torch.Tensor, ...]]]:
+        """(experts, (gate, up, down) of them in `dtype`) for the stored experts `used`, expanded
+        in batches within `routed_experts.REFERENCE_SCRATCH_BYTES`: only the used ones where they
+        are few, else consecutive slices of every expert.  On the CPU each batch lands in this
+        thread's `host_scratch` (valid until the next batch); a GPU's caching allocator already
+        keeps the memory."""
+        s, w = self.spec, self.w
+        parts = (w.gate_exps, w.up_exps, w.down_exps)
+        per_expert = 3 * s.expert_ffn * s.hidden * torch.empty((), dtype=dtype).element_size()
+        compact = routed_experts.compact_wanted(len(used), s.n_experts, device.type)
+        for batch in routed_experts.batches(used if compact else list(range(s.n_experts)), per_expert):
+            outs = (host_scratch.carve([(len(batch), *t.shape[1:]) for t in parts], dtype)
+                    if device.type == "cpu" else (None, None, None))
+            if compact:
+                idx = torch.tensor(batch, dtype=torch.int64, device=device)
+                yield batch, tuple(t.gather(idx, dtype, out=o) for t, o in zip(parts, outs))
+            else:  # consecutive experts: a slice of the stored bytes, no gather
+                yield batch, tuple(t.experts(batch[0], batch[-1] + 1).dequantize(dtype, out=o)
+                                   for t, o in zip(parts, outs))
 
     def _streamed_experts(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Expert FFN with weights from the device's ExpertCache, in batches the cache can hold.

@@ -37,9 +37,12 @@ log = logging.getLogger(__name__)
 QK_K = 256
 # non-linear 4-bit code book of IQ4_NL / IQ4_XS (ggml's kvalues_iq4nl)
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-# blocks expanded per step of a large tensor (bounds the temporaries: ~16 bytes per value):
-# fewer, larger steps on a GPU (each step is ~15-25 kernel launches)
-CHUNK_BLOCKS = 1 << 16
+# How much of a large tensor one step expands (bounds the temporaries: ~16 bytes per value).
+# On a CPU, values per step (any block size), so that a step's float32 temporaries (~4 MiB a
+# value array) stay in cache: 2**20 values a step expanded Q4_K and Q6_K 3-4x faster than 2**24
+# on this project's 2-core CI machine (`python benchmarks/cpu_dequant_bench.py`).  On a GPU,
+# blocks per step, fewer and larger (each step is ~15-25 kernel launches).
+CHUNK_VALUES = 1 << 20
 CHUNK_BLOCKS_CUDA = 1 << 17  # ~0.5 GiB of temporaries: STEP_BYTES_CUDA
 STEP_BYTES_CUDA = 16 * 256 * CHUNK_BLOCKS_CUDA  # float32 temporaries of one torch step on a GPU
 
@@ -104,20 +107,34 @@ def _lookup(table: tuple[int, ...], idx: torch.Tensor) -> torch.Tensor:
     return values[idx.to(torch.int64)]
 
 
+def _broadcast(a: torch.Size, b: torch.Size) -> tuple[int, ...]:
+    """The broadcast of two shapes (torch's rules).  `torch.broadcast_shapes` goes through
+    torch._refs, whose first call imports sympy and the decompositions (~0.45 s on the CI
+    machine) and each call after costs ~1 ms: more than a small step's arithmetic."""
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            raise ValueError(f"shapes {list(a)} and {list(b)} do not broadcast")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
 def _mul(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """a * b computed in float32 (integer codes promote exactly) and written in `dtype`: the
     last operation of a dequantiser writes its result once, in the caller's dtype."""
-    out = torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=dtype, device=a.device)
+    out = torch.empty(_broadcast(a.shape, b.shape), dtype=dtype, device=a.device)
     return torch.mul(a, b, out=out)
 
 
 def _sub(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    out = torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=dtype, device=a.device)
+    out = torch.empty(_broadcast(a.shape, b.shape), dtype=dtype, device=a.device)
     return torch.sub(a, b, out=out)
 
 
 def _add(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    out = torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=dtype, device=a.device)
+    out = torch.empty(_broadcast(a.shape, b.shape), dtype=dtype, device=a.device)
     return torch.add(a, b, out=out)
 
 
@@ -489,7 +506,7 @@ def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: t
     straight into the result (or `out`); `raw` may then be a [rows, bytes] slice with unit
     column stride and whole blocks per row, read in place.  Otherwise (torch path), with `out`
     (a contiguous tensor of `shape`), and for any tensor over one step, works in steps of
-    CHUNK_BLOCKS blocks (CHUNK_BLOCKS_CUDA on a GPU), so the float32 temporaries stay small
+    CHUNK_VALUES values (CHUNK_BLOCKS_CUDA blocks on a GPU), so the float32 temporaries stay small
     whatever the tensor's size.
 
     With `rows` (an int64 index on raw's device), raw is [rows, bytes] and the result holds
@@ -512,7 +529,7 @@ def dequantize(raw: torch.Tensor, qtype: T | int, shape: Sequence[int], dtype: t
     if rows is not None and not triton_path:
         raw = _gather_rows(raw, rows)
         rows = None
-    step = CHUNK_BLOCKS_CUDA if raw.device.type == "cuda" else CHUNK_BLOCKS
+    step = CHUNK_BLOCKS_CUDA if raw.device.type == "cuda" else max(1, CHUNK_VALUES // bs)
     if rows is None and raw.numel() != n_blocks * ts:
         raise ValueError(f"{raw.numel()} bytes for {n_blocks} {qtype.name} blocks of {ts} bytes")
     if triton_path:

@@ -45,15 +45,18 @@ class QTensor:
         per = self.raw.numel() // self.shape[0]
         return QTensor(self.raw[lo * per:hi * per], self.qtype, (hi - lo, *self.shape[1:]))
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return dequant.dequantize(self.raw, self.qtype, self.shape, dtype)
+    def dequantize(self, dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The values in `dtype` (into `out`, a contiguous tensor of this shape, where given)."""
+        return dequant.dequantize(self.raw, self.qtype, self.shape, dtype, out=out)
 
-    def gather(self, experts: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def gather(self, experts: torch.Tensor, dtype: torch.dtype = torch.float32,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """Rows `experts` of the leading dimension expanded into one [len(experts), ...] scratch
         in `dtype`: the Triton dequantiser reads them in place, the torch path copies their
         blocks first.  `experts`: a 1-D int64 index on this tensor's device, each entry in
         [0, shape[0]) (checked where the index is on the host; on a GPU a check would
-        synchronise it with the host, and `routed_experts.compact_routing` makes it in range)."""
+        synchronise it with the host, and `routed_experts.compact_routing` makes it in range).
+        With `out` (contiguous, [len(experts), ...]) the values are written there."""
         rows = self.shape[0]
         per = self.raw.numel() // rows
         if experts.device.type == "cpu" and experts.numel() and not (
@@ -61,7 +64,7 @@ class QTensor:
             raise IndexError(f"expert index {experts.tolist()} outside 0..{rows - 1}")
         index = experts.to(device=self.raw.device, dtype=torch.int64).contiguous()
         return dequant.dequantize(self.raw.view(rows, per), self.qtype, (index.numel(), *self.shape[1:]), dtype,
-                                  rows=index)
+                                  out=out, rows=index)
 
     def to(self, device: torch.device | str) -> QTensor:
         return QTensor(self.raw.to(device), self.qtype, self.shape)
