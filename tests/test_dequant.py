@@ -103,3 +103,16 @@ def test_unsupported_type_and_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="143 bytes"):
         dequant.dequantize(torch.zeros(143, dtype=torch.uint8), T.Q4_K, (256,))
     assert dequant.nbytes_of(T.Q6_K, 512) == 420
+
+
+def test_cpu_broadcast_shape_follows_torch():
+    """The CPU steps' own shape broadcast (torch.broadcast_shapes costs ~1 ms a call there)
+    gives torch's shapes, and refuses what torch refuses."""
+    pairs = [((3, 8, 1), (3, 8, 32)), ((5,), (1,)), ((2, 1, 4), (3, 1)), ((), (2, 3)), ((7, 1), (1, 7)),
+             ((4, 16, 1), (4, 16, 16)), ((1,), ())]
+    for a, b in pairs:
+        assert dequant.broadcast_shape(a, b) == tuple(torch.broadcast_shapes(a, b)), (a, b)
+    with pytest.raises(ValueError, match="do not broadcast"):
+        dequant.broadcast_shape((3, 4), (5, 4))
+    with pytest.raises(RuntimeError):
+        torch.broadcast_shapes((3, 4), (5, 4))

@@ -103,9 +103,9 @@ def test_compact_moe_equals_full_moe(monkeypatch, grouped, dtype):
     calls = {"gather": 0}
     real_gather = QTensor.gather
 
-    def counting_gather(self, experts, dt=torch.float32):
+    def counting_gather(self, experts, dt=torch.float32, out=None):
         calls["gather"] += 1
-        return real_gather(self, experts, dt)
+        return real_gather(self, experts, dt, out=out)
 
     monkeypatch.setattr(QTensor, "gather", counting_gather)
     for n in (1, 3, 5):

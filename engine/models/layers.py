@@ -26,7 +26,7 @@ from engine.models.experts import EXPAND_SCRATCH_BYTES
 from engine.models.gguf_keys import RopeScaling
 from engine.models.kv import LayerKV
 from engine.models.spec import ModelSpec
-from engine.quant import host_scratch
+from engine.quant.host_scratch import HostScratch
 from engine.quant.qtensor import QTensor, has_blocks
 
 if TYPE_CHECKING:
@@ -238,6 +238,7 @@ class Layer:
         self.prefetch_next: int | None = None  # the layer whose experts to fetch while this one computes
         self.use_grouped_mm: bool | None = None  # decided on first call
         self.fused: FusedWeights | None = None  # the GPU path's weights, built on its first call
+        self.scratch: HostScratch | None = None  # the CPU stage's expansion buffer (None: fresh tensors)
 
     # ------------------------------------------------------------- the GPU path
     # Stage threads share one interpreter, so every kernel launch costs all stages: the GPU
@@ -440,16 +441,16 @@ class Layer:
                           device: torch.device) -> Iterator[tuple[list[int], tuple[torch.Tensor, ...]]]:
         """(experts, (gate, up, down) of them in `dtype`) for the stored experts `used`, expanded
         in batches within `routed_experts.REFERENCE_SCRATCH_BYTES`: only the used ones where they
-        are few, else consecutive slices of every expert.  On the CPU each batch lands in this
-        thread's `host_scratch` (valid until the next batch); a GPU's caching allocator already
-        keeps the memory."""
+        are few, else consecutive slices of every expert.  On the CPU, in a stage, each batch
+        lands in the stage's `HostScratch` (valid until the next batch); a GPU's caching allocator
+        already keeps the memory."""
         s, w = self.spec, self.w
         parts = (w.gate_exps, w.up_exps, w.down_exps)
         per_expert = 3 * s.expert_ffn * s.hidden * torch.empty((), dtype=dtype).element_size()
         compact = routed_experts.compact_wanted(len(used), s.n_experts, device.type)
         for batch in routed_experts.batches(used if compact else list(range(s.n_experts)), per_expert):
-            outs = (host_scratch.carve([(len(batch), *t.shape[1:]) for t in parts], dtype)
-                    if device.type == "cpu" else (None, None, None))
+            outs = (self.scratch.carve([(len(batch), *t.shape[1:]) for t in parts], dtype)
+                    if self.scratch is not None and device.type == "cpu" else (None, None, None))
             if compact:
                 idx = torch.tensor(batch, dtype=torch.int64, device=device)
                 yield batch, tuple(t.gather(idx, dtype, out=o) for t, o in zip(parts, outs))

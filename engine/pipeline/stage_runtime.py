@@ -35,6 +35,7 @@ from engine.models.loading import load_layer_weights, new_layer
 from engine.pipeline.stage_decode import StageDecode
 from engine.pipeline.stage_graphs import DECODE_SIZE, StageGraphs
 from engine.pipeline.stage_output import StageOutput
+from engine.quant.host_scratch import HostScratch
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,8 @@ class StageRuntime:
         self.kvs: list[LayerKV] = []
         self.head: Head | None = None
         self.cache: ExpertCache | None = None  # streamed experts of this stage's device
+        # a CPU stage's one buffer for expanding stored experts, shared by its layers
+        self.scratch = HostScratch(self.name) if device.type == "cpu" else None
         self.input_buf: torch.Tensor | None = None  # this stage's ONE chunk input buffer
         self.done: torch.cuda.Event | None = None  # CUDA: the end of the last compute on the stream
         self.prev_end: torch.cuda.Event | None = None  # for the idle gap before the next compute
@@ -125,6 +128,7 @@ class StageRuntime:
             w = alloc(f"the weights of layer {i}", self.device, nbytes, LAYER_ADVICE,
                       lambda: load_layer_weights(source, i, self.device, self.dtype, experts=not streamed))  # noqa: B023  (alloc calls it now)
             out.append(new_layer(spec, i, w, rope, cache=self.cache if streamed else None))
+            out[-1].scratch = self.scratch
             if after is not None:
                 after(i)
         for a, b in zip(out, out[1:]):
@@ -181,8 +185,10 @@ class StageRuntime:
             self.decoding.drop()
 
     def release(self) -> None:
-        """Free layers, KV, head, buffers, graphs and the expert cache."""
+        """Free layers, KV, head, buffers, graphs, the expert cache and the host scratch."""
         self.drop_graphs()
+        if self.scratch is not None:
+            self.scratch.release()
         self.layers, self.kvs, self.head, self.input_buf, self.cache = [], [], None, None, None
 
     # ------------------------------------------------------------------ events

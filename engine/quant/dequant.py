@@ -39,9 +39,10 @@ QK_K = 256
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 # How much of a large tensor one step expands (bounds the temporaries: ~16 bytes per value).
 # On a CPU, values per step (any block size), so that a step's float32 temporaries (~4 MiB a
-# value array) stay in cache: 2**20 values a step expanded Q4_K and Q6_K 3-4x faster than 2**24
-# on this project's 2-core CI machine (`python benchmarks/cpu_dequant_bench.py`).  On a GPU,
-# blocks per step, fewer and larger (each step is ~15-25 kernel launches).
+# value array) stay in cache: on this project's 2-core CI machine 2**20 values a step expanded
+# every K-quant and Q8_0 2-7x faster than 2**24, Q4_K's step before (`python
+# benchmarks/dequant_bench.py --device cpu --dtype float32 --cpu-steps ...`; docs/benchmarks.md).
+# On a GPU, blocks per step, fewer and larger (each step is ~15-25 kernel launches).
 CHUNK_VALUES = 1 << 20
 CHUNK_BLOCKS_CUDA = 1 << 17  # ~0.5 GiB of temporaries: STEP_BYTES_CUDA
 STEP_BYTES_CUDA = 16 * 256 * CHUNK_BLOCKS_CUDA  # float32 temporaries of one torch step on a GPU
@@ -107,10 +108,18 @@ def _lookup(table: tuple[int, ...], idx: torch.Tensor) -> torch.Tensor:
     return values[idx.to(torch.int64)]
 
 
-def _broadcast(a: torch.Size, b: torch.Size) -> tuple[int, ...]:
-    """The broadcast of two shapes (torch's rules).  `torch.broadcast_shapes` goes through
-    torch._refs, whose first call imports sympy and the decompositions (~0.45 s on the CI
-    machine) and each call after costs ~1 ms: more than a small step's arithmetic."""
+def _result(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An empty tensor of a and b's broadcast shape in `dtype` on a's device.  On a CPU the
+    shape is worked out here: `torch.broadcast_shapes` goes through torch._refs, whose first
+    call imports sympy and the decompositions (~0.45 s on the CI machine) and each call after
+    costs ~1 ms, more than a CPU step's arithmetic.  A GPU keeps torch's (its steps are few)."""
+    if a.device.type != "cpu":
+        return torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=dtype, device=a.device)
+    return torch.empty(broadcast_shape(a.shape, b.shape), dtype=dtype)
+
+
+def broadcast_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    """The broadcast of two shapes, by torch's rules (ValueError where they do not broadcast)."""
     n = max(len(a), len(b))
     a, b = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
     out = []
@@ -124,18 +133,15 @@ def _broadcast(a: torch.Size, b: torch.Size) -> tuple[int, ...]:
 def _mul(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """a * b computed in float32 (integer codes promote exactly) and written in `dtype`: the
     last operation of a dequantiser writes its result once, in the caller's dtype."""
-    out = torch.empty(_broadcast(a.shape, b.shape), dtype=dtype, device=a.device)
-    return torch.mul(a, b, out=out)
+    return torch.mul(a, b, out=_result(a, b, dtype))
 
 
 def _sub(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    out = torch.empty(_broadcast(a.shape, b.shape), dtype=dtype, device=a.device)
-    return torch.sub(a, b, out=out)
+    return torch.sub(a, b, out=_result(a, b, dtype))
 
 
 def _add(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    out = torch.empty(_broadcast(a.shape, b.shape), dtype=dtype, device=a.device)
-    return torch.add(a, b, out=out)
+    return torch.add(a, b, out=_result(a, b, dtype))
 
 
 # Each dequantiser takes [n_blocks, type_size] bytes and returns [n_blocks, ...] values in
