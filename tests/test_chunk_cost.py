@@ -192,12 +192,17 @@ def test_a_prompt_is_never_probed_past_its_length(demo_path, monkeypatch):
     got, rep = run(40, ("cpu", "cpu"))
     assert got and max(n + pos for n, pos in got) <= 40 and {n for n, pos in got if pos == 0} >= {40}
     assert {n for n, _ in got} <= {40, 20}
-    got, _ = run(200)
+    got, rep = run(200)  # one CPU stage: nothing to overlap, the fewest chunks, no probe
+    assert got == [] and rep.plan.n_chunks == 1 and "one CPU stage" in rep.plan.chunk_reason
+    got, rep = run(5000)
+    assert got == [] and rep.plan.chunk == 2048 and rep.plan.n_chunks == 3
+    two = ("cpu", "cpu")
+    got, _ = run(200, two)
     assert got and max(n + pos for n, pos in got) <= 200
     assert {n for n, _ in got} == {64, 128, 200}  # the sizes (the attention probe: 64 behind 136)
-    got, _ = run(100)
+    got, _ = run(100, two)
     assert got == []  # the 200-token measurement serves
-    got, _ = run(1000)
+    got, _ = run(1000, two)
     assert got and max(n for n, _ in got) == 512 and max(n + pos for n, pos in got) <= 512
 
 
