@@ -38,3 +38,22 @@ def test_rows_of_256_keep_the_mix_and_print_no_note(tmp_path, capsys):
                        "--heads", "8", "--kv-heads", "2", "--head-dim", "32"]) == 0
     out = capsys.readouterr().out
     assert "note:" not in out and "Q4_K" in out
+
+
+def test_expert_flags_on_a_dense_family(tmp_path, capsys):
+    """`--arch llama --experts N` writes Mixtral's layout (routed experts in a llama file, as
+    Mixtral GGUFs have them); a dense family with no such layout refuses the flag instead of
+    writing a dense model with it dropped."""
+    path = tmp_path / "mixtral.gguf"
+    assert bench.main(["make-model", str(path), "--arch", "llama", "--experts", "4", "--experts-used", "2"]) == 0
+    m = load(path)
+    assert m.spec.arch == "llama" and m.spec.n_experts == 4 and m.spec.n_experts_used == 2
+    assert "blk.0.ffn_gate_exps.weight" in m.tensor_names() and "blk.0.ffn_gate.weight" not in m.tensor_names()
+    capsys.readouterr()
+    dense = tmp_path / "dense.gguf"
+    assert bench.main(["make-model", str(dense), "--arch", "qwen3", "--experts", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--experts=4" in err and "qwen3 is dense" in err and "--arch qwen3moe" in err
+    assert not dense.exists()
+    assert bench.main(["make-model", str(dense), "--arch", "qwen3"]) == 0  # no expert flag: dense, as asked
+    assert load(dense).spec.n_experts == 0

@@ -724,6 +724,7 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
     check_writable("make-model PATH", ns.path, folder_must_exist=True)
     _engine()
     recipe = synth.recipe_from_args(ns.preset, **changes)
+    recipe = _experts_asked(ns, recipe)
     try:
         synth.check_recipe(recipe)
     except synth.RecipeError as exc:
@@ -747,6 +748,22 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
         if note:
             print(f"note: {note}")
     return 0
+
+
+def _experts_asked(ns: argparse.Namespace, recipe: Any) -> Any:
+    """Expert flags given for a dense family: llama gets Mixtral's routed experts (`ffn_*_exps` in
+    a llama file); any other dense family is refused, naming the MoE one, rather than written
+    dense with the flags silently dropped."""
+    given = [(flag, v) for flag, v in (("--experts", ns.n_experts), ("--experts-used", ns.n_experts_used),
+                                       ("--expert-ffn", ns.expert_ffn)) if v is not None]
+    if not given or models.family(recipe.arch).moe or recipe.llama_experts:
+        return recipe
+    if recipe.arch == "llama":
+        return dataclasses.replace(recipe, llama_experts=True)
+    moe = [a for a in models.names() if a.startswith(recipe.arch) and models.family(a).moe]
+    flag, value = given[0]
+    raise ConfigError(flag, value, f"only with an MoE family: {recipe.arch} is dense (its MoE family: "
+                                   f"--arch {moe[0] if moe else 'qwen3moe'}; Mixtral-style experts: --arch llama)")
 
 
 def cmd_stage(ns: argparse.Namespace) -> int:
