@@ -26,7 +26,7 @@ def greedy_matches_prefill(src, devices: list[str], dtype: str) -> tuple[list[in
     return gen, logits.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("quant,dtype", [(q, "float32") for q in ("f16", "q4_k_m", "q6_k", "q8_0", "iq4_xs")]
+@pytest.mark.parametrize("quant,dtype", [(q, "float32") for q in synth.QUANTS]  # every mix make-model writes
                          + [("f16", "bfloat16"), ("q4_k_m", "bfloat16")])
 def test_greedy_decode_is_the_prefill_argmax(quant, dtype):
     src = synth.SyntheticSource(synth.recipe_from_args("demo", quant=quant, n_layers=2, **K_SHAPES), "cpu")
