@@ -149,6 +149,9 @@ class RunReport:
     handoff_s: float = 0.0  # seconds the prefill's hand-offs took, summed over hops
     handoff_gbps: float = 0.0  # handoff_bytes / handoff_s
     handoff_share: float = 0.0  # the mean hop's busy share of the prefill wall (handoff_s / hops / prefill_s)
+    # prefill-main: the KV and recurrent state rows handed from the main device to the other stages
+    # (their copy events at chunk -1; 0 where there was no hand-over or events were off)
+    state_handoff_bytes: int = 0
 
     def to_dict(self) -> dict:
         from dataclasses import asdict

@@ -107,7 +107,12 @@ def test_every_quant_mix_runs_finite_and_hands_its_state_over(tmp_path, arch, qu
             sess.close()
         assert bool(torch.isfinite(run.logits).all())
         digests.add(run.report.digest)
-    assert len(digests) == 1
+        # the report says what prefill-main handed over: stage 1's GDN state and KV rows, as the
+        # memory plan sizes them for the prompt
+        st = run.report.plan.stages[-1]
+        handed = models.states_bytes(model.spec, range(st.first_layer, st.end_layer), len(ids), torch.float32)
+        assert run.report.state_handoff_bytes == (handed if cfg.get("prefill_main") else 0)
+    assert len(digests) == 1 and handed > 0
 
 
 def _legacy_copy(src: Path, dst: Path) -> Path:

@@ -257,7 +257,7 @@ def _row(p: Point, base: Point | None, flops: float = 0.0, peak_tflops: float = 
         "row": "summary", "arm": p.arm, "prompt_tokens": p.prompt_tokens, "chunk": r.plan.chunk,
         "n_chunks": r.plan.n_chunks, "stages": len(r.plan.stages), "handoff": r.handoff,
         "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
-        "handoff_share": r.handoff_share,
+        "handoff_share": r.handoff_share, "state_handoff_bytes": r.state_handoff_bytes,
         "schedule": r.plan.schedule, "chunk_sizes": [n for _, n in r.plan.chunk_bounds()],
         "prefill_tok_s": p.median, "prefill_tok_s_all": p.tok_s, "spread": p.spread,
         "decode_tok_s": median_spread([x.decode_tok_s for x in p.reports])[0],
@@ -276,6 +276,8 @@ def _handoff(r: dict[str, Any]) -> str:
         text += f" · {r['executor']}"
     if r.get("handoff_s"):
         text += f" · {r['handoff_gbps']:.2f} GB/s, {r['handoff_share'] * 100:.0f}% of wall"
+    if r.get("state_handoff_bytes"):  # prefill-main's KV and state rows to the stages
+        text += f" · {r['state_handoff_bytes'] / 2**20:,.1f} MiB KV+state to the stages"
     return text
 
 
@@ -512,7 +514,7 @@ def _run_row(r: RunReport, ns: argparse.Namespace, name: str, n: int, rep: int,
         "digest": r.digest, "generated": r.generated, "busy_histogram": r.busy_histogram,
         "per_stage": [vars(t) for t in r.per_stage], "handoff": r.handoff, "attention": r.attention,
         "kernels": r.kernels, "executor": r.executor, "handoff_s": r.handoff_s, "handoff_gbps": r.handoff_gbps,
-        "handoff_share": r.handoff_share,
+        "handoff_share": r.handoff_share, "state_handoff_bytes": r.state_handoff_bytes,
         "device_order": r.device_order, **_run_decode_fields(r, ns, weights)}
 
 

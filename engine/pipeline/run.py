@@ -265,5 +265,6 @@ class Run:
             expert_stats=expert_stats, attention=s.attention_kernels(), kernels=s.kernels(),
             handoff_bytes=cost.nbytes, executor=s.config.executor, handoff_s=cost.seconds,
             handoff_gbps=cost.gbps, handoff_share=cost.share,
+            state_handoff_bytes=sum(e.nbytes for e in prefill_events if e.kind == "copy" and e.chunk < 0),
             cost_profile=planner.probe_dict(s.measured_chunk_cost),
             telemetry=samples, telemetry_status=self.telemetry_status)

@@ -93,6 +93,9 @@ def _run_rows(r: RunReport) -> list[tuple[str, str]]:
     rows.append(("Pipeline", f"depth {depth}" + (" · prefill on the main device" if plan.prefill_main else "")))
     hops = len(plan.stages) - 1 if not plan.prefill_main else 0
     moved = f" · {hops} hop(s) per chunk, {r.handoff_bytes / 2**20:,.1f} MiB handed off" if hops else ""
+    state = getattr(r, "state_handoff_bytes", 0)  # reports saved before the field read as 0
+    if plan.prefill_main and state:
+        moved += f" · {state / 2**20:,.1f} MiB of KV and recurrent state handed to the stages after prefill"
     groups = f" · interleave:{plan.interleave} ({len(plan.stages)} layer groups)" if plan.interleave > 1 else ""
     cost = (f" · {r.handoff_s * 1e3:,.1f} ms, {r.handoff_gbps:,.2f} GB/s, "
             f"{r.handoff_share * 100:.1f}% of the wall per hop") if hops and r.handoff_s > 0 else ""
