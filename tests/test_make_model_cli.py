@@ -53,7 +53,15 @@ def test_expert_flags_on_a_dense_family(tmp_path, capsys):
     dense = tmp_path / "dense.gguf"
     assert bench.main(["make-model", str(dense), "--arch", "qwen3", "--experts", "4"]) == 2
     err = capsys.readouterr().err
-    assert "--experts=4" in err and "qwen3 is dense" in err and "--arch qwen3moe" in err
+    assert "--experts=4" in err and "qwen3 is dense" in err and "qwen3moe" in err and "llama" in err
     assert not dense.exists()
+    mixed = tmp_path / "mixed.gguf"  # a Mixtral preset's experts do not carry over to a dense family
+    assert bench.main(["make-model", str(mixed), "--preset", "mixtral-8x7b", "--arch", "qwen3", "--layers", "1",
+                       "--hidden", "64", "--heads", "2", "--kv-heads", "1", "--head-dim", "32", "--experts", "2"]) == 2
+    assert not mixed.exists()
+    for bad in (["--experts", "1"], ["--experts", "0"]):  # Mixtral-style experts are checked as any family's
+        capsys.readouterr()
+        assert bench.main(["make-model", str(mixed), "--arch", "llama", *bad]) == 2
+        assert "--experts" in capsys.readouterr().err and not mixed.exists()
     assert bench.main(["make-model", str(dense), "--arch", "qwen3"]) == 0  # no expert flag: dense, as asked
     assert load(dense).spec.n_experts == 0

@@ -101,8 +101,9 @@ def test_gpu_scratch_reserves_torch_temporaries_only_where_torch_expands(make_ar
 
 def test_cpu_attention_scores_are_planned_and_refuse_a_run_that_cannot_hold_them(demo_path):
     """A CPU stage's SDPA holds heads x chunk x keys float32 scores at the last chunk: the plan
-    counts them (the chunk when fixed, the smallest CPU chunk when auto) and a run whose scores
-    exceed the host's memory is refused with the two sizes before anything is allocated."""
+    counts them (the chunk when fixed; when auto, the chunk auto takes on one CPU stage, else the
+    smallest CPU chunk) and a run whose scores exceed the host's memory is refused with the two
+    sizes before anything is allocated."""
     from engine.config import ConfigError
     from engine.plan import memory_check
 
@@ -112,7 +113,10 @@ def test_cpu_attention_scores_are_planned_and_refuse_a_run_that_cannot_hold_them
     assert fixed.devices[0].attention == heads * 64 * 1000 * 4
     assert "attention scores" in fixed.render()
     auto = plan_memory(model, EngineConfig(devices=["cpu"]), tokens=1000)
-    assert auto.devices[0].attention == heads * 16 * 1000 * 4
+    assert auto.devices[0].attention == heads * 1000 * 1000 * 4  # one stage: the prompt as one chunk
+    assert plan_memory(model, EngineConfig(devices=["cpu"]), tokens=5000).devices[0].attention == heads * 2048 * 5000 * 4
+    two = plan_memory(model, EngineConfig(devices=["cpu", "cpu"]), tokens=1000)  # probed: the smallest, a floor
+    assert two.devices[0].attention == heads * 16 * 1000 * 4
     cfg = EngineConfig(devices=["cpu"], chunk_tokens=4096)
     n = 20_000_000  # 4096 x 20M scores per head: 1.3 TB for the demo's 4 heads, past any host
     assert plan_memory(model, cfg, tokens=n).devices[0].attention > 10**12

@@ -753,19 +753,20 @@ def cmd_make_model(ns: argparse.Namespace) -> int:
 
 
 def _experts_asked(ns: argparse.Namespace, recipe: Any) -> Any:
-    """Expert flags given for a dense family: llama gets Mixtral's routed experts (`ffn_*_exps` in
-    a llama file); any other dense family is refused, naming the MoE one, rather than written
-    dense with the flags silently dropped."""
+    """Expert flags given: the recipe as the family takes routed experts (llama: Mixtral's layout),
+    or a one-line refusal naming the families that have them, never a dense model written with
+    the flags silently dropped."""
     given = [(flag, v) for flag, v in (("--experts", ns.n_experts), ("--experts-used", ns.n_experts_used),
                                        ("--expert-ffn", ns.expert_ffn)) if v is not None]
-    if not given or models.family(recipe.arch).moe or recipe.llama_experts:
+    if not given:
         return recipe
-    if recipe.arch == "llama":
-        return dataclasses.replace(recipe, llama_experts=True)
-    moe = [a for a in models.names() if a.startswith(recipe.arch) and models.family(a).moe]
+    got = models.family(recipe.arch).with_experts(recipe)
+    if got is not None:
+        return got
     flag, value = given[0]
-    raise ConfigError(flag, value, f"only with an MoE family: {recipe.arch} is dense (its MoE family: "
-                                   f"--arch {moe[0] if moe else 'qwen3moe'}; Mixtral-style experts: --arch llama)")
+    with_them = [a for a in models.names() if models.family(a).with_experts(recipe) is not None]
+    raise ConfigError(flag, value, f"only with a family that has routed experts ({', '.join(with_them)}): "
+                                   f"{recipe.arch} is dense")
 
 
 def cmd_stage(ns: argparse.Namespace) -> int:

@@ -158,7 +158,7 @@ def check_recipe(recipe: ModelRecipe) -> None:
                                                   f"partial rotary")
     if r.n_heads % r.n_kv_heads:
         raise RecipeError("n_kv_heads", r.n_kv_heads, f"a divisor of n_heads={r.n_heads}")
-    if models.family(r.arch).moe:
+    if models.family(r.arch).has_experts(r):
         if r.n_experts < 1:
             raise RecipeError("n_experts", r.n_experts, "an integer >= 1")
         if not 1 <= r.n_experts_used <= r.n_experts:

@@ -161,6 +161,16 @@ class Family:
             raise m.problem(f"expert_used_count {n_used} must be between 1 and expert_count {n_exp}")
         return n_exp, n_used
 
+    def with_experts(self, r: Any) -> Any | None:
+        """A generated model's recipe (`synth.ModelRecipe`) once the user asked for routed experts
+        (make-model's expert flags): unchanged where the family has them, None where it cannot
+        (a dense family; llama overrides it: Mixtral's layout)."""
+        return r if self.moe else None
+
+    def has_experts(self, r: Any) -> bool:
+        """Whether a generated model of recipe `r` routes experts (what its expert fields must suit)."""
+        return self.moe
+
     def spec_from_recipe(self, r: Any) -> ModelSpec:
         """The spec of a generated model (`synth.ModelRecipe`: its shape fields, vocab resolved)."""
         moe = self.moe

@@ -27,6 +27,13 @@ class Llama(Family):
             spec = replace(spec, expert_ffn=m.read_int(f"{a}.feed_forward_length"))
         return spec
 
+    def with_experts(self, r: Any) -> Any:
+        """Expert flags on a llama: Mixtral's layout (routed experts in every layer of a llama file)."""
+        return replace(r, llama_experts=True)
+
+    def has_experts(self, r: Any) -> bool:
+        return bool(getattr(r, "llama_experts", False))
+
     def spec_from_recipe(self, r: Any) -> ModelSpec:
         """A generated llama model; `r.llama_experts` gives it Mixtral's routed experts."""
         return Family.spec_from_recipe(replace(self, moe=bool(getattr(r, "llama_experts", False))), r)

@@ -39,6 +39,13 @@ GPU_CANDIDATES = (1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768
 GRAIN = 64  # balanced chunk sizes are multiples of this many tokens
 
 
+def fewest_chunks(device: object, n_dev: int, schedule: str) -> bool:
+    """Whether auto takes the fewest chunks of at most CPU_CANDIDATES[-1] tokens unprobed: one
+    stage computing the prompt (n_dev 1: one device, or prefill-main) on a CPU, with a fixed or auto
+    schedule.  Nothing overlaps there, and each chunk expands every layer's stored experts again."""
+    return n_dev == 1 and getattr(device, "type", "cpu") == "cpu" and schedule in ("auto", "fixed")
+
+
 def one_chunk_only(device: object, n_tokens: int) -> bool:
     """Whether a prompt of n_tokens is no longer than the smallest chunk auto considers on the
     device's kind (`device.type`: a torch.device, or the planner's): then it runs as one chunk

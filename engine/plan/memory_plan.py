@@ -25,6 +25,7 @@ from engine.models.experts import (
     resolve_pin_limit,
 )
 from engine.models.layers import resolve_dtype
+from engine.plan.chunking import CPU_CANDIDATES, fewest_chunks
 from engine.plan.layer_ranges import split_layers
 from engine.quant.dequant import gpu_temporaries
 from engine.sizes import size_text
@@ -71,9 +72,16 @@ CPU_MIN_CHUNK = 16  # the smallest chunk a CPU plan picks: the lower bound when 
 
 def cpu_attention_bytes(spec, config: EngineConfig, tokens: int) -> int:
     """The float32 scores a CPU stage's attention holds for the last chunk of `tokens`: heads x
-    chunk x keys (PyTorch's CPU SDPA materialises them; GPU kernels do not). With chunk auto the
-    smallest CPU chunk is taken, so the figure is a floor, never an overstatement."""
-    chunk = config.chunk_tokens if isinstance(config.chunk_tokens, int) else CPU_MIN_CHUNK
+    chunk x keys (PyTorch's CPU SDPA materialises them; GPU kernels do not). With chunk auto on one
+    CPU stage the chunk is known (`chunking.fewest_chunks`: the fewest, of at most 2048 tokens);
+    elsewhere the smallest CPU chunk is taken, so the figure is a floor, never an overstatement."""
+    if isinstance(config.chunk_tokens, int):
+        chunk = config.chunk_tokens
+    elif fewest_chunks(torch.device(config.devices[0]), 1 if config.prefill_main else len(config.devices),
+                       config.chunk_schedule):
+        chunk = CPU_CANDIDATES[-1]  # auto's pick there is known: the fewest chunks (run_plan.choice)
+    else:
+        chunk = CPU_MIN_CHUNK
     return spec.n_heads * min(chunk, tokens) * tokens * 4
 
 

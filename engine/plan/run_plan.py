@@ -120,12 +120,11 @@ def choice(session: Planned, n_tokens: int, interleave: int | None = None, keep:
         est = chunking.bounds_makespan([(0, n_tokens)], n_dev, known, v, hop) if known else 0.0
         return chunking.Choice(n_tokens, "fixed", est, f"auto: the whole prompt ({n_tokens} tokens) as one chunk", v,
                                ((0, n_tokens),))
-    if (n_tokens > 0 and n_dev == 1 and not what_if and kind in ("auto", "fixed")
-            and getattr(session.devices[0], "type", "cpu") == "cpu"):
+    if n_tokens > 0 and not what_if and chunking.fewest_chunks(session.devices[0], n_dev, kind):
         # one CPU stage has nothing to overlap, and every chunk expands each layer's stored experts
-        # once more: the fewest chunks is what the model picks whatever the costs, so nothing is
-        # probed (the probe cost a 512-token run 70% of its time on the CI machine); modelled
-        # when costs are known
+        # once more: the model's pick was the largest size on every probe measured (64 tokens
+        # 0.66 ms a token, 512 0.19 ms on the CI machine), so nothing is probed (the probe cost a
+        # 512-token run 40% of its wall there); modelled when costs are known
         c = min(n_tokens, chunking.CPU_CANDIDATES[-1])
         bounds = chunking.chunk_bounds(n_tokens, c)
         known = session.measured_chunk_cost
