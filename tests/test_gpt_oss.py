@@ -247,6 +247,34 @@ def test_streamed_experts_give_transformers_logits_and_the_resident_digest(refer
     assert len(digests) == 1
 
 
+def test_streamed_experts_take_the_resident_grouped_arithmetic_in_bf16(monkeypatch):
+    """Where grouped GEMMs run (CUDA; forced here on the CPU, whose torch has them too), streamed
+    experts go through the same per-row arithmetic as resident ones, so a bf16 run gives one digest
+    either way.  (They once ran one expert at a time with the unit in eager bf16: an H100's 8K/32K
+    runs of gpt-oss-20b gave other digests streamed than resident, at the same chunks.)"""
+    from engine.models import gpt_oss_layer
+
+    monkeypatch.setattr(gpt_oss_layer, "_grouped_mm_ok", lambda x: True)
+    model = gguf_model.load(DATA / FILES["mxfp4"])
+    layer = sum(model.nbytes(f"blk.0.ffn_{p}_exps.weight") for p in ("gate", "up", "down")) / 2**30
+    ids = synthetic(TOKENS, model.spec.vocab, nonce=3)
+    grouped = []
+    real = gpt_oss_layer.GptOssLayer._grouped
+    monkeypatch.setattr(gpt_oss_layer.GptOssLayer, "_grouped",
+                        lambda self, *a, **k: grouped.append(1) or real(self, *a, **k))
+    digests = {}
+    for cache in ("all", 0.5 * layer):
+        sess = Session(model, EngineConfig(devices=["cpu"], dtype="bfloat16", chunk_tokens=16, expert_cache=cache))
+        try:
+            rep = sess.run(ids, decode_tokens=2).report
+        finally:
+            sess.close()
+        digests[cache] = (rep.digest, rep.generated)
+        assert rep.expert_stats[0]["resident"] == (cache == "all")
+    assert grouped, "the resident run did not take the grouped GEMMs"
+    assert digests["all"] == digests[0.5 * layer]
+
+
 def _cudnn_stand_in(q, k, v, causal):
     """What `attention._cudnn` returns (output [1, H, n, hd], natural log-sum-exp [1, H, n]),
     computed in torch: the CUDA split's merge runs on the CPU with it."""

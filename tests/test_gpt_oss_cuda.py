@@ -125,3 +125,20 @@ def test_the_fused_moe_kernels_give_the_torch_expressions():
     err = (got - want).abs().max().item()
     print(f"combine with the down bias: {err:.3g} (max |y| {want.abs().max().item():.2f})")
     assert err <= 2 ** -7 * want.abs().max().item()
+
+
+def test_cuda_streamed_experts_give_the_resident_digest():
+    """bf16 on the GPU: experts streamed through a cache of half a layer take the resident path's
+    grouped GEMMs and fused unit, so the digest (and the decode) is the resident one."""
+    model = gguf_model.load(DATA / "gpt-oss-mxfp4.gguf")
+    layer = sum(model.nbytes(f"blk.0.ffn_{p}_exps.weight") for p in ("gate", "up", "down")) / 2**30
+    ids = synthetic(48, model.spec.vocab, nonce=3)
+    runs = {}
+    for cache in ("all", 0.5 * layer):
+        sess = Session(model, EngineConfig(devices=["cuda:0"], chunk_tokens=16, expert_cache=cache))
+        try:
+            runs[cache] = sess.run(ids, decode_tokens=4).report
+        finally:
+            sess.close()
+    assert runs[0.5 * layer].expert_stats[0]["misses"] > 0
+    assert (runs["all"].digest, runs["all"].generated) == (runs[0.5 * layer].digest, runs[0.5 * layer].generated)

@@ -105,12 +105,14 @@ class GptOssLayer(Layer):
             self.use_grouped_mm = _grouped_mm_ok(h)
         inv = torch.empty_like(order)
         inv[order] = torch.arange(order.numel(), device=order.device)
-        if self.cache is None and self.use_grouped_mm and moe_kernels.available(h):
-            # one pass each for the biased unit and the weighted sum with the down bias (fp32 inside)
-            ys = self._grouped(xs, flat, order, counts, n, fused=True)
+        if self.use_grouped_mm and moe_kernels.available(h):
+            # one pass each for the biased unit and the weighted sum with the down bias (fp32 inside),
+            # resident or streamed: the same arithmetic per row, so the same digest
+            ys = (self._streamed(xs, counts, flat[order], fused=True) if self.cache is not None
+                  else self._grouped(xs, flat, order, counts, n, fused=True))
             return moe_kernels.combine(ys, inv, top_w, w.down_b, top_i)
         if self.cache is not None:
-            ys = self._streamed(xs, counts)
+            ys = self._streamed(xs, counts, flat[order])
         elif self.use_grouped_mm:
             ys = self._grouped(xs, flat, order, counts, n)
         else:
@@ -165,10 +167,14 @@ class GptOssLayer(Layer):
         a = swiglu_oai(g + w.gate_b[row_e], u + w.up_b[row_e])
         return torch._grouped_mm(a, down.transpose(-2, -1), offs=offs) + w.down_b[row_e]
 
-    def _streamed(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Experts from the device's ExpertCache, in batches it can hold, one expert at a time
-        over its rows (the biases stay resident with the layer)."""
-        s, cache = self.spec, self.cache
+    def _streamed(self, xs: torch.Tensor, counts: torch.Tensor, row_e: torch.Tensor,
+                  fused: bool = False) -> torch.Tensor:
+        """Experts from the device's ExpertCache, in batches it can hold (the biases stay resident
+        with the layer).  With grouped GEMMs each batch runs as the resident path's `_grouped` does
+        over its rows (`row_e`: each sorted row's expert; `fused`: the unit's Triton pass, the down
+        bias left to the caller's weighted sum), so a streamed run gives the resident digest;
+        without them, one expert at a time over its rows."""
+        s, cache, w = self.spec, self.cache, self.w
         counts_host = counts.tolist()
         starts = _starts(counts_host)
         needed = [e for e, c in enumerate(counts_host) if c]
@@ -180,6 +186,19 @@ class GptOssLayer(Layer):
             batch = needed[b0:b0 + step]
             slots = cache.ensure(self.index, batch, cache.chunk)
             gate, up, down = cache.expand(self.index, slots, xs.dtype)
+            if self.use_grouped_mm:
+                lo, hi = starts[batch[0]], starts[batch[-1] + 1]
+                offs = torch.tensor([starts[e + 1] - lo for e in batch], dtype=torch.int32).to(xs.device)
+                seg, seg_e = xs[lo:hi], row_e[lo:hi]
+                g = torch._grouped_mm(seg, gate.transpose(-2, -1), offs=offs)
+                u = torch._grouped_mm(seg, up.transpose(-2, -1), offs=offs)
+                if fused:
+                    a = moe_kernels.swiglu_oai(g, u, seg_e, w.gate_b, w.up_b, SWIGLU_ALPHA, SWIGLU_LIMIT)
+                    ys[lo:hi] = torch._grouped_mm(a, down.transpose(-2, -1), offs=offs)
+                else:
+                    a = swiglu_oai(g + w.gate_b[seg_e], u + w.up_b[seg_e])
+                    ys[lo:hi] = torch._grouped_mm(a, down.transpose(-2, -1), offs=offs) + w.down_b[seg_e]
+                continue
             for j, e in enumerate(batch):
                 lo, hi = starts[e], starts[e + 1]
                 ys[lo:hi] = self._ffn(xs[lo:hi], e, gate[j], up[j], down[j])
