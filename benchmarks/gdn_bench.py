@@ -8,8 +8,9 @@ For each prompt length T the table gives, best of --repeat after a warm-up (CUDA
   chunk_gated_delta_rule (normalising in its kernel, q/k heads grouped; engine/kernels/gated_delta_fla.py);
 - `mix`: `gdn_mix` whole (conv, norms, gates, rule, gated RMSNorm), STRATA_GDN_KERNEL=torch
   against the default;
-- `conv`: the causal conv alone: the fp32 shifted products (the CPU's and fp32's path, and what
-  CUDA bf16 ran before) against the grouped bf16 `F.conv1d` CUDA bf16 now takes.
+- `conv`: the causal conv alone: the fp32 shifted products (the CPU's and fp32's path) against
+  the grouped bf16 `F.conv1d` (CUDA bf16 without fla, or with STRATA_GDN_KERNEL=torch);
+- `conv fla`: that grouped `F.conv1d` against fla's causal_conv1d, which CUDA bf16 takes with fla.
 
     python3 benchmarks/gdn_bench.py                                  # cuda:0, T = 8192, 32768, 65536
     python3 benchmarks/gdn_bench.py --sizes 4096,16384 --repeat 10
@@ -112,8 +113,14 @@ def _parts(shape: GdnShape, x: _Inputs, fla: bool) -> dict[str, tuple[Callable[[
         "mix": (mix("torch"), mix("") if fla else None),
     }
     if x.qkv.is_cuda and x.qkv.dtype != torch.float32:
-        parts["conv"] = (lambda: causal_conv1d(wide, x.weights["conv_weight"], conv_state32),
-                         lambda: causal_conv1d(x.qkv, x.weights["conv_weight"], x.state.conv))
+        def conv(kernel: str) -> Callable[[], object]:
+            def go() -> object:
+                os.environ[gated_delta_fla.ENV] = kernel
+                return causal_conv1d(x.qkv, x.weights["conv_weight"], x.state.conv)
+            return go
+        parts["conv"] = (lambda: causal_conv1d(wide, x.weights["conv_weight"], conv_state32), conv("torch"))
+        if fla:
+            parts["conv fla"] = (conv("torch"), conv(""))
     return parts
 
 

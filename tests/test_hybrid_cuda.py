@@ -6,8 +6,8 @@ digest.  A stage holding a GDN or gated-attention layer runs eagerly (no CUDA gr
 
 With flash-linear-attention installed (the `gdn` extra; skipped without it): its chunked rule
 against the torch rule on random inputs (bf16 as the engine feeds it), the state carried over
-chunks, the grouped conv against the fp32 loop, and whole bf16 sessions (the default and
-STRATA_GDN_KERNEL=torch) against the fp32 session; each asserts that fla actually ran."""
+chunks, the grouped conv and fla's conv against the fp32 loop, and whole bf16 sessions (the
+default and STRATA_GDN_KERNEL=torch) against the fp32 session; each asserts that fla actually ran."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -121,15 +121,32 @@ def test_fla_rule_agrees_with_the_torch_rule_and_carries_its_state(shape):
 
 
 @cuda
-def test_the_grouped_conv_on_cuda_agrees_with_the_fp32_loop():
+@pytest.mark.parametrize("kernel", ["torch", "fla"])
+def test_the_bf16_conv_on_cuda_agrees_with_the_fp32_loop_over_chunks(monkeypatch, kernel):
+    """The grouped F.conv1d (STRATA_GDN_KERNEL=torch) and fla's causal_conv1d (the default where
+    fla is installed) against the CPU's fp32 loop, over chunks of 70, 1 and 129 tokens with the
+    state carried, reading x through a row stride (a slice of a wider projection); fla's outputs
+    are the same bits however the prompt is cut."""
+    if kernel == "fla":
+        _fla()
+        monkeypatch.delenv(gated_delta_fla.ENV, raising=False)
+    else:
+        monkeypatch.setenv(gated_delta_fla.ENV, "torch")
     g = torch.Generator(device="cpu").manual_seed(8)
     x, w = torch.randn(200, 96, generator=g), torch.randn(96, 4, generator=g) * 0.5
-    ref_state = torch.zeros(96, 3)
-    want = causal_conv1d(x, w, ref_state)  # the CPU loop, fp32
-    xs, state = x.to("cuda", torch.bfloat16), torch.zeros(96, 3, device="cuda", dtype=torch.bfloat16)
+    want = causal_conv1d(x, w, torch.zeros(96, 3))  # the CPU loop, fp32
+    wide = torch.randn(200, 160, generator=g).to("cuda", torch.bfloat16)
+    wide[:, 32:128] = x.to("cuda", torch.bfloat16)
+    xs = wide[:, 32:128]
+    before = gated_delta_fla.conv_calls
+    state = torch.zeros(96, 3, device="cuda", dtype=torch.bfloat16)
     got = torch.cat([causal_conv1d(xs[a:b], w.cuda(), state) for a, b in ((0, 70), (70, 71), (71, 200))])
     assert got.dtype == torch.bfloat16 and _rel(got.cpu(), want) <= 1e-2
     assert torch.equal(state.cpu(), xs[-3:].t().cpu())
+    assert gated_delta_fla.conv_calls - before == (3 if kernel == "fla" else 0)
+    if kernel == "fla":
+        whole = causal_conv1d(xs, w.cuda(), torch.zeros(96, 3, device="cuda", dtype=torch.bfloat16))
+        assert torch.equal(whole, got)
 
 
 @cuda

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 ENV = settings_table.row("gdn_kernel").env  # "torch": never fla
 DTYPES = (torch.bfloat16, torch.float16)
 calls = 0  # chunks whose rule fla computed, in this process
+conv_calls = 0  # chunks whose causal conv fla computed, in this process
 
 
 @functools.cache
@@ -56,6 +57,17 @@ def _load() -> tuple[Callable | None, str]:
     except importlib.metadata.PackageNotFoundError:
         version = getattr(__import__("fla"), "__version__", "?")
     return chunk_gated_delta_rule, f"fla {version}"
+
+
+@functools.cache
+def _load_conv() -> Callable | None:
+    """fla's causal_conv1d (its Triton backend), or None where fla does not import."""
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d
+    except Exception as exc:
+        log.info("GDN conv on CUDA: grouped F.conv1d (fla's causal_conv1d does not import: %s)", exc)
+        return None
+    return causal_conv1d
 
 
 def _switched_off() -> bool:
@@ -105,3 +117,25 @@ def chunk_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     state.copy_(final[0])
     calls += 1
     return o[0]
+
+
+def serves_conv(x: torch.Tensor) -> bool:
+    """Whether a chunk's causal conv takes fla's kernel: where its rule does (CUDA, a half dtype,
+    fla importable, STRATA_GDN_KERNEL not `torch`) and its conv imports."""
+    return serves(x, 0) and _load_conv() is not None
+
+
+def conv(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """SiLU of the depthwise causal conv of x [T, C] (any row stride) with weight [C, K], after the
+    inputs in `state` [C, K-1] (x's dtype), on fla's Triton kernel: taps summed in fp32 with the
+    SiLU, one rounding to x's dtype; `state` is updated in place to the last K-1 inputs.  fla's
+    state is [1, C, K] holding the last K inputs (its first column is never read), so ours goes in
+    behind a zero column and its last K-1 columns come back.  Every output depends on its K inputs
+    alone, so any cut of the prompt into chunks gives the same bits."""
+    global conv_calls
+    fn = _load_conv()
+    init = torch.cat([state.new_zeros(state.shape[0], 1), state], dim=1).unsqueeze(0)
+    y, final = fn(x.unsqueeze(0), weight, initial_state=init, output_final_state=True, activation="silu")
+    state.copy_(final[0, :, 1:])
+    conv_calls += 1
+    return y[0]

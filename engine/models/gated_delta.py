@@ -24,9 +24,10 @@ block in a loop.  This torch version is the reference: it runs on CPU and wherev
 
 On CUDA in bf16/fp16 `gdn_mix` hands the rule to flash-linear-attention's Triton kernels where the
 `gdn` extra is installed (engine/kernels/gated_delta_fla.py says what it is given and why that is
-this math; STRATA_GDN_KERNEL=torch keeps this one).  The conv there is one grouped `F.conv1d` in
-the half dtype (fp32 accumulation, one rounding); on CPU and in fp32 it stays the K shifted
-products in fp32 below, exact on every device (cuDNN would take fp32 convs as TF32).
+this math; STRATA_GDN_KERNEL=torch keeps this one).  The conv there is fla's causal_conv1d too
+(the K taps and the SiLU in fp32, one rounding), else one grouped `F.conv1d` in the half dtype
+(fp32 accumulation, rounded before the SiLU); on CPU and in fp32 it stays the K shifted products
+in fp32 below, exact on every device (cuDNN would take fp32 convs as TF32).
 """
 from __future__ import annotations
 
@@ -106,6 +107,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor) ->
     [C, K-1] (the inputs before x), then SiLU; `state` is updated in place to x's last K-1 inputs."""
     t = x.shape[0]
     k = weight.shape[1]
+    if gated_delta_fla.serves_conv(x):  # fla's kernel: fp32 taps and SiLU, one rounding
+        return gated_delta_fla.conv(x, weight, state)
     full = torch.cat([state.to(x.dtype), x.t()], dim=1)  # [C, K-1+T]
     if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
         # one grouped conv (cuDNN, fp32 accumulation in a half dtype): one pass instead of K
