@@ -307,6 +307,28 @@ def test_the_cuda_splits_sink_merge_equals_the_reference(monkeypatch, native_gqa
     assert (got - want).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize("native_gqa", [True, False])
+@pytest.mark.parametrize("n,pos,first", [(8, 0, 0), (20, 0, 0), (16, 8, 1), (21, 24, 17), (19, 9, 0), (40, 30, 23)])
+def test_the_cuda_sliding_block_split_equals_the_reference(monkeypatch, native_gqa, n, pos, first):
+    """A sliding layer's CUDA path (each query block's own block causally, the previous block's
+    later keys through the reversed causal call, merged with the sink by their log-sum-exps), with
+    cuDNN's call stood in for: chunks at position 0 and behind a prefix, a ragged last block, a
+    cache holding more than the window or just the window."""
+    from engine.kernels import attention
+
+    monkeypatch.setattr(attention, "_cudnn", _cudnn_stand_in)
+    monkeypatch.setattr(attention, "kernel_for",
+                        lambda *a: attention.AttentionKernel(attention.CUDNN_SPLIT, native_gqa=native_gqa))
+    g = torch.Generator().manual_seed(5)
+    H, KV, hd, w = 4, 2, 8, 8
+    total = pos + n - first
+    q, k, v = (torch.randn(t, h, hd, generator=g) for t, h in ((n, H), (total, KV), (total, KV)))
+    sinks = 2 * torch.randn(H, generator=g)
+    got = sa._sliding_split(q, k, v, pos, sinks, w, first)
+    want = sa._reference(q, k, v, pos, sinks, w, first)
+    assert (got - want).abs().max().item() <= 1e-5
+
+
 def test_the_report_names_the_sink_attention():
     model = gguf_model.load(DATA / FILES["f32"])
     sess = Session(model, EngineConfig(devices=["cpu"], chunk_tokens=16))

@@ -142,3 +142,20 @@ def test_cuda_streamed_experts_give_the_resident_digest():
             sess.close()
     assert runs[0.5 * layer].expert_stats[0]["misses"] > 0
     assert (runs["all"].digest, runs["all"].generated) == (runs[0.5 * layer].digest, runs[0.5 * layer].generated)
+
+
+def test_cuda_sliding_layers_take_the_cudnn_block_split():
+    """gpt-oss-20b's attention shapes (64 q / 8 kv heads of 64, window 128) in bf16: the sliding
+    layers' block split passes its self-check against the torch reference on this GPU, and a
+    4K chunk behind a 1K prefix agrees with the reference to bf16's tolerance."""
+    dev = torch.device("cuda:0")
+    assert sa._split_ok(dev, 64, 8, 64, torch.bfloat16, 128)
+    g = torch.Generator(device="cpu").manual_seed(11)
+    n, pos, w = 4096, 1024, 128
+    q = torch.randn(n, 64, 64, generator=g).to(dev, torch.bfloat16)
+    k, v = (torch.randn(pos + n, 8, 64, generator=g).to(dev, torch.bfloat16) for _ in range(2))
+    sinks = (2 * torch.randn(64, generator=g)).to(dev)
+    got = sa._sliding_split(q, k, v, pos, sinks, w, 0)
+    want = sa._reference(q, k, v, pos, sinks, w, 0)
+    assert (got.float() - want.float()).abs().max().item() < 2e-2
+    assert "block split" in sa.describe(dev, 64, 8, 64, torch.bfloat16, 128)

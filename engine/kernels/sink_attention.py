@@ -29,9 +29,14 @@ log-sum-exp, and the sink joins the merge as a third block with no value,
 
     o = (e^lse_pre o_pre + e^lse_diag o_diag) / (e^lse_pre + e^lse_diag + e^sink)
 
-(fp32, from the maximum of the three).  Decided once per shape and device by a self-check
-against the reference path (sinks of size 2, a chunk behind a prefix); a failure or an answer
-off by more than bf16's tolerance keeps the reference path, logged.
+(fp32, from the maximum of the three).  A sliding layer's chunk at position 0 or at least a
+window in takes cuDNN too (`_sliding_split`): its query blocks of w tokens as one batch against
+their own block (causal) and, reversed, against the previous block's later keys (causal between
+w-1 reversed queries and w-1 reversed keys), merged with the sink the same way; a chunk that
+starts inside the first window keeps the blocked torch path.  Each is decided once per shape,
+window and device by a self-check against the reference path (sinks of size 2, a chunk behind
+a prefix and one at position 0); a failure or an answer off by more than bf16's tolerance keeps
+the torch path, logged.
 """
 from __future__ import annotations
 
@@ -69,6 +74,8 @@ def sink_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
     if window is None and n > 1 and q.is_cuda and _split_ok(q.device, H, KV, hd, q.dtype):
         return _split(q, keys, values, pos, sinks)
     if window is not None and n >= window:
+        if q.is_cuda and (pos == 0 or pos >= window) and _split_ok(q.device, H, KV, hd, q.dtype, window):
+            return _sliding_split(q, keys, values, pos, sinks, window, first)
         return _sliding(q, keys, values, pos, sinks, window, first)
     return _reference(q, keys, values, pos, sinks, window, first)
 
@@ -144,6 +151,9 @@ def describe(device: torch.device, H: int, KV: int, hd: int, dtype: torch.dtype,
     """The run report's line for a model of this attention on `device`."""
     ref = f"torch with sinks{f', window {window} on sliding layers' if window else ''}"
     if device.type == "cuda" and _split_ok(device, H, KV, hd, dtype):
+        if window and _split_ok(device, H, KV, hd, dtype, window):
+            return (f"cuDNN prefix+diagonal split with the sink merged (full layers' chunks), cuDNN block split "
+                    f"with the sink merged (sliding layers' chunks, window {window}); torch with sinks (the rest)")
         return f"cuDNN prefix+diagonal split with the sink merged (full layers' chunks); {ref} (the rest)"
     return ref
 
@@ -152,40 +162,46 @@ _SPLIT_OK: dict[tuple, bool] = {}
 _LOCK = threading.Lock()
 
 
-def _split_ok(device: torch.device, H: int, KV: int, hd: int, dtype: torch.dtype) -> bool:
-    """Whether full layers of this shape take the cuDNN split on this device (decided once)."""
-    key = (str(device), H, KV, hd, dtype)
+def _split_ok(device: torch.device, H: int, KV: int, hd: int, dtype: torch.dtype, window: int | None = None) -> bool:
+    """Whether full layers (window None) or sliding layers of `window` of this shape take the cuDNN
+    split on this device (decided once each)."""
+    key = (str(device), H, KV, hd, dtype, window)
     ok = _SPLIT_OK.get(key)
     if ok is None:
         with _LOCK:
             ok = _SPLIT_OK.get(key)
             if ok is None:
-                ok = _SPLIT_OK[key] = _check_split(device, H, KV, hd, dtype)
+                ok = _SPLIT_OK[key] = _check_split(device, H, KV, hd, dtype, window)
     return ok
 
 
-def _check_split(device: torch.device, H: int, KV: int, hd: int, dtype: torch.dtype) -> bool:
+def _check_split(device: torch.device, H: int, KV: int, hd: int, dtype: torch.dtype, window: int | None) -> bool:
     if attention.kernel_for(device, H, KV, hd, dtype).name != attention.CUDNN_SPLIT:
         return False
     gen = torch.Generator(device="cpu").manual_seed(0)
-    n, pos = 64, 192
+    w = window or 0
+    n, pos = (64, 192) if window is None else (3 * w + w // 2, 2 * w)  # sliding: a ragged last block
     q = torch.randn(n, H, hd, generator=gen).to(device, dtype)
     k = torch.randn(pos + n, KV, hd, generator=gen).to(device, dtype)
     v = torch.randn(pos + n, KV, hd, generator=gen).to(device, dtype)
     sinks = (2 * torch.randn(H, generator=gen)).to(device)
+    what = "cuDNN split + sink merge" if window is None else f"cuDNN block split + sink merge (window {window})"
     try:
         err = 0.0
         for p in (pos, 0):
-            got = _split(q, k[:p + n], v[:p + n], p, sinks)
-            want = _reference(q, k[:p + n], v[:p + n], p, sinks, None, 0)
+            if window is None:
+                got = _split(q, k[:p + n], v[:p + n], p, sinks)
+            else:
+                got = _sliding_split(q, k[:p + n], v[:p + n], p, sinks, window, 0)
+            want = _reference(q, k[:p + n], v[:p + n], p, sinks, window, 0)
             err = max(err, float((got.float() - want.float()).abs().max()))
     except Exception as exc:  # a build or GPU where the split fails: the reference path
-        log.info("attention with sinks on %s: the reference path (the cuDNN split failed: %s: %s)", device,
+        log.info("attention with sinks on %s: the torch path (the %s failed: %s: %s)", device, what,
                  type(exc).__name__, str(exc).splitlines()[0][:120] if str(exc) else "")
         return False
     ok = err < 2e-2
     log.info("attention with sinks on %s (%d/%d heads of %d): %s (max error %.3g against the reference)", device, H,
-             KV, hd, "cuDNN split + sink merge" if ok else "the reference path", err)
+             KV, hd, what if ok else "the torch path", err)
     return ok
 
 
@@ -208,3 +224,49 @@ def _split(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int, 
     total = sum(weights) + torch.exp(sink - top)
     o = sum(b.float() * (w / total).unsqueeze(-1) for (b, _), w in zip(blocks, weights))
     return o.to(q.dtype).squeeze(0).transpose(0, 1).reshape(n, H * hd)
+
+
+def _sliding_split(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int, sinks: torch.Tensor,
+                   window: int, first: int) -> torch.Tensor:
+    """A sliding layer's chunk (pos 0, or at least a window in) on cuDNN, batched over query
+    blocks of w = `window` tokens.  Query i of block j sees key t of the 2w keys of blocks j-1 and
+    j where i < t <= i + w (the module docstring): its own block causally (one cuDNN call, the
+    blocks as the batch), and the previous block's keys after its own offset, t - 0 > i: with both
+    blocks' order reversed that is causal between the last w-1 reversed queries and the first w-1
+    reversed keys (a second call).  The last query of a block sees nothing of the previous one,
+    and neither does block 0 of a chunk at position 0.  The two blocks and the sink merge through
+    their log-sum-exps in fp32, as `_split` merges a full layer's."""
+    n, H, hd = q.shape
+    KV, w = keys.shape[1], window
+    kern = attention.kernel_for(q.device, H, KV, hd, q.dtype)
+    nb = -(-n // w)
+    base = pos - w  # the position of the padded keys' first row
+    kept = max(base + 1, first, 0)
+    kpad = keys.new_zeros((nb + 1) * w, KV, hd)
+    vpad = values.new_zeros((nb + 1) * w, KV, hd)
+    kpad[kept - base:pos + n - base] = keys[kept - first:]
+    vpad[kept - base:pos + n - base] = values[kept - first:]
+    qpad = q if nb * w == n else torch.cat((q, q.new_zeros(nb * w - n, H, hd)))
+    qb = qpad.view(nb, w, H, hd).transpose(1, 2)  # [nb, H, w, hd]
+
+    def blocks(t: torch.Tensor, lo: int) -> torch.Tensor:  # rows [lo, lo + nb*w) as [nb, heads, w, hd]
+        b = t[lo:lo + nb * w].view(nb, w, KV, hd).transpose(1, 2)
+        return b.repeat_interleave(H // KV, dim=1) if not kern.native_gqa and KV != H else b
+
+    k_own, v_own, k_prev, v_prev = blocks(kpad, w), blocks(vpad, w), blocks(kpad, 0), blocks(vpad, 0)
+    o_own, lse_own = attention._cudnn(qb.contiguous(), k_own.contiguous(), v_own.contiguous(), causal=True)
+    o_r, lse_r = attention._cudnn(qb.flip(2)[:, :, 1:].contiguous(), k_prev.flip(2)[:, :, :w - 1].contiguous(),
+                                  v_prev.flip(2)[:, :, :w - 1].contiguous(), causal=True)
+    o_prev = o_r.new_zeros(nb, H, w, hd)
+    o_prev[:, :, :w - 1] = o_r.flip(2)
+    lse_prev = lse_r.new_full((nb, H, w), float("-inf"))
+    lse_prev[:, :, :w - 1] = lse_r.flip(2)
+    if pos == 0:  # block 0's previous block stands for no token
+        lse_prev[0] = float("-inf")
+        o_prev[0] = 0
+    sink = sinks.float().view(1, H, 1).expand(nb, H, w)
+    top = torch.maximum(torch.maximum(lse_own, lse_prev), sink)
+    w_own, w_prev = torch.exp(lse_own - top), torch.exp(lse_prev - top)
+    total = w_own + w_prev + torch.exp(sink - top)
+    o = o_own.float() * (w_own / total).unsqueeze(-1) + o_prev.float() * (w_prev / total).unsqueeze(-1)
+    return o.to(q.dtype).transpose(1, 2).reshape(nb * w, H * hd)[:n]
