@@ -253,20 +253,19 @@ def _sliding_split(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
         b = t[lo:lo + nb * w].view(nb, w, KV, hd).transpose(1, 2)
         return b.repeat_interleave(H // KV, dim=1) if not kern.native_gqa and KV != H else b
 
-    k_own, v_own, k_prev, v_prev = blocks(kpad, w), blocks(vpad, w), blocks(kpad, 0), blocks(vpad, 0)
-    o_own, lse_own = attention._cudnn(qb.contiguous(), k_own.contiguous(), v_own.contiguous(), causal=True)
-    o_r, lse_r = attention._cudnn(qb.flip(2)[:, :, 1:].contiguous(), k_prev.flip(2)[:, :, :w - 1].contiguous(),
-                                  v_prev.flip(2)[:, :, :w - 1].contiguous(), causal=True)
-    o_prev = o_r.new_zeros(nb, H, w, hd)
-    o_prev[:, :, :w - 1] = o_r.flip(2)
+    o_own, lse_own = attention._cudnn(qb.contiguous(), blocks(kpad, w).contiguous(), blocks(vpad, w).contiguous(),
+                                      causal=True)
+    o_r, lse_r = attention._cudnn(qb.flip(2)[:, :, 1:].contiguous(), blocks(kpad, 0).flip(2)[:, :, :w - 1].contiguous(),
+                                  blocks(vpad, 0).flip(2)[:, :, :w - 1].contiguous(), causal=True)
+    del kpad, vpad, qpad, qb  # a 32K chunk's blocks are hundreds of MiB each: freed before the merge
     lse_prev = lse_r.new_full((nb, H, w), float("-inf"))
     lse_prev[:, :, :w - 1] = lse_r.flip(2)
     if pos == 0:  # block 0's previous block stands for no token
         lse_prev[0] = float("-inf")
-        o_prev[0] = 0
     sink = sinks.float().view(1, H, 1).expand(nb, H, w)
     top = torch.maximum(torch.maximum(lse_own, lse_prev), sink)
     w_own, w_prev = torch.exp(lse_own - top), torch.exp(lse_prev - top)
     total = w_own + w_prev + torch.exp(sink - top)
-    o = o_own.float() * (w_own / total).unsqueeze(-1) + o_prev.float() * (w_prev / total).unsqueeze(-1)
+    o = o_own.float().mul_((w_own / total).unsqueeze(-1))  # in place: one fp32 copy of the output
+    o[:, :, :w - 1].add_(o_r.flip(2).float().mul_((w_prev / total)[:, :, :w - 1].unsqueeze(-1)))
     return o.to(q.dtype).transpose(1, 2).reshape(nb * w, H * hd)[:n]
