@@ -1,5 +1,5 @@
 """Decode's routed matrix-vector kernels from stored blocks (engine/quant/qmatvec_triton.py) against
-the device's memory bandwidth, at several launch shapes (rows a program, warps): issue 32's next
+the device's memory bandwidth, at several launch shapes (rows a program, warps, blocks a step): issue 32's next
 step.
 
 Session 18's decode profile (one H100, 16 layers of Qwen3-30B-A3B, Q4_K_M) had these kernels at
@@ -8,12 +8,12 @@ which the card's bandwidth would move in ~2 µs.  This times one call per (type,
 shape) for a decode token's k routed experts, best of --repeat by CUDA events, and prints the
 weight bytes it read, the GB/s that makes, the share of the device's bandwidth
 (engine.plan.roofline.cuda_bandwidth, as the run report's roofline column) and, per projection, which shape was fastest.
-Each launch shape is tried by swapping the kernel table's (rows, warps) entry for the run; the
+Each launch shape is tried by swapping the kernel table's (rows, warps, blocks) entry for the run; the
 engine's own table (`qmatvec_triton._TABLE`) is restored afterwards and printed beside the best.
 
     python3 benchmarks/matvec_bench.py                                   # cuda:0, Qwen3-30B-A3B's shapes
-    python3 benchmarks/matvec_bench.py --launch 2:1,4:1,8:2,16:4,32:4,64:8 --tokens 1,4
-    python3 benchmarks/matvec_bench.py --device cpu --repeat 1 --launch 16:4   # Triton's interpreter (smoke)
+    python3 benchmarks/matvec_bench.py --launch 2:1:8,4:1:8,8:2:4,16:4:1 --tokens 1,4
+    python3 benchmarks/matvec_bench.py --device cpu --repeat 1 --launch 16:4:1   # Triton's interpreter (smoke)
 
 Random valid blocks (tests' dequant_support), random bf16 activations; outputs are checked against
 the engine's own launch shape, so a shape that computes something else is reported, not timed.
@@ -45,7 +45,8 @@ from engine.quant import qmatvec_triton  # noqa: E402
 
 # (projection, stored type, N rows, K values a row) of one Qwen3-30B-A3B layer in a Q4_K_M file
 PROJECTIONS = (("gate/up", T.Q4_K, 768, 2048), ("down", T.Q6_K, 2048, 768))
-DEFAULT_LAUNCH = "2:1,4:1,4:2,8:1,8:2,8:4,16:2,16:4,32:4,32:8"
+DEFAULT_LAUNCH = ("16:4:1,8:4:1,4:2:1,1:1:8,1:2:8,2:1:8,2:2:8,2:4:8,4:2:8,4:4:8,8:4:8,1:1:4,2:1:4,2:2:4,4:2:4,4:4:4,"
+                  "8:4:4,2:2:2,4:2:2,8:4:2")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experts", type=int, default=128, help="experts a layer stores")
     ap.add_argument("--top-k", type=int, default=8, help="experts a token routes to")
     ap.add_argument("--tokens", default="1", help="decode tokens a call serves (rows = tokens x top-k), comma-separated")
-    ap.add_argument("--launch", default=DEFAULT_LAUNCH, help="rows a program:warps, comma-separated")
+    ap.add_argument("--launch", default=DEFAULT_LAUNCH, help="rows a program:warps:blocks a step, comma-separated")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--scale", type=int, default=1, help="divide N and K by this (a quick smoke test on CPU)")
     ns = ap.parse_args(argv)
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# stored-block matvec on {device} ({name}), {ns.experts} experts, top-{ns.top_k}, {str(dtype)[6:]} "
           f"activations; best of {ns.repeat}; bandwidth {peak:.0f} GB/s ({how})")
     print()
-    print("| projection | type | N x K | rows | launch (rows:warps) | µs | MB read | GB/s | of bandwidth |")
+    print("| projection | type | N x K | rows | launch (rows:warps:blocks) | µs | MB read | GB/s | of bandwidth |")
     print("|---|---|---|---:|---|---:|---:|---:|---:|")
     g = torch.Generator().manual_seed(0)
     best_lines = []
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         bs, ts = GGML_QUANT_SIZES[qtype]
         raw_np, _ = random_blocks(qtype, ns.experts * N, K // bs, seed=1, finite=True)
         raw = torch.from_numpy(raw_np.reshape(-1).copy()).to(device)
-        kernel, own_bn, own_warps = qmatvec_triton._TABLE[qtype]
+        kernel, own_bn, own_warps, own_bk = qmatvec_triton._TABLE[qtype]
         for tokens in (int(t) for t in ns.tokens.split(",")):
             m = tokens * ns.top_k
             experts = torch.from_numpy(np.random.default_rng(m).choice(ns.experts, m, replace=m > ns.experts)).to(device)
@@ -87,33 +88,33 @@ def main(argv: list[str] | None = None) -> int:
             read_mb = m * N * (K // bs * ts) / 1e6
             want = qmatvec_triton.matvec(raw, qtype, (ns.experts, N, K), x, experts)
             results = []
-            for bn, warps in launches:
-                qmatvec_triton._TABLE[qtype] = (kernel, bn, warps)
+            for bn, warps, bk in launches:
+                qmatvec_triton._TABLE[qtype] = (kernel, bn, warps, bk)
                 try:
                     got = qmatvec_triton.matvec(raw, qtype, (ns.experts, N, K), x, experts)
                     if not torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2):
-                        print(f"| {proj} | {qtype.name} | {N}x{K} | {m} | {bn}:{warps} | differs from the engine's "
+                        print(f"| {proj} | {qtype.name} | {N}x{K} | {m} | {bn}:{warps}:{bk} | differs from the engine's "
                               f"shape | | | |")
                         continue
                     s = _time(lambda raw=raw, qtype=qtype, shape=(ns.experts, N, K), x=x, experts=experts:
                                   qmatvec_triton.matvec(raw, qtype, shape, x, experts),
                                   device, ns.repeat) / 1e3
                 except Exception as exc:  # a shape this Triton or GPU refuses (too many registers, …)
-                    print(f"| {proj} | {qtype.name} | {N}x{K} | {m} | {bn}:{warps} | failed: "
+                    print(f"| {proj} | {qtype.name} | {N}x{K} | {m} | {bn}:{warps}:{bk} | failed: "
                           f"{type(exc).__name__} | | | |")
                     continue
                 finally:
-                    qmatvec_triton._TABLE[qtype] = (kernel, own_bn, own_warps)
+                    qmatvec_triton._TABLE[qtype] = (kernel, own_bn, own_warps, own_bk)
                 gbs = read_mb / 1e3 / s
                 share = f"{gbs / peak * 100:.1f}%" if peak else "—"
-                mark = " (engine's)" if (bn, warps) == (own_bn, own_warps) else ""
-                print(f"| {proj} | {qtype.name} | {N}x{K} | {m} | {bn}:{warps}{mark} | {s * 1e6:.1f} | {read_mb:.2f} | "
+                mark = " (engine's)" if (bn, warps, bk) == (own_bn, own_warps, own_bk) else ""
+                print(f"| {proj} | {qtype.name} | {N}x{K} | {m} | {bn}:{warps}:{bk}{mark} | {s * 1e6:.1f} | {read_mb:.2f} | "
                       f"{gbs:.0f} | {share} |", flush=True)
-                results.append((s, bn, warps))
+                results.append((s, bn, warps, bk))
             if results:
-                s, bn, warps = min(results)
-                best_lines.append(f"{proj} {qtype.name}, {m} rows: fastest {bn}:{warps} at {s * 1e6:.1f} µs "
-                                  f"(the engine's table: {own_bn}:{own_warps})")
+                s, bn, warps, bk = min(results)
+                best_lines.append(f"{proj} {qtype.name}, {m} rows: fastest {bn}:{warps}:{bk} at {s * 1e6:.1f} µs "
+                                  f"(the engine's table: {own_bn}:{own_warps}:{own_bk})")
     print()
     for line in best_lines:
         print(line)

@@ -41,6 +41,22 @@ def reference(values: np.ndarray, x: torch.Tensor, experts: torch.Tensor) -> np.
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_matvec_equals_the_expanded_weights_product(qtype, dtype):
+    _check_product(qtype, dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("bn,warps,bk", [(2, 1, 1), (4, 2, 4), (8, 4, 8)])
+def test_every_launch_shape_gives_the_product(monkeypatch, qtype, bn, warps, bk):
+    """The table's launch shape is tuned per device (benchmarks/matvec_bench.py): any rows a
+    program and blocks a step compute the same product, a step reaching past the row's end
+    (4 or 8 blocks of a 2-block row; 8 of 11 Q8_0 blocks) included; blocks a step are a power of two."""
+    kernel = qmatvec_triton._TABLE[qtype][0]
+    monkeypatch.setitem(qmatvec_triton._TABLE, qtype, (kernel, bn, warps, bk))
+    _check_product(qtype, torch.bfloat16)
+
+
+def _check_product(qtype: T, dtype: torch.dtype) -> None:
     E, N, K = 5, 24, 512 if qtype != T.Q8_0 else 352  # N not a multiple of the rows a program takes; Q8_0: a partial step
     raw, values = expert_tensor(qtype, E, N, K, seed=3)
     g = torch.Generator().manual_seed(0)
@@ -74,11 +90,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from engine.quant import qmatvec_triton as q
-for qt, (kernel, bn, warps) in sorted(q._TABLE.items(), key=lambda kv: kv[0].name):
+for qt, (kernel, bn, warps, bk) in sorted(q._TABLE.items(), key=lambda kv: kv[0].name):
     for dt in ("*bf16", "*fp32"):
         sig = {"w": "*u8", "x": dt, "ids": "*i64", "out": dt, "N": "i32", "K": "constexpr", "row_bytes": "i64",
-               "expert_bytes": "i64", "BN": "constexpr"}
-        c = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs={"K": 2048, "BN": bn}),
+               "expert_bytes": "i64", "BN": "constexpr", "BK": "constexpr"}
+        c = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs={"K": 2048, "BN": bn, "BK": bk}),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "enable_fp_fusion": False})
         print(qt.name, dt, "cubin", len(c.asm["cubin"]))
 """

@@ -56,18 +56,27 @@ if triton is not None:
         nmask = rows < N
         return e * expert_bytes + rows.to(tl.int64) * row_bytes, rows, nmask
 
+    # Each kernel takes BK blocks of a row a step (a constexpr: all of a 2048-value row at once
+    # where BK is 8, so a program's loads are in flight together instead of one block's after
+    # another's) and keeps a product per value until the end: one cross-lane reduction a program,
+    # not one a step.  Blocks past the row's end are masked to zero.
+
     @triton.jit
-    def _mv_q4_k(w, x, ids, out, N, K: tl.constexpr, row_bytes, expert_bytes, BN: tl.constexpr):
+    def _mv_q4_k(w, x, ids, out, N, K: tl.constexpr, row_bytes, expert_bytes, BN: tl.constexpr, BK: tl.constexpr):
         # d | dmin | scales[12] | qs[128]: value 64g + 32h + r in the low (h=0) / high nibble of byte 32g + r
         m = tl.program_id(0)
         rb, rows, nmask = _row_bases(w, ids, m, N, row_bytes, expert_bytes, BN)
-        g = tl.arange(0, 4)[None, :, None, None]
+        NB: tl.constexpr = K // 256
+        gi = tl.arange(0, 4 * BK)[None, :, None, None]  # (block of the step, g)
+        g = gi % 4
         h = tl.arange(0, 2)[None, None, :, None]
         r = tl.arange(0, 32)[None, None, None, :]
-        mask = nmask[:, None, None, None]
-        acc = tl.zeros([BN], dtype=tl.float32)
-        for kb in range(0, K // 256):
-            base = rb[:, None, None, None] + kb * 144
+        acc = tl.zeros([BN, 4 * BK, 2, 32], dtype=tl.float32)
+        for kb in range(0, (NB + BK - 1) // BK):
+            blk = kb * BK + gi // 4
+            inside = blk < NB
+            mask = nmask[:, None, None, None] & inside
+            base = rb[:, None, None, None] + blk * 144
             d = _f16(w, base, mask)
             dmin = _f16(w, base + 2, mask)
             sc, mn = _k_scale_min(w, base, g * 2 + h, mask)
@@ -76,22 +85,26 @@ if triton is not None:
             q = ((_u8(w, base + 16 + g * 32 + r, mask) >> (h * 4)) & 15).to(tl.float32)
             p = dl * q
             v = _round(p - ml, x)
-            xv = tl.load(x + m * K + kb * 256 + g * 64 + h * 32 + r).to(tl.float32)
-            acc += tl.sum(tl.sum(tl.sum(v * xv, axis=3), axis=2), axis=1)
-        _finish(acc, out, m, N, rows, nmask)
+            xv = tl.load(x + m * K + blk * 256 + g * 64 + h * 32 + r, mask=inside, other=0.0).to(tl.float32)
+            acc += v * xv
+        _finish(tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1), out, m, N, rows, nmask)
 
     @triton.jit
-    def _mv_q5_k(w, x, ids, out, N, K: tl.constexpr, row_bytes, expert_bytes, BN: tl.constexpr):
+    def _mv_q5_k(w, x, ids, out, N, K: tl.constexpr, row_bytes, expert_bytes, BN: tl.constexpr, BK: tl.constexpr):
         # d | dmin | scales[12] | qh[32] (bit s of byte r -> value 32s + r) | qs[128]
         m = tl.program_id(0)
         rb, rows, nmask = _row_bases(w, ids, m, N, row_bytes, expert_bytes, BN)
-        g = tl.arange(0, 4)[None, :, None, None]
+        NB: tl.constexpr = K // 256
+        gi = tl.arange(0, 4 * BK)[None, :, None, None]
+        g = gi % 4
         h = tl.arange(0, 2)[None, None, :, None]
         r = tl.arange(0, 32)[None, None, None, :]
-        mask = nmask[:, None, None, None]
-        acc = tl.zeros([BN], dtype=tl.float32)
-        for kb in range(0, K // 256):
-            base = rb[:, None, None, None] + kb * 176
+        acc = tl.zeros([BN, 4 * BK, 2, 32], dtype=tl.float32)
+        for kb in range(0, (NB + BK - 1) // BK):
+            blk = kb * BK + gi // 4
+            inside = blk < NB
+            mask = nmask[:, None, None, None] & inside
+            base = rb[:, None, None, None] + blk * 176
             d = _f16(w, base, mask)
             dmin = _f16(w, base + 2, mask)
             s = g * 2 + h
@@ -103,57 +116,62 @@ if triton is not None:
             q = (lo | (hi << 4)).to(tl.float32)
             p = dl * q
             v = _round(p - ml, x)
-            xv = tl.load(x + m * K + kb * 256 + s * 32 + r).to(tl.float32)
-            acc += tl.sum(tl.sum(tl.sum(v * xv, axis=3), axis=2), axis=1)
-        _finish(acc, out, m, N, rows, nmask)
+            xv = tl.load(x + m * K + blk * 256 + s * 32 + r, mask=inside, other=0.0).to(tl.float32)
+            acc += v * xv
+        _finish(tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1), out, m, N, rows, nmask)
 
     @triton.jit
-    def _mv_q6_k(w, x, ids, out, N, K: tl.constexpr, row_bytes, expert_bytes, BN: tl.constexpr):
+    def _mv_q6_k(w, x, ids, out, N, K: tl.constexpr, row_bytes, expert_bytes, BN: tl.constexpr, BK: tl.constexpr):
         # ql[128] | qh[64] | scales[16] int8 | d: value 128n + 32t + l from ql byte 64n + 32(t&1) + l
         # (nibble t>>1), qh byte 32n + l (bits 2t), scale 8n + 2t + l//16
         m = tl.program_id(0)
         rb, rows, nmask = _row_bases(w, ids, m, N, row_bytes, expert_bytes, BN)
-        n = tl.arange(0, 2)[None, :, None, None]
+        NB: tl.constexpr = K // 256
+        ni = tl.arange(0, 2 * BK)[None, :, None, None]  # (block of the step, n)
+        n = ni % 2
         t = tl.arange(0, 4)[None, None, :, None]
         li = tl.arange(0, 32)[None, None, None, :]
-        mask = nmask[:, None, None, None]
-        acc = tl.zeros([BN], dtype=tl.float32)
-        for kb in range(0, K // 256):
-            base = rb[:, None, None, None] + kb * 210
+        acc = tl.zeros([BN, 2 * BK, 4, 32], dtype=tl.float32)
+        for kb in range(0, (NB + BK - 1) // BK):
+            blk = kb * BK + ni // 2
+            inside = blk < NB
+            mask = nmask[:, None, None, None] & inside
+            base = rb[:, None, None, None] + blk * 210
             d = _f16(w, base + 208, mask)
             ql = (_u8(w, base + n * 64 + (t & 1) * 32 + li, mask) >> ((t >> 1) * 4)) & 15
             qh = (_u8(w, base + 128 + n * 32 + li, mask) >> (t * 2)) & 3
             q = ((ql | (qh << 4)) - 32).to(tl.float32)
             dl = d * _i8(w, base + 192 + n * 8 + t * 2 + (li >> 4), mask).to(tl.float32)
             v = _round(dl * q, x)
-            xv = tl.load(x + m * K + kb * 256 + n * 128 + t * 32 + li).to(tl.float32)
-            acc += tl.sum(tl.sum(tl.sum(v * xv, axis=3), axis=2), axis=1)
-        _finish(acc, out, m, N, rows, nmask)
+            xv = tl.load(x + m * K + blk * 256 + n * 128 + t * 32 + li, mask=inside, other=0.0).to(tl.float32)
+            acc += v * xv
+        _finish(tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1), out, m, N, rows, nmask)
 
     @triton.jit
-    def _mv_q8_0(w, x, ids, out, N, K: tl.constexpr, row_bytes, expert_bytes, BN: tl.constexpr):
-        # blocks of d | 32 int8, eight blocks (256 values) a step, the last step masked
+    def _mv_q8_0(w, x, ids, out, N, K: tl.constexpr, row_bytes, expert_bytes, BN: tl.constexpr, BK: tl.constexpr):
+        # blocks of d | 32 int8, BK blocks a step, the last step masked
         m = tl.program_id(0)
         rb, rows, nmask = _row_bases(w, ids, m, N, row_bytes, expert_bytes, BN)
-        b = tl.arange(0, 8)[None, :, None]
+        b = tl.arange(0, BK)[None, :, None]
         i = tl.arange(0, 32)[None, None, :]
         n_blocks = K // 32
-        acc = tl.zeros([BN], dtype=tl.float32)
-        for kb in range(0, (K // 32 + 7) // 8):
-            blk = kb * 8 + b
+        acc = tl.zeros([BN, BK, 32], dtype=tl.float32)
+        for kb in range(0, (K // 32 + BK - 1) // BK):
+            blk = kb * BK + b
             mask = nmask[:, None, None] & (blk < n_blocks)
             base = rb[:, None, None] + blk * 34
             d = _f16(w, base, mask)
             q = _i8(w, base + 2 + i, mask).to(tl.float32)
             v = _round(q * d, x)
             xv = tl.load(x + m * K + blk * 32 + i, mask=blk < n_blocks, other=0.0).to(tl.float32)
-            acc += tl.sum(tl.sum(v * xv, axis=2), axis=1)
-        _finish(acc, out, m, N, rows, nmask)
+            acc += v * xv
+        _finish(tl.sum(tl.sum(acc, axis=2), axis=1), out, m, N, rows, nmask)
 
-    # type -> (kernel, rows a program, warps); a first shape, measured by
-    # benchmarks/routed_experts_bench.py on the device
-    _TABLE: dict[T, tuple[Any, int, int]] = {
-        T.Q4_K: (_mv_q4_k, 16, 4), T.Q5_K: (_mv_q5_k, 16, 4), T.Q6_K: (_mv_q6_k, 16, 4), T.Q8_0: (_mv_q8_0, 16, 4),
+    # type -> (kernel, rows a program, warps, blocks a step); a first shape, to be measured by
+    # benchmarks/matvec_bench.py on the device
+    _TABLE: dict[T, tuple[Any, int, int, int]] = {
+        T.Q4_K: (_mv_q4_k, 16, 4, 1), T.Q5_K: (_mv_q5_k, 16, 4, 1), T.Q6_K: (_mv_q6_k, 16, 4, 1),
+        T.Q8_0: (_mv_q8_0, 16, 4, 8),
     }
 else:
     _TABLE = {}
@@ -191,13 +209,13 @@ def matvec(raw: torch.Tensor, qtype: T, shape: tuple[int, ...], x: torch.Tensor,
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return out
-    kernel, bn, warps = _TABLE[qtype]
+    kernel, bn, warps, bk = _TABLE[qtype]
     grid = (M, triton.cdiv(N, bn))
     # K is a constexpr (the loop's trip count): one compile per row length of the model
     args = (raw.reshape(-1), x.contiguous(), experts.contiguous(), out, N, K, row_bytes, stride)
     if raw.is_cuda and raw.device.index is not None and raw.device.index != torch.cuda.current_device():
         with torch.cuda.device(raw.device):
-            kernel[grid](*args, BN=bn, num_warps=warps, enable_fp_fusion=False)
+            kernel[grid](*args, BN=bn, BK=bk, num_warps=warps, enable_fp_fusion=False)
     else:
-        kernel[grid](*args, BN=bn, num_warps=warps, enable_fp_fusion=False)
+        kernel[grid](*args, BN=bn, BK=bk, num_warps=warps, enable_fp_fusion=False)
     return out
