@@ -5,7 +5,9 @@ step.
 Session 18's decode profile (one H100, 16 layers of Qwen3-30B-A3B, Q4_K_M) had these kernels at
 1.1 of a step's 2.8 ms of kernel time: 48 calls of ~23 µs, each reading ~7 MB of routed weights,
 which the card's bandwidth would move in ~2 µs.  This times one call per (type, projection, launch
-shape) for a decode token's k routed experts, best of --repeat by CUDA events, and prints the
+shape) for a decode token's k routed experts, as decode runs it: --calls calls captured in one
+CUDA graph, best of --repeat replays by CUDA events, divided by --calls (timed eagerly, a call
+is Triton's host-side launch, ~40 µs, not the kernel), and prints the
 weight bytes it read, the GB/s that makes, the share of the device's bandwidth
 (engine.plan.roofline.cuda_bandwidth, as the run report's roofline column) and, per projection, which shape was fastest.
 Each launch shape is tried by swapping the kernel table's (rows, warps, blocks) entry for the run; the
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +47,28 @@ from gdn_bench import _time  # noqa: E402  (best of N by CUDA events, in ms)
 from engine.quant import qmatvec_triton  # noqa: E402
 
 # (projection, stored type, N rows, K values a row) of one Qwen3-30B-A3B layer in a Q4_K_M file
-PROJECTIONS = (("gate/up", T.Q4_K, 768, 2048), ("down", T.Q6_K, 2048, 768))
+# (gate/up Q4_K, down Q6_K), and the other types the kernels serve at gate/up's shape (Q5_K_M
+# and Q8_0 files)
+PROJECTIONS = (("gate/up", T.Q4_K, 768, 2048), ("down", T.Q6_K, 2048, 768), ("gate/up", T.Q5_K, 768, 2048),
+               ("gate/up", T.Q8_0, 768, 2048))
 DEFAULT_LAUNCH = ("16:4:1,8:4:1,4:2:1,1:1:8,1:2:8,2:1:8,2:2:8,2:4:8,4:2:8,4:4:8,8:4:8,1:1:4,2:1:4,2:2:4,4:2:4,4:4:4,"
                   "8:4:4,2:2:2,4:2:2,8:4:2")
+
+
+def _graph_time(fn: Callable[[], object], device: torch.device, repeat: int, calls: int) -> float:
+    """ms a call of `fn` takes replayed from a CUDA graph of `calls` calls (eager on CPU)."""
+    if device.type != "cuda":
+        return _time(fn, device, repeat)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # compile and warm outside the capture
+        fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return _time(graph.replay, device, repeat) / calls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="1", help="decode tokens a call serves (rows = tokens x top-k), comma-separated")
     ap.add_argument("--launch", default=DEFAULT_LAUNCH, help="rows a program:warps:blocks a step, comma-separated")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--calls", type=int, default=20, help="calls a CUDA graph holds (CUDA only)")
     ap.add_argument("--scale", type=int, default=1, help="divide N and K by this (a quick smoke test on CPU)")
     ns = ap.parse_args(argv)
     if not qmatvec_triton.available():
@@ -68,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     bw, how = cuda_bandwidth(device)
     peak = (bw or 0.0) / 1e9
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton's interpreter)"
+    how_timed = f"{ns.calls} calls a CUDA graph, best of {ns.repeat}" if device.type == "cuda" else f"best of {ns.repeat}"
     print(f"# stored-block matvec on {device} ({name}), {ns.experts} experts, top-{ns.top_k}, {str(dtype)[6:]} "
-          f"activations; best of {ns.repeat}; bandwidth {peak:.0f} GB/s ({how})")
+          f"activations; {how_timed}; bandwidth {peak:.0f} GB/s ({how})")
     print()
     print("| projection | type | N x K | rows | launch (rows:warps:blocks) | µs | MB read | GB/s | of bandwidth |")
     print("|---|---|---|---:|---|---:|---:|---:|---:|")
@@ -96,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"| {proj} | {qtype.name} | {N}x{K} | {m} | {bn}:{warps}:{bk} | differs from the engine's "
                               f"shape | | | |")
                         continue
-                    s = _time(lambda raw=raw, qtype=qtype, shape=(ns.experts, N, K), x=x, experts=experts:
-                                  qmatvec_triton.matvec(raw, qtype, shape, x, experts),
-                                  device, ns.repeat) / 1e3
+                    s = _graph_time(lambda raw=raw, qtype=qtype, shape=(ns.experts, N, K), x=x, experts=experts:
+                                        qmatvec_triton.matvec(raw, qtype, shape, x, experts),
+                                        device, ns.repeat, ns.calls) / 1e3
                 except Exception as exc:  # a shape this Triton or GPU refuses (too many registers, …)
                     print(f"| {proj} | {qtype.name} | {N}x{K} | {m} | {bn}:{warps}:{bk} | failed: "
                           f"{type(exc).__name__} | | | |")

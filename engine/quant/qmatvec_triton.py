@@ -167,11 +167,13 @@ if triton is not None:
             acc += v * xv
         _finish(tl.sum(tl.sum(acc, axis=2), axis=1), out, m, N, rows, nmask)
 
-    # type -> (kernel, rows a program, warps, blocks a step); a first shape, to be measured by
-    # benchmarks/matvec_bench.py on the device
+    # type -> (kernel, rows a program, warps, blocks a step): on one H100, a decode token's 8 rows of
+    # Qwen3-30B-A3B's experts, 20 calls a CUDA graph (`benchmarks/matvec_bench.py --tokens 1`;
+    # docs/benchmarks.md): Q4_K 768x2048 9.5 µs at 2:1:8 (16:4:1 before), Q6_K 2048x768 15.3 µs at
+    # 2:1:1, Q5_K 11.8 µs and Q8_0 10.1 µs at 2:1:8; the fastest shapes were within 4% of these
     _TABLE: dict[T, tuple[Any, int, int, int]] = {
-        T.Q4_K: (_mv_q4_k, 16, 4, 1), T.Q5_K: (_mv_q5_k, 16, 4, 1), T.Q6_K: (_mv_q6_k, 16, 4, 1),
-        T.Q8_0: (_mv_q8_0, 16, 4, 8),
+        T.Q4_K: (_mv_q4_k, 2, 1, 8), T.Q5_K: (_mv_q5_k, 2, 1, 8), T.Q6_K: (_mv_q6_k, 2, 1, 1),
+        T.Q8_0: (_mv_q8_0, 2, 1, 8),
     }
 else:
     _TABLE = {}
