@@ -74,7 +74,9 @@ llama_one() {  # llama-bench on one family's file, once, while the deadline allo
   local f=$1 p l q F t; IFS=: read -r p l q <<< "$f"; F=$(file_of "$f"); t=$(tag_of "$f")
   [ -f "$F" ] && [ -z "${LB_DONE[$f]:-}" ] || return 0
   LB_DONE[$f]=1
-  local LB="$LB_BIN -m $F -p $SIZES -n 0 -fa 1 -ngl 99 -r 2 -o json"
+  # a prebuilt llama-bench finds its own shared libraries beside it (libllama-bench-impl.so: session 20
+  # lost every row to "cannot open shared object file")
+  local LB="env LD_LIBRARY_PATH=$(dirname "$LB_BIN")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} $LB_BIN -m $F -p $SIZES -n 0 -fa 1 -ngl 99 -r 2 -o json"
   if ! have "$RES/lb-default-$t.json"; then
     late && return 0
     stamp "llama-bench: $F"
