@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         bs, ts = GGML_QUANT_SIZES[qtype]
         raw_np, _ = random_blocks(qtype, ns.experts * N, K // bs, seed=1, finite=True)
         raw = torch.from_numpy(raw_np.reshape(-1).copy()).to(device)
-        own_bn, own_warps, own_bk = qmatvec_triton._TABLE[qtype]
+        kernel, own_bn, own_warps, own_bk = qmatvec_triton._TABLE[qtype]
         for tokens in (int(t) for t in ns.tokens.split(",")):
             m = tokens * ns.top_k
             experts = torch.from_numpy(np.random.default_rng(m).choice(ns.experts, m, replace=m > ns.experts)).to(device)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             want = qmatvec_triton.matvec(raw, qtype, (ns.experts, N, K), x, experts)
             results = []
             for bn, warps, bk in launches:
-                qmatvec_triton._TABLE[qtype] = (bn, warps, bk)
+                qmatvec_triton._TABLE[qtype] = (kernel, bn, warps, bk)
                 try:
                     got = qmatvec_triton.matvec(raw, qtype, (ns.experts, N, K), x, experts)
                     if not torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2):
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{type(exc).__name__} | | | |")
                     continue
                 finally:
-                    qmatvec_triton._TABLE[qtype] = (own_bn, own_warps, own_bk)
+                    qmatvec_triton._TABLE[qtype] = (kernel, own_bn, own_warps, own_bk)
                 gbs = read_mb / 1e3 / s
                 share = f"{gbs / peak * 100:.1f}%" if peak else "—"
                 mark = " (engine's)" if (bn, warps, bk) == (own_bn, own_warps, own_bk) else ""
@@ -142,56 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for line in best_lines:
         print(line)
-    _gate_up_table(ns, device, dtype, peak)
     return 0
-
-
-def _gate_up_table(ns: argparse.Namespace, device: torch.device, dtype: torch.dtype, peak: float) -> None:
-    """The fused gate/up launch (`qmatvec_triton.gate_up`: silu(G x) * (U x) in one kernel) against
-    the two products, the SiLU and the product it replaces, at the engine's launch shape, the
-    token's row read in place (rows_per_x = top-k) as decode runs it."""
-    import torch.nn.functional as F
-
-    print()
-    print("| gate/up | type | quants read as | N x K | tokens | separate µs (4 launches) | fused µs (1) | MB read | "
-          "fused GB/s | of bandwidth |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
-    g = torch.Generator().manual_seed(1)
-    own_words = qmatvec_triton.WORDS
-    for proj, qtype, n_rows, k_vals in PROJECTIONS:
-        if proj != "gate/up":
-            continue
-        N, K = n_rows // ns.scale, max(256, k_vals // ns.scale)
-        bs, ts = GGML_QUANT_SIZES[qtype]
-        gate, up = (torch.from_numpy(random_blocks(qtype, ns.experts * N, K // bs, seed=s, finite=True)[0]
-                                     .reshape(-1).copy()).to(device) for s in (2, 3))
-        shape = (ns.experts, N, K)
-        for tokens in (int(t) for t in ns.tokens.split(",")):
-            m = tokens * ns.top_k
-            experts = torch.from_numpy(np.random.default_rng(m).choice(ns.experts, m, replace=m > ns.experts)).to(device)
-            x = (torch.randn(tokens, K, generator=g) * 0.5).to(device, dtype)
-
-            def separate(x=x, experts=experts, shape=shape, qtype=qtype, gate=gate, up=up):
-                return (F.silu(qmatvec_triton.matvec(gate, qtype, shape, x, experts, rows_per_x=ns.top_k))
-                        * qmatvec_triton.matvec(up, qtype, shape, x, experts, rows_per_x=ns.top_k))
-
-            def fused(x=x, experts=experts, shape=shape, qtype=qtype, gate=gate, up=up):
-                return qmatvec_triton.gate_up(gate, up, qtype, shape, x, experts, rows_per_x=ns.top_k)
-
-            for words in (True, False) if qtype in qmatvec_triton.WORD_TYPES else (False,):
-                qmatvec_triton.WORDS = words
-                try:
-                    diff = (fused().float() - separate().float()).abs().max().item()
-                    s_sep = _graph_time(separate, device, ns.repeat, ns.calls) / 1e3
-                    s_fused = _graph_time(fused, device, ns.repeat, ns.calls) / 1e3
-                finally:
-                    qmatvec_triton.WORDS = own_words
-                read_mb = 2 * m * N * (K // bs * ts) / 1e6
-                gbs = read_mb / 1e3 / s_fused
-                share = f"{gbs / peak * 100:.1f}%" if peak else "—"
-                print(f"| {proj} | {qtype.name} | {'words' if words else 'bytes'} | {N}x{K} | {tokens} | "
-                      f"{s_sep * 1e6:.1f} | {s_fused * 1e6:.1f} | {read_mb:.2f} | {gbs:.0f} | {share} |  "
-                      f"(max diff {diff:.2g})", flush=True)
 
 
 if __name__ == "__main__":

@@ -391,43 +391,6 @@ def test_qk_norm_rope_kernel_matches_torch_and_lays_q_out_heads_first(monkeypatc
 
 
 @cuda
-def test_cuda_decode_step_fusions_match_their_separate_kernels():
-    """A decode step's fused launches give what the separate kernels give: q/k norm + RoPE with
-    the KV append (k and v written at the device position, bit for bit the kernel's k and v),
-    and the router's softmax + top-k (the same experts, best first; weights to a float32 ulp)."""
-    from engine.kernels import moe_kernels, qk_rope
-    from engine.models import routing
-    from engine.models.decode_pos import DevicePos
-    from engine.models.layers import Rope
-    from engine.models.spec import ModelSpec
-
-    dev = torch.device("cuda:0")
-    gen = torch.Generator(device=dev).manual_seed(5)
-    H, KV, hd = 32, 4, 128
-    qkv = torch.randn(1, (H + 2 * KV) * hd, device=dev, generator=gen).to(torch.bfloat16)
-    w = (1 + 0.1 * torch.randn(H + KV, hd, device=dev, generator=gen)).to(torch.bfloat16)
-    pos = DevicePos.at(torch.tensor([37], device=dev), 256)
-    cos, sin = Rope(hd, 1e6, "neox", dev).lowp_tables(pos, 1, torch.bfloat16)
-    keys, values = torch.zeros(512, KV, hd, device=dev, dtype=torch.bfloat16), torch.zeros(512, KV, hd, device=dev,
-                                                                                         dtype=torch.bfloat16)
-    q = qk_rope.qk_norm_rope_at(qkv, H, KV, w, cos, sin, 1e-6, keys, values, pos.index)
-    rq, rk = qk_rope.qk_norm_rope(qkv[:, :(H + KV) * hd].view(1, H + KV, hd), w, cos, sin, 1e-6, H)
-    assert q is not None and torch.equal(q, rq) and torch.equal(keys[37:38], rk)
-    assert torch.equal(values[37:38], qkv[:, (H + KV) * hd:].view(1, KV, hd))
-    assert not keys[:37].any() and not keys[38:].any() and not values[38:].any()
-    for e, k, n in ((128, 8, 1), (128, 8, 4), (60, 4, 3)):
-        spec = ModelSpec(arch="qwen3moe", n_layers=1, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16, n_experts=e,
-                         n_experts_used=k, expert_ffn=32, ffn=0, rope_base=1e6, rms_eps=1e-6, vocab=32,
-                         context_length=64, qk_norm=True, qkv_bias=False, rope_style="neox")
-        # distinct logits (multiples of 1/8, exact in bf16): a tie's order is free in either
-        logits = torch.stack([torch.randperm(e, device=dev, generator=gen) for _ in range(n)]).div(8).to(torch.bfloat16)
-        fw, fi = moe_kernels.topk_softmax(logits, k, True)
-        tw, ti = routing.route(logits, spec)
-        assert torch.equal(fi, ti) and torch.allclose(fw, tw, rtol=1e-5, atol=0), (e, k, n, (fw - tw).abs().max())
-        assert torch.equal(routing.route(logits, spec, fused=True)[1], ti)
-
-
-@cuda
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_cuda_dequant_bit_exact(qtype):

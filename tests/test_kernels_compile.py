@@ -23,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from engine.kernels import decode_attention, moe_kernels, qk_rope
 
-swiglu, combine, swiglu_oai, topk_softmax = moe_kernels._kernels()
+swiglu, combine, swiglu_oai = moe_kernels._kernels()
 rope = qk_rope._compiled()
 partial, merge = decode_attention._compiled()
 
@@ -40,18 +40,15 @@ for dt in ("*bf16", "*fp32"):
     for bias in (False, True):
         build(f"combine bias={bias} {dt}", combine,
               {"ys_ptr": dt, "inv_ptr": "*i64", "w_ptr": "*fp32", "out_ptr": dt, "bias_ptr": dt, "e_ptr": "*i64",
-               "hidden": "i32"}, {"K": 4, "HAS_BIAS": bias, "IDENTITY": not bias, "BLOCK": 1024})
-    build(f"topk_softmax {dt}", topk_softmax, {"logits_ptr": dt, "w_ptr": "*fp32", "i_ptr": "*i64", "E": "i32",
-                                                "scale": "fp32"}, {"K": 8, "KP": 8, "NORM": True, "BLOCK_E": 128})
+               "hidden": "i32"}, {"K": 4, "HAS_BIAS": bias, "BLOCK": 1024})
     build(f"swiglu_oai {dt}", swiglu_oai,
           {"g_ptr": dt, "u_ptr": dt, "e_ptr": "*i64", "gb_ptr": dt, "ub_ptr": dt, "out_ptr": dt, "f": "i32",
            "alpha": "fp32", "limit": "fp32"}, {"BLOCK": 1024})
-    for norm, rot, at_pos in ((True, 128, False), (False, 64, False), (True, 128, True)):
-        build(f"qk_norm_rope norm={norm} rot={rot} at_pos={at_pos} {dt}", rope,
+    for norm, rot in ((True, 128), (False, 64)):
+        build(f"qk_norm_rope norm={norm} rot={rot} {dt}", rope,
               {"qkv_ptr": dt, "row_stride": "i32", "w_ptr": dt, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "q_ptr": dt,
-               "k_ptr": dt, "n": "i32", "H": "i32", "KV": "i32", "eps": "fp32", "v_ptr": dt,
-               "pos_ptr": "*i64" if at_pos else "*fp32"},
-              {"HD": 128, "HAS_NORM": norm, "ROT": rot, "AT_POS": at_pos})
+               "k_ptr": dt, "n": "i32", "H": "i32", "KV": "i32", "eps": "fp32"},
+              {"HD": 128, "HAS_NORM": norm, "ROT": rot})
     build(f"decode_partial {dt}", partial,
           {"q_ptr": dt, "q_stride": "i32", "k_ptr": dt, "v_ptr": dt, "k_stride_s": "i32", "k_stride_h": "i32",
            "v_stride_s": "i32", "v_stride_h": "i32", "pos_ptr": "*i64", "part_ptr": "*fp32", "G": "i32",
@@ -60,9 +57,8 @@ for dt in ("*bf16", "*fp32"):
           {"HD": 128, "SPLITS": 64})
 """
 
-KERNELS = ["swiglu", "combine bias=False", "combine bias=True", "topk_softmax", "swiglu_oai",
-           "qk_norm_rope norm=True rot=128 at_pos=False", "qk_norm_rope norm=False",
-           "qk_norm_rope norm=True rot=128 at_pos=True", "decode_partial", "decode_combine"]
+KERNELS = ["swiglu", "combine bias=False", "combine bias=True", "swiglu_oai", "qk_norm_rope norm=True",
+           "qk_norm_rope norm=False", "decode_partial", "decode_combine"]
 
 
 def test_every_engine_kernel_compiles_for_sm90():

@@ -40,13 +40,7 @@ def reference(values: np.ndarray, x: torch.Tensor, experts: torch.Tensor) -> np.
 @needs_triton
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("words", [True, False], ids=["words", "bytes"])
-def test_matvec_equals_the_expanded_weights_product(monkeypatch, qtype, dtype, words):
-    """Q4_K and Q5_K read their quants as 32-bit words where aligned, else as bytes: both forms
-    give the product."""
-    if not words and qtype not in qmatvec_triton.WORD_TYPES:
-        pytest.skip("one form only")
-    monkeypatch.setattr(qmatvec_triton, "WORDS", words)
+def test_matvec_equals_the_expanded_weights_product(qtype, dtype):
     _check_product(qtype, dtype)
 
 
@@ -57,12 +51,9 @@ def test_every_launch_shape_gives_the_product(monkeypatch, qtype, bn, warps, bk)
     """The table's launch shape is tuned per device (benchmarks/matvec_bench.py): any rows a
     program and blocks a step compute the same product, a step reaching past the row's end
     (4 or 8 blocks of a 2-block row; 8 of 11 Q8_0 blocks) included; blocks a step are a power of two."""
-    monkeypatch.setitem(qmatvec_triton._TABLE, qtype, (bn, warps, bk))
+    kernel = qmatvec_triton._TABLE[qtype][0]
+    monkeypatch.setitem(qmatvec_triton._TABLE, qtype, (kernel, bn, warps, bk))
     _check_product(qtype, torch.bfloat16)
-    _check_gate_up(qtype, torch.bfloat16)
-    if qtype in qmatvec_triton.WORD_TYPES:
-        monkeypatch.setattr(qmatvec_triton, "WORDS", not qmatvec_triton.WORDS)  # the other form too
-        _check_product(qtype, torch.bfloat16)
 
 
 def _check_product(qtype: T, dtype: torch.dtype) -> None:
@@ -78,75 +69,6 @@ def _check_product(qtype: T, dtype: torch.dtype) -> None:
     out_ulp = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -23  # the output's own rounding
     err = np.abs(got.double().numpy() - ref)
     assert (err <= scale * (K * 2.0 ** -24) + np.abs(ref) * out_ulp + 1e-30).all(), float(err.max())
-
-
-def _check_gate_up(qtype: T, dtype: torch.dtype) -> None:
-    """gate_up = silu(G x) * (U x) with each product rounded to the dtype (as two matvecs and
-    torch's F.silu(g) * u give it), the token's row read by rows_per_x."""
-    import torch.nn.functional as F
-
-    E, N, K = 5, 24, 512 if qtype != T.Q8_0 else 352
-    gate, gv = expert_tensor(qtype, E, N, K, seed=11)
-    up, uv = expert_tensor(qtype, E, N, K, seed=12)
-    experts = torch.tensor([4, 0, 2, 2, 1, 3], dtype=torch.int64)  # 3 tokens of 2 slots
-    x = torch.randn(3, K, generator=torch.Generator().manual_seed(2)).to(dtype)
-    got = qmatvec_triton.gate_up(gate, up, qtype, (E, N, K), x, experts, rows_per_x=2)
-    assert got.shape == (6, N) and got.dtype == dtype
-    xs = x.repeat_interleave(2, 0)
-    out_ulp = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -23  # one rounding to the dtype
-
-    def product(values: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """The float64 product and its error bound: a float32 sum's order, then the rounding."""
-        ref = reference(values, xs, experts)
-        scale = np.abs(torch.from_numpy(values)[experts].to(dtype).double().numpy() * xs.double().numpy()[:, None, :]).sum(-1)
-        return torch.from_numpy(ref), torch.from_numpy(scale * (K * 2.0 ** -24) + np.abs(ref) * out_ulp)
-
-    (g, eg), (u, eu) = product(gv), product(uv)
-    silu = g * torch.sigmoid(g)
-    want = silu * u
-    # |silu'| <= 1.1; the SiLU and the product each round once more
-    tol = 1.1 * eg * (u.abs() + eu) + silu.abs() * eu + want.abs() * 3 * out_ulp + 1e-30
-    assert (got.double() - want).abs().le(tol).all(), float(((got.double() - want).abs() / tol).max())
-    sep = F.silu(qmatvec_triton.matvec(gate, qtype, (E, N, K), x, experts, rows_per_x=2)) * \
-        qmatvec_triton.matvec(up, qtype, (E, N, K), xs, experts)
-    assert (got.double() - sep.double()).abs().le(2 * tol).all()
-
-
-@needs_triton
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gate_up_is_silu_gate_times_up(qtype, dtype):
-    _check_gate_up(qtype, dtype)
-
-
-@needs_triton
-def test_unaligned_bytes_take_the_byte_form(monkeypatch):
-    """Q4_K bytes that do not start on a 4-byte boundary (a slot pool's part at an odd offset) are
-    read as bytes, with the same products as the aligned words."""
-    monkeypatch.setattr(qmatvec_triton, "WORDS", True)
-    E, N, K = 3, 8, 256
-    raw, _ = expert_tensor(T.Q4_K, E, N, K, seed=9)
-    per = raw.numel() // E
-    pool = torch.zeros(E, 3 + per + 1, dtype=torch.uint8)
-    pool[:, 3:3 + per] = raw.view(E, per)
-    x = torch.randn(4, K, generator=torch.Generator().manual_seed(1))
-    experts = torch.tensor([2, 0, 1, 2], dtype=torch.int64)
-    aligned = qmatvec_triton.matvec(raw, T.Q4_K, (E, N, K), x, experts)
-    odd = qmatvec_triton.matvec(pool.view(-1)[3:], T.Q4_K, (E, N, K), x, experts, expert_stride=pool.stride(0))
-    assert torch.allclose(aligned, odd, rtol=1e-5, atol=1e-5 * aligned.abs().max().item())
-
-
-@needs_triton
-def test_rows_per_x_reads_a_token_row_in_place():
-    """A token's k slots read its one row of activations: the products of the expanded rows."""
-    raw, _ = expert_tensor(T.Q4_K, 4, 8, 256, seed=7)
-    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(4))
-    experts = torch.tensor([3, 1, 0, 1, 2, 3], dtype=torch.int64)
-    in_place = qmatvec_triton.matvec(raw, T.Q4_K, (4, 8, 256), x, experts, rows_per_x=3)
-    expanded = qmatvec_triton.matvec(raw, T.Q4_K, (4, 8, 256), x.repeat_interleave(3, 0), experts)
-    assert torch.equal(in_place, expanded)
-    with pytest.raises(ValueError, match="do not match"):
-        qmatvec_triton.matvec(raw, T.Q4_K, (4, 8, 256), x, experts, rows_per_x=2)
 
 
 @needs_triton
@@ -168,17 +90,13 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from engine.quant import qmatvec_triton as q
-for qt, (bn, warps, bk) in sorted(q._TABLE.items(), key=lambda kv: kv[0].name):
+for qt, (kernel, bn, warps, bk) in sorted(q._TABLE.items(), key=lambda kv: kv[0].name):
     for dt in ("*bf16", "*fp32"):
-        for name, kernel, ws in (("matvec", q._mv, ("w",)), ("gate_up", q._mv_gate_up, ("wg", "wu"))):
-            sig = {**{w: "*u8" for w in ws}, "x": dt, "ids": "*i64", "out": dt, "N": "i32", "K": "constexpr",
-                   "row_bytes": "i64", "expert_bytes": "i64", "XDIV": "constexpr", "TYPE": "constexpr",
-                   "BN": "constexpr", "BK": "constexpr", "WORDS": "constexpr"}
-            for words in (True, False) if qt in q.WORD_TYPES else (False,):
-                consts = {"K": 2048, "XDIV": 8, "TYPE": int(qt), "BN": bn, "BK": bk, "WORDS": words}
-                c = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                                   options={"num_warps": warps, "enable_fp_fusion": False})
-                print(qt.name, dt, name, "words" if words else "bytes", "cubin", len(c.asm["cubin"]))
+        sig = {"w": "*u8", "x": dt, "ids": "*i64", "out": dt, "N": "i32", "K": "constexpr", "row_bytes": "i64",
+               "expert_bytes": "i64", "BN": "constexpr", "BK": "constexpr"}
+        c = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs={"K": 2048, "BN": bn, "BK": bk}),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "enable_fp_fusion": False})
+        print(qt.name, dt, "cubin", len(c.asm["cubin"]))
 """
 
 
@@ -189,9 +107,7 @@ def test_every_matvec_kernel_compiles_for_sm90():
     lines = compiled_lines(_COMPILE_CHECK)
     for qt in qmatvec_triton.TYPES:
         for dt in ("*bf16", "*fp32"):
-            for name in ("matvec", "gate_up"):
-                for form in ("words", "bytes") if qt in qmatvec_triton.WORD_TYPES else ("bytes",):
-                    assert any(line.startswith(f"{qt.name} {dt} {name} {form} cubin") for line in lines), lines
+            assert any(line.startswith(f"{qt.name} {dt} cubin") for line in lines), lines
 
 
 @needs_triton

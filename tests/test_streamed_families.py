@@ -59,8 +59,8 @@ def test_nearly_every_expert_of_a_layer_gets_tokens(models, arch, monkeypatch):
     used: list[set[int]] = []
     route = routing.route
 
-    def recorded(logits, spec, bias=None, fused=False):
-        w, i = route(logits, spec, bias, fused)
+    def recorded(logits, spec, bias=None):
+        w, i = route(logits, spec, bias)
         used.append(set(i.reshape(-1).tolist()))
         return w, i
 

@@ -11,9 +11,6 @@ elementwise work there was a third of the GPU time.  Two kernels take most of it
   the slots in one pass, in fp32, in a fixed order (deterministic; no atomics).  torch needs a
   gather, a broadcast product and a reduction, each a full pass over [N, hidden].  With a
   per-expert bias (gpt-oss's down-projection bias) each slot adds its expert's row there too.
-* `topk_softmax(logits, k, norm, scale)`: the softmax router's top-k weights and experts of a few
-  tokens (a decode step) in one program a token, where torch makes five to seven launches (the
-  softmax, top-k, the sum and the division): a graphed decode step's time is its launches' count.
 * `swiglu_oai(g, u, row_e, gate_b, up_b, alpha, limit)`: gpt-oss's clamped SwiGLU with the
   gate and up biases of each row's expert, from the two GEMM outputs: one pass where torch
   makes two bias gathers, two adds and seven elementwise passes.
@@ -68,16 +65,13 @@ def _kernels():
 
     @triton.jit
     def combine_kernel(ys_ptr, inv_ptr, w_ptr, out_ptr, bias_ptr, e_ptr, hidden, K: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, IDENTITY: tl.constexpr, BLOCK: tl.constexpr):
+                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < hidden
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for j in tl.static_range(K):
-            if IDENTITY:  # rows already in (token, slot) order: no index to read
-                row = t * K + j
-            else:
-                row = tl.load(inv_ptr + t * K + j).to(tl.int64)
+            row = tl.load(inv_ptr + t * K + j).to(tl.int64)
             wj = tl.load(w_ptr + t * K + j).to(tl.float32)
             y = tl.load(ys_ptr + row * hidden + cols, mask=mask, other=0.0).to(tl.float32)
             if HAS_BIAS:
@@ -103,31 +97,8 @@ def _kernels():
         a = (u + 1.0) * (g / (1.0 + tl.exp(-alpha * g)))
         tl.store(out_ptr + r * f + cols, a.to(out_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit
-    def topk_softmax_kernel(logits_ptr, w_ptr, i_ptr, E, scale, K: tl.constexpr, KP: tl.constexpr,
-                            NORM: tl.constexpr, BLOCK_E: tl.constexpr):
-        t = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK_E)
-        inside = cols < E
-        logit = tl.load(logits_ptr + t * E + cols, mask=inside, other=float("-inf")).to(tl.float32)
-        p = tl.where(inside, tl.exp(logit - tl.max(logit, 0)), 0.0)
-        p = p / tl.sum(p, 0)
-        left = tl.where(inside, p, -1.0)  # probabilities are >= 0: -1 marks a taken or absent expert
-        slots = tl.arange(0, KP)
-        ws = tl.zeros([KP], dtype=tl.float32)
-        ids = tl.zeros([KP], dtype=tl.int64)
-        for j in tl.static_range(K):  # the k best, best first (ties: the lower expert)
-            best = tl.argmax(left, 0)
-            ws = tl.where(slots == j, tl.max(left, 0), ws)
-            ids = tl.where(slots == j, best.to(tl.int64), ids)
-            left = tl.where(cols == best, -1.0, left)
-        if NORM:
-            ws = ws / tl.sum(tl.where(slots < K, ws, 0.0), 0)
-        tl.store(w_ptr + t * K + slots, ws * scale, mask=slots < K)
-        tl.store(i_ptr + t * K + slots, ids, mask=slots < K)
-
     log.info("MoE kernels: Triton %s", triton.__version__)
-    return swiglu_kernel, combine_kernel, swiglu_oai_kernel, topk_softmax_kernel
+    return swiglu_kernel, combine_kernel, swiglu_oai_kernel
 
 
 def status() -> tuple[str, str]:
@@ -152,17 +123,17 @@ def swiglu(gu: torch.Tensor, f: int) -> torch.Tensor:
     return out
 
 
-def combine(ys: torch.Tensor, inv: torch.Tensor | None, weights: torch.Tensor, bias: torch.Tensor | None = None,
+def combine(ys: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None = None,
             experts: torch.Tensor | None = None) -> torch.Tensor:
     """sum_j weights[t, j] * (ys[inv[t*k + j]] + bias[experts[t, j]]) for t < n: [n, hidden] in
     ys's dtype (the bias term only where `bias` [E, hidden] is given, with `experts` [n, k]).
 
-    ys [n*k, hidden] (rows sorted by expert), inv [n*k] (the row of each (token, slot); None:
-    the rows are in (token, slot) order already, and no index is made or read), weights [n, k]."""
+    ys [n*k, hidden] (rows sorted by expert), inv [n*k] (the row of each (token, slot)),
+    weights [n, k]."""
     n, k = weights.shape
     ks = _kernels() if ys.is_cuda else None
     if ks is None or n == 0:
-        y = (ys if inv is None else ys[inv]).view(n, k, ys.shape[1])
+        y = ys[inv].view(n, k, ys.shape[1])
         if bias is not None:
             y = y + bias[experts].to(ys.dtype)
         return (y * weights.to(ys.dtype).unsqueeze(-1)).sum(1)
@@ -170,11 +141,9 @@ def combine(ys: torch.Tensor, inv: torch.Tensor | None, weights: torch.Tensor, b
     out = torch.empty(n, hidden, device=ys.device, dtype=ys.dtype)
     block = min(1024, 1 << (hidden - 1).bit_length())
     has_bias = bias is not None
-    wts = weights.float().contiguous()
-    idx = wts if inv is None else inv.contiguous()  # never read where IDENTITY
-    ks[1][(n, -(-hidden // block))](ys.contiguous(), idx, wts, out,
-                                    bias.contiguous() if has_bias else ys, experts.contiguous() if has_bias else idx,
-                                    hidden, K=k, HAS_BIAS=has_bias, IDENTITY=inv is None, BLOCK=block)
+    ks[1][(n, -(-hidden // block))](ys.contiguous(), inv.contiguous(), weights.float().contiguous(), out,
+                                    bias.contiguous() if has_bias else ys, experts.contiguous() if has_bias else inv,
+                                    hidden, K=k, HAS_BIAS=has_bias, BLOCK=block)
     return out
 
 
@@ -195,20 +164,3 @@ def swiglu_oai(g: torch.Tensor, u: torch.Tensor, row_e: torch.Tensor, gate_b: to
     ks[2][(n, -(-f // block))](g.contiguous(), u.contiguous(), row_e.contiguous(), gate_b.contiguous(),
                                up_b.contiguous(), out, f, float(alpha), float(limit), BLOCK=block)
     return out
-
-
-def topk_softmax(logits: torch.Tensor, k: int, norm: bool, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [n, k] fp32, experts [n, k] int64) of the softmax router: softmax over the experts
-    in fp32, the k largest (best first), renormalised to sum 1 where `norm`, times `scale` — the
-    values of engine.models.routing's torch expression up to the ulp of the exponential.  CUDA with
-    Triton only (`available`)."""
-    ks = _kernels()
-    if ks is None or not logits.is_cuda:
-        raise RuntimeError("moe_kernels.topk_softmax needs CUDA and Triton (check available() first)")
-    n, e = logits.shape
-    w = torch.empty(n, k, device=logits.device, dtype=torch.float32)
-    i = torch.empty(n, k, device=logits.device, dtype=torch.int64)
-    if n:
-        ks[3][(n,)](logits.contiguous(), w, i, e, float(scale), K=k, KP=1 << (k - 1).bit_length(), NORM=norm,
-                    BLOCK_E=1 << (e - 1).bit_length())
-    return w, i

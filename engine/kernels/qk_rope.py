@@ -51,39 +51,29 @@ def _compiled():
 
     @triton.jit
     def qk_norm_rope_kernel(qkv_ptr, row_stride, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, n, H, KV, eps,
-                            v_ptr, pos_ptr, HD: tl.constexpr, HAS_NORM: tl.constexpr, ROT: tl.constexpr,
-                            AT_POS: tl.constexpr):
+                            HD: tl.constexpr, HAS_NORM: tl.constexpr, ROT: tl.constexpr):
         # ROT: the rotated dimensions (the first ones; HD for full RoPE): pairs (i, i + ROT/2)
-        # within them, the rest pass through (cos 1, sin 0: x * 1 + x * 0 is x exactly).
-        # AT_POS (a decode step): k_ptr / v_ptr are the KV cache, token t's row is pos + t (pos read
-        # from pos_ptr on the device), and programs H + KV .. H + 2 KV copy the v heads there.
+        # within them, the rest pass through (cos 1, sin 0: x * 1 + x * 0 is x exactly)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         offs = tl.arange(0, HD)
-        kv_row = t
-        if AT_POS:
-            kv_row = t + tl.load(pos_ptr)
-        if h >= H + KV:  # AT_POS's v heads: a plain copy into the cache
-            vr = tl.load(qkv_ptr + t * row_stride + h * HD + offs)
-            tl.store(v_ptr + (kv_row * KV + (h - H - KV)) * HD + offs, vr.to(v_ptr.dtype.element_ty))
-        else:
-            half: tl.constexpr = ROT // 2
-            turned = offs < ROT
-            partner = tl.where(turned, (offs + half) % ROT, offs)
-            row = qkv_ptr + t * row_stride + h * HD
-            x = tl.load(row + offs).to(tl.float32)
-            xp = tl.load(row + partner).to(tl.float32)
-            if HAS_NORM:
-                inv = tl.rsqrt(tl.sum(x * x, axis=0) / HD + eps)
-                x = x * inv * tl.load(w_ptr + h * HD + offs).to(tl.float32)
-                xp = xp * inv * tl.load(w_ptr + h * HD + partner).to(tl.float32)
-            c = tl.load(cos_ptr + t * ROT + offs, mask=turned, other=1.0).to(tl.float32)
-            s = tl.load(sin_ptr + t * ROT + offs, mask=turned, other=0.0).to(tl.float32)
-            out = x * c + tl.where(offs < half, -xp, xp) * s
-            if h < H:  # q heads-first: [H, n, HD]
-                tl.store(q_ptr + (h.to(tl.int64) * n + t) * HD + offs, out.to(q_ptr.dtype.element_ty))
-            else:  # k token-first: [n, KV, HD] (the KV cache's layout; AT_POS: the cache itself)
-                tl.store(k_ptr + (kv_row * KV + (h - H)) * HD + offs, out.to(k_ptr.dtype.element_ty))
+        half: tl.constexpr = ROT // 2
+        turned = offs < ROT
+        partner = tl.where(turned, (offs + half) % ROT, offs)
+        row = qkv_ptr + t * row_stride + h * HD
+        x = tl.load(row + offs).to(tl.float32)
+        xp = tl.load(row + partner).to(tl.float32)
+        if HAS_NORM:
+            inv = tl.rsqrt(tl.sum(x * x, axis=0) / HD + eps)
+            x = x * inv * tl.load(w_ptr + h * HD + offs).to(tl.float32)
+            xp = xp * inv * tl.load(w_ptr + h * HD + partner).to(tl.float32)
+        c = tl.load(cos_ptr + t * ROT + offs, mask=turned, other=1.0).to(tl.float32)
+        s = tl.load(sin_ptr + t * ROT + offs, mask=turned, other=0.0).to(tl.float32)
+        out = x * c + tl.where(offs < half, -xp, xp) * s
+        if h < H:  # q heads-first: [H, n, HD]
+            tl.store(q_ptr + (h.to(tl.int64) * n + t) * HD + offs, out.to(q_ptr.dtype.element_ty))
+        else:  # k token-first: [n, KV, HD] (the KV cache's layout)
+            tl.store(k_ptr + (t * KV + (h - H)) * HD + offs, out.to(k_ptr.dtype.element_ty))
 
     return qk_norm_rope_kernel
 
@@ -132,35 +122,6 @@ def qk_norm_rope(qk: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tenso
     q = torch.empty(n_heads, n, hd, device=qk.device, dtype=qk.dtype)
     k = torch.empty(n, kv, hd, device=qk.device, dtype=qk.dtype)
     w = weight.contiguous() if weight is not None else qk  # unused without the norm
-    kern[(n, heads)](qk, qk.stride(0), w, cos, sin, q, k, n, n_heads, kv, eps, k, cos, HD=hd,
-                     HAS_NORM=weight is not None, ROT=cos.shape[-1], AT_POS=False)
+    kern[(n, heads)](qk, qk.stride(0), w, cos, sin, q, k, n, n_heads, kv, eps, HD=hd, HAS_NORM=weight is not None,
+                     ROT=cos.shape[-1])
     return q.transpose(0, 1), k
-
-
-def at_serves(keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype, rot: int) -> bool:
-    """Whether `qk_norm_rope_at` can write into these caches (CUDA, the kernel on, a power-of-two
-    head size, the caches contiguous in the compute dtype, an even rotary part within the head)."""
-    hd = keys.shape[-1]
-    return (keys.is_cuda and _kernel() is not None and not hd & (hd - 1) and keys.is_contiguous()
-            and values.is_contiguous() and keys.dtype == dtype and values.dtype == dtype
-            and not rot % 2 and rot <= hd)
-
-
-def qk_norm_rope_at(qkv: torch.Tensor, n_heads: int, n_kv: int, weight: torch.Tensor | None, cos: torch.Tensor,
-                    sin: torch.Tensor, eps: float, keys: torch.Tensor, values: torch.Tensor,
-                    index: torch.Tensor) -> torch.Tensor | None:
-    """A decode step's q/k norm and RoPE with its KV append in the same launch: k (normed, turned)
-    and v written into the caches keys/values [capacity, KV, hd] at row index[0] + t, from the fused
-    projection's rows qkv [n, (H + 2 KV) * hd]; returns q [n, H, hd].  None where the kernel
-    cannot serve (the caller then takes `qk_norm_rope` and appends by itself)."""
-    n = qkv.shape[0]
-    hd = keys.shape[-1]
-    if (not at_serves(keys, values, qkv.dtype, cos.shape[-1]) or n == 0 or qkv.stride(1) != 1
-            or not cos.is_contiguous() or not sin.is_contiguous()):
-        return None
-    kern = _kernel()
-    q = torch.empty(n_heads, n, hd, device=qkv.device, dtype=qkv.dtype)
-    w = weight.contiguous() if weight is not None else qkv
-    kern[(n, n_heads + 2 * n_kv)](qkv, qkv.stride(0), w, cos, sin, q, keys, n, n_heads, n_kv, eps, values, index,
-                                  HD=hd, HAS_NORM=weight is not None, ROT=cos.shape[-1], AT_POS=True)
-    return q.transpose(0, 1)

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import moe_kernels, qk_rope
+from engine.kernels import moe_kernels
 from engine.kernels.attention import chunk_attention, kernel_for
 from engine.kernels.decode_attention import decode_attention
-from engine.kernels.qk_rope import qk_norm_rope, qk_norm_rope_at
+from engine.kernels.qk_rope import qk_norm_rope
 from engine.models import routed_experts, routed_matvec, routing
 from engine.models.decode_pos import DevicePos
 from engine.models.experts import EXPAND_SCRATCH_BYTES
@@ -266,23 +266,6 @@ class Layer:
         v = qkv[:, (H + KV) * hd:].view(n, KV, hd)
         return q, k, v
 
-    def pre_attention_at(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerKV,
-                         pos: DevicePos) -> torch.Tensor | None:
-        """A decode step's `pre_attention` with its KV append in the q/k norm + RoPE launch (k and v
-        written into the cache at the device position: two copies a layer fewer): q [n, H, hd], or
-        None where that does not serve (a layer class with its own pre-attention, another cache
-        kind, no Triton); the caller then appends as usual."""
-        if (type(self).pre_attention is not Layer.pre_attention or type(kv) is not LayerKV
-                or pos.span > kv.k.shape[0] or not qk_rope.at_serves(kv.k, kv.v, x.dtype, self.rope.rot)):
-            return None
-        s = self.spec
-        if self.fused is None:
-            self.fused = fuse_weights(s, self.w)
-        fw = self.fused
-        h = F.rms_norm(x, (s.hidden,), fw.attn_norm, s.rms_eps)
-        qkv = F.linear(h, fw.wqkv, fw.bqkv)
-        return qk_norm_rope_at(qkv, s.n_heads, s.n_kv_heads, fw.qk_norm, cos, sin, s.rms_eps, kv.k, kv.v, pos.index)
-
     def post_attention(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """Output projection, residual, FFN norm, experts (resident) or dense FFN, residual."""
         x = x + F.linear(o, self.w.wo)
@@ -346,12 +329,10 @@ class Layer:
             logits = F.linear(h, self.fused.router)
         else:
             logits = F.linear(h.float(), w.router)
+        top_w, top_i = routing.route(logits, s, w.router_bias)
+        flat = top_i.reshape(-1)
         if self.use_grouped_mm is None:
             self.use_grouped_mm = _grouped_mm_ok(h)
-        # a few tokens (a decode step): the router in one launch, resident or streamed alike (one digest)
-        few = fast and bool(self.use_grouped_mm) and n * k <= routed_matvec.MATVEC_MAX_ROWS
-        top_w, top_i = routing.route(logits, s, w.router_bias, fused=few)
-        flat = top_i.reshape(-1)
         if self.cache is None and self.use_grouped_mm and routed_matvec.wanted(w, flat.numel(), h):
             return self._unsorted_matvec_experts(h, flat, top_w, fast)  # decode: from the stored blocks
         order = torch.argsort(flat, stable=True)
@@ -395,9 +376,10 @@ class Layer:
         grouped GEMMs need (about ten kernels a layer, a decode step's time inside its graph) are
         not made; the sum over slots is the sorted path's, in the same order."""
         n, k, hidden = h.shape[0], self.spec.n_experts_used, self.spec.hidden
-        ys = routed_matvec.experts(self.w, h.contiguous(), flat, rows_per_x=k)  # row t*k + j reads token t
+        xs = h.unsqueeze(1).expand(n, k, hidden).reshape(n * k, hidden)  # row t*k + j: token t
+        ys = routed_matvec.experts(self.w, xs, flat)
         if fast:
-            return moe_kernels.combine(ys, None, top_w)
+            return moe_kernels.combine(ys, torch.arange(n * k, device=h.device), top_w)
         y = ys.view(n, k, hidden).float() * top_w.unsqueeze(-1)
         return y.sum(1).to(h.dtype)
 
@@ -531,10 +513,6 @@ class Layer:
     def forward(self, x: torch.Tensor, kv: LayerKV, pos: int) -> torch.Tensor:
         if self.fast_ok(x):
             cos, sin = self.rope.lowp_tables(pos, x.shape[0], x.dtype)
-            if isinstance(pos, DevicePos):
-                q = self.pre_attention_at(x, cos, sin, kv, pos)
-                if q is not None:
-                    return self.post_attention(x, self._attend(q, kv.k[:pos.span], kv.v[:pos.span], x.shape[0], pos))
             q, k, v = self.pre_attention(x, cos, sin)
             keys, values = kv.append(k, v, pos)
             return self.post_attention(x, self._attend(q, keys, values, x.shape[0], pos))

@@ -47,49 +47,30 @@ def cache_wanted(cache: ExpertCache, layer: int, rows: int, x: torch.Tensor) -> 
     return _types_ok(rows, x, [part.qtype for part in cache.arena.layouts[layer].parts])
 
 
-def _ffn(mv, gate_up, fused: bool, x: torch.Tensor) -> torch.Tensor:
-    """down(silu(gate x) * up x) through the products `mv(i, x)` of part i (0 gate, 1 up, 2 down);
-    `gate_up(x)` where gate and up share a type and shape (one launch, `qmatvec_triton.gate_up`)."""
-    a = gate_up(x) if fused else F.silu(mv(0, x)) * mv(1, x)
-    return mv(2, a)
-
-
 def cache_experts(cache: ExpertCache, layer: int, xs: torch.Tensor, row_slots: torch.Tensor) -> torch.Tensor:
     """`experts` over the cache's slots: row m's expert sits in slot `row_slots[m]`."""
     from engine.quant import qmatvec_triton
 
     flat = cache.pool.view(-1)
     parts = cache.arena.layouts[layer].parts
-    stride = cache.pool.stride(0)
 
     def mv(i: int, x: torch.Tensor) -> torch.Tensor:
         part = parts[i]
         return qmatvec_triton.matvec(flat[part.offset:], part.qtype, (cache.n_slots, *part.shape), x, row_slots,
-                                     expert_stride=stride)
+                                     expert_stride=cache.pool.stride(0))
 
-    def gate_up(x: torch.Tensor) -> torch.Tensor:
-        g, u = parts[0], parts[1]
-        return qmatvec_triton.gate_up(flat[g.offset:], flat[u.offset:], g.qtype, (cache.n_slots, *g.shape), x,
-                                      row_slots, expert_stride=stride)
-
-    fused = parts[0].qtype == parts[1].qtype and tuple(parts[0].shape) == tuple(parts[1].shape)
-    return _ffn(mv, gate_up, fused, xs)
+    a = F.silu(mv(0, xs)) * mv(1, xs)
+    return mv(2, a)
 
 
-def experts(w: LayerWeights, xs: torch.Tensor, row_experts: torch.Tensor, rows_per_x: int = 1) -> torch.Tensor:
-    """The SiLU-gated expert FFN of rows `row_experts` (each row's expert id, int64 on the device;
-    rows in any order: each row's product is computed on its own), row m reading activations
-    xs[m // rows_per_x] (a token's k slots read its row in place): [rows, hidden] in xs's dtype,
-    as the grouped-GEMM path computes it."""
+def experts(w: LayerWeights, xs: torch.Tensor, row_experts: torch.Tensor) -> torch.Tensor:
+    """The SiLU-gated expert FFN of rows `xs` (`row_experts` each row's expert id, int64 on the
+    device; rows in any order: each row's product is computed on its own): [rows, hidden] in
+    xs's dtype, as the grouped-GEMM path computes it."""
     from engine.quant import qmatvec_triton
 
-    def mv(i: int, x: torch.Tensor) -> torch.Tensor:
-        t = (w.gate_exps, w.up_exps, w.down_exps)[i]
-        return qmatvec_triton.matvec(t.raw, t.qtype, t.shape, x, row_experts, rows_per_x=rows_per_x if i < 2 else 1)
+    def mv(t: QTensor, x: torch.Tensor) -> torch.Tensor:
+        return qmatvec_triton.matvec(t.raw, t.qtype, t.shape, x, row_experts)
 
-    def gate_up(x: torch.Tensor) -> torch.Tensor:
-        return qmatvec_triton.gate_up(w.gate_exps.raw, w.up_exps.raw, w.gate_exps.qtype, w.gate_exps.shape, x,
-                                      row_experts, rows_per_x=rows_per_x)
-
-    fused = w.gate_exps.qtype == w.up_exps.qtype and tuple(w.gate_exps.shape) == tuple(w.up_exps.shape)
-    return _ffn(mv, gate_up, fused, xs)
+    a = F.silu(mv(w.gate_exps, xs)) * mv(w.up_exps, xs)
+    return mv(w.down_exps, a)

@@ -20,20 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels import moe_kernels
 from engine.models.spec import ModelSpec
 
 
-def route(logits: torch.Tensor, spec: ModelSpec, bias: torch.Tensor | None = None,
-          fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [n, k] fp32, experts [n, k]) from the router's logits [n, E].
-
-    `fused` (the caller's choice for a few tokens on CUDA, a decode step): the plain softmax
-    routing (no bias, no groups) in one Triton launch (`moe_kernels.topk_softmax`) where it runs."""
+def route(logits: torch.Tensor, spec: ModelSpec, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [n, k] fp32, experts [n, k]) from the router's logits [n, E]."""
     k = spec.n_experts_used
-    if (fused and spec.expert_gating != "sigmoid" and bias is None and spec.expert_groups <= 1
-            and moe_kernels.available(logits)):
-        return moe_kernels.topk_softmax(logits, k, spec.expert_weights_norm, spec.expert_weights_scale)
     if spec.expert_gating == "sigmoid":
         probs = torch.sigmoid(logits.float())
     else:
